@@ -1,0 +1,22 @@
+"""The JSON report: the machine contract (see :mod:`spectr_audit.results` for the schema)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from spectr_audit.results import AuditReport
+
+__all__ = ["render_json", "write_json"]
+
+
+def render_json(report: AuditReport) -> str:
+    """The report as indented JSON text."""
+    return json.dumps(report.to_dict(), indent=2, allow_nan=False)
+
+
+def write_json(report: AuditReport, path: Path) -> Path:
+    """Write ``report.json``-style output to ``path``; returns the path."""
+    path = Path(path)
+    path.write_text(render_json(report) + "\n")
+    return path

@@ -1,0 +1,46 @@
+"""spectr-audit: a formally tested correctness-audit toolkit for speculative decoding.
+
+Public API (imported lazily, so that ``import spectr_audit`` stays cheap; the pytest
+plugin must not pull torch, scipy or cvxpy at load time):
+
+* the contract: :class:`Verifier`, :class:`VerifyOutput`, :class:`FunctionVerifier`,
+  :func:`as_verifier`, :func:`check_verify_inputs`;
+* finding verifiers: :func:`load_verifier`;
+* the exact audit: :func:`exact_iteration`;
+* optimal-transport bounds: :func:`optimal_acceptance`, :func:`optimal_acceptance_lp`;
+* running suites: :func:`load_suite`, :func:`run_suite`, :func:`audit_case`;
+* errors: :class:`SpectrAuditError`, :class:`InvalidArgument`, :class:`VerifierError`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from spectr_audit.errors import InvalidArgument, SpectrAuditError, VerifierError
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Verifier": "spectr_audit.contract",
+    "VerifyOutput": "spectr_audit.contract",
+    "FunctionVerifier": "spectr_audit.contract",
+    "as_verifier": "spectr_audit.contract",
+    "check_verify_inputs": "spectr_audit.contract",
+    "load_verifier": "spectr_audit.registry",
+    "exact_iteration": "spectr_audit.exact",
+    "optimal_acceptance": "spectr_audit.bounds",
+    "optimal_acceptance_lp": "spectr_audit.bounds",
+    "load_suite": "spectr_audit.suite",
+    "run_suite": "spectr_audit.runner",
+    "audit_case": "spectr_audit.runner",
+    "InjectedUniforms": "spectr_audit.randomness",
+}
+
+__all__ = ["__version__", "SpectrAuditError", "InvalidArgument", "VerifierError", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'spectr_audit' has no attribute {name!r}")

@@ -1,0 +1,258 @@
+"""Command line: ``spectr-audit run | audit | bound | list``.
+
+Exit codes: 0 every verdict as expected, 1 findings, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+__all__ = ["main", "build_parser", "parse_model_spec"]
+
+
+class _UsageError(Exception):
+    pass
+
+
+def parse_model_spec(text: str, argument: str):
+    """Parse ``0.6,0.4`` or ``markov:vocab_size=3,seed=1`` / ``dirichlet:vocab_size=8,seed=2`` into a model."""
+    from spectr_audit.suite import model_from_spec
+
+    text = text.strip()
+    if ":" in text:
+        kind, _, rest = text.partition(":")
+        params: dict = {}
+        for item in filter(None, (s.strip() for s in rest.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise _UsageError(f"{argument}: expected key=value in {item!r} (from {text!r})")
+            try:
+                params[key.strip()] = int(value)
+            except ValueError:
+                try:
+                    params[key.strip()] = float(value)
+                except ValueError:
+                    raise _UsageError(f"{argument}: {key}={value!r} is not a number") from None
+        return model_from_spec({kind.strip(): params}, argument)
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise _UsageError(
+            f"{argument}: expected comma-separated probabilities (e.g. 0.6,0.4) or kind:key=value,... "
+            f"(markov:vocab_size=3,seed=1 or dirichlet:vocab_size=8,seed=2), got {text!r}"
+        ) from None
+    return model_from_spec(values, argument)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spectr-audit",
+        description="Audit speculative-decoding verifiers: exactness, acceptance against the optimum.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="audit verifiers on a suite and write reports")
+    run.add_argument("--suite", default="default", help="built-in suite name or path to a suite .toml (default: default)")
+    run.add_argument("--verifier", action="append", default=[], metavar="NAME_OR_IMPORT",
+                     help="a built-in short name, package.module:attr or path/file.py:attr (repeatable; default: all built-ins)")
+    run.add_argument("--out", default="spectr-audit-report", help="output directory (default ./spectr-audit-report)")
+    run.add_argument("--json", action="store_true", help="print the JSON report to stdout")
+    _add_common(run)
+
+    audit = sub.add_parser("audit", help="audit one verifier on one case")
+    audit.add_argument("--verifier", required=True, metavar="NAME_OR_IMPORT")
+    audit.add_argument("--draft", required=True, help="draft distribution: 0.6,0.4 | markov:vocab_size=3,seed=1 | dirichlet:vocab_size=8,seed=1")
+    audit.add_argument("--target", required=True, help="target distribution, same forms as --draft")
+    audit.add_argument("--num-drafts", type=int, required=True)
+    audit.add_argument("--draft-len", type=int, default=1)
+    audit.add_argument("--prefix", default="", help="context tokens before the step, comma-separated")
+    audit.add_argument("--json", action="store_true")
+    _add_common(audit)
+
+    bound = sub.add_parser("bound", help="optimal multi-draft acceptance alpha* (closed form, and LP when small)")
+    bound.add_argument("--draft", required=True)
+    bound.add_argument("--target", required=True)
+    bound.add_argument("--num-drafts", type=int, required=True)
+    bound.add_argument("--json", action="store_true")
+
+    lst = sub.add_parser("list", help="list built-in verifiers and suites")
+    lst.add_argument("--json", action="store_true")
+    return parser
+
+
+def _print_result_text(result) -> None:
+    status = "ERROR" if result.error else ("exact" if result.passed else "FINDING")
+    print(f"{result.verifier} on {result.case}: {status}")
+    if result.error:
+        print(f"  error: {result.error}")
+    for c in result.checks:
+        mark = "ok  " if c.passed else "FAIL"
+        print(f"  [{mark}] {c.name}: value={c.value} threshold={c.threshold}")
+    for key, value in result.metrics.items():
+        print(f"  {key} = {value}")
+
+
+def _cmd_run(args) -> int:
+    from spectr_audit.reports.json_report import render_json, write_json
+    from spectr_audit.reports.markdown import write_markdown
+    from spectr_audit.runner import AuditOptions, run_suite, select_verifiers
+    from spectr_audit.suite import load_suite
+
+    suite = load_suite(args.suite)
+    verifiers = select_verifiers(args.verifier)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def progress(verifier: str, case: str) -> None:
+        print(f"  auditing {verifier} on {case}", file=sys.stderr)
+
+    start = time.perf_counter()
+    report = run_suite(suite, verifiers, AuditOptions(seed=args.seed), progress=progress)
+    write_json(report, out / "report.json")
+    write_markdown(report, out / "report.md")
+    if args.json:
+        print(render_json(report))
+    else:
+        unexpected = [r for r in report.results if not r.as_expected]
+        findings = [r for r in report.results if not r.passed]
+        print(
+            f"spectr-audit: suite {report.suite!r}: {len(report.results)} audits in {time.perf_counter() - start:.1f}s, "
+            f"{len(findings)} with findings, {len(unexpected)} not as expected -> {'PASS' if report.passed else 'FAIL'}"
+        )
+        for r in unexpected:
+            print(f"  unexpected: {r.verifier} on {r.case}: " + (r.error or ", ".join(c.name for c in r.failed_checks)))
+        print(f"reports: {out / 'report.json'}, {out / 'report.md'}")
+    return report.exit_code
+
+
+def _cmd_audit(args) -> int:
+    from spectr_audit.registry import load_verifier
+    from spectr_audit.reports.json_report import render_json
+    from spectr_audit.results import AuditReport
+    from spectr_audit.runner import AuditOptions, audit_case
+    from spectr_audit.suite import Case
+
+    if args.num_drafts < 1:
+        raise _UsageError(f"--num-drafts: must be >= 1, got {args.num_drafts}")
+    if args.draft_len < 1:
+        raise _UsageError(f"--draft-len: must be >= 1, got {args.draft_len}")
+    draft_model = parse_model_spec(args.draft, "--draft")
+    target_model = parse_model_spec(args.target, "--target")
+    if draft_model.vocab_size != target_model.vocab_size:
+        raise _UsageError(f"--draft, --target: vocab sizes differ ({draft_model.vocab_size} vs {target_model.vocab_size})")
+    try:
+        prefix = tuple(int(t) for t in args.prefix.split(",") if t.strip())
+    except ValueError:
+        raise _UsageError(f"--prefix: expected comma-separated token ids, got {args.prefix!r}") from None
+    if any(not 0 <= t < draft_model.vocab_size for t in prefix):
+        raise _UsageError(f"--prefix: token ids must lie in [0, {draft_model.vocab_size})")
+    verifier = load_verifier(args.verifier)
+    verifier.check_supports(args.num_drafts, args.draft_len)
+    case = Case(name="cli", draft_model=draft_model, target_model=target_model, num_drafts=args.num_drafts,
+                draft_len=args.draft_len, prefix=prefix)
+    result = audit_case(verifier, case, AuditOptions(seed=args.seed))
+    report = AuditReport(results=(result,), suite="cli")
+    if args.json:
+        print(render_json(report))
+    else:
+        _print_result_text(result)
+    return report.exit_code
+
+
+def _cmd_bound(args) -> int:
+    import torch
+
+    from spectr_audit.bounds import optimal_acceptance, optimal_acceptance_lp, spectr_guarantee
+    from spectr_audit.errors import InvalidArgument
+    from spectr_audit.models import ContextFreeModel
+
+    draft_model = parse_model_spec(args.draft, "--draft")
+    target_model = parse_model_spec(args.target, "--target")
+    if not isinstance(draft_model, ContextFreeModel) or not isinstance(target_model, ContextFreeModel):
+        raise _UsageError("--draft, --target: bound needs context-free distributions")
+    if draft_model.vocab_size != target_model.vocab_size:
+        raise _UsageError(f"--draft, --target: vocab sizes differ ({draft_model.vocab_size} vs {target_model.vocab_size})")
+    if args.num_drafts < 1:
+        raise _UsageError(f"--num-drafts: must be >= 1, got {args.num_drafts}")
+    start = time.perf_counter()
+    closed = optimal_acceptance(draft_model.probs, target_model.probs, args.num_drafts)
+    closed_seconds = time.perf_counter() - start
+    out = {
+        "num_drafts": args.num_drafts,
+        "vocab_size": draft_model.vocab_size,
+        "optimal_acceptance": closed.item(),
+        "closed_form_seconds": closed_seconds,
+        "spectr_guarantee_factor": spectr_guarantee(args.num_drafts),
+        "single_draft_acceptance": float(torch.minimum(draft_model.probs, target_model.probs).sum()),
+        "minimising_set": sorted(closed.argmin_set()),
+    }
+    try:
+        lp = optimal_acceptance_lp(draft_model.probs, target_model.probs, args.num_drafts, max_variables=200_000)
+        out.update(lp_value=lp.value, lp_status=lp.status, lp_solver=lp.solver, lp_variables=lp.num_variables)
+    except InvalidArgument as exc:
+        out.update(lp_value=None, lp_status=f"skipped: {exc}")
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for key, value in out.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+def _cmd_list(args) -> int:
+    from spectr_audit.registry import builtin_verifiers
+    from spectr_audit.suite import builtin_suites
+
+    rows = [
+        {
+            "name": v.name,
+            "num_drafts": v.drafts_range(),
+            "draft_len": v.draft_len_range(),
+            "draft_scheme": v.draft_scheme,
+            "exact_law": v.has_exact_law,
+            "expected": v.expected,
+            "description": v.description,
+        }
+        for v in builtin_verifiers()
+    ]
+    if args.json:
+        print(json.dumps({"verifiers": rows, "suites": builtin_suites()}, indent=2))
+        return 0
+    print("verifiers:")
+    for r in rows:
+        declared = f" (declared {r['expected']})" if r["expected"] else ""
+        print(f"  {r['name']:<24} K {r['num_drafts']:<10} L {r['draft_len']:<10} drafts {r['draft_scheme']:<20} "
+              f"exact law: {'yes' if r['exact_law'] else 'no'}{declared}  {r['description']}")
+    print("suites:")
+    for s in builtin_suites():
+        print(f"  {s}")
+    return 0
+
+
+_COMMANDS = {"run": _cmd_run, "audit": _cmd_audit, "bound": _cmd_bound, "list": _cmd_list}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``spectr-audit`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from spectr_audit.errors import InvalidArgument
+
+    try:
+        return _COMMANDS[args.command](args)
+    except (_UsageError, InvalidArgument) as exc:
+        print(f"spectr-audit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

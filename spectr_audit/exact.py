@@ -1,0 +1,294 @@
+"""Exact audit of one verification step by enumerating every draft tuple.
+
+For small V, K and L every draft tuple is enumerated with its probability under
+the drafting scheme, the verifier's exact conditional law (``output_probs``) is
+summed, and the law ``E(s)`` of the emitted string is obtained in float64.
+From it (DESIGN.md, "What the audit measures"):
+
+* ``F(w)``: the law of the first ``L + 1`` tokens when decoding continues with
+  the unmodified target after the step; the step is exact iff ``F = q``;
+* ``B(u) = P(emitted string starts with u)``: the prefix cap ``B(u) <= q(u)``
+  must hold for every ``u``, or no later correction can repair the step;
+* block efficiency ``E[len(s)]`` and membership acceptance
+  ``P(first emitted token is among the drafts' first tokens)``, both computed
+  from emitted strings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from spectr_audit.contract import Verifier, check_output_probs
+from spectr_audit.errors import InvalidArgument
+from spectr_audit.models import Model, contexts_from
+
+__all__ = ["DraftEnumeration", "ExactIterationAudit", "enumerate_drafts", "exact_iteration", "string_of"]
+
+#: Refuse enumerations larger than this many draft tuples.
+MAX_TUPLES = 2_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftEnumeration:
+    """Every draft tuple with positive probability, and the conditionals at its nodes."""
+
+    # [num_tuples, num_drafts, draft_len]
+    draft_tokens: torch.Tensor
+    # [num_tuples]
+    weights: torch.Tensor
+    # [num_tuples, num_drafts, draft_len, vocab_size]
+    draft_probs: torch.Tensor
+    # [num_tuples, num_drafts, draft_len + 1, vocab_size]
+    target_probs: torch.Tensor
+
+
+def _sequence_conditionals(model: Model, prefix: Sequence[int], sequences: torch.Tensor, depth: int) -> torch.Tensor:
+    """Conditionals of ``model`` after ``prefix + sequences[:, :l]`` for l < depth: ``[M, depth, V]``."""
+    return torch.stack(
+        [model(contexts_from(prefix, sequences[:, :level])) for level in range(depth)], dim=1
+    ).double()
+
+
+def enumerate_drafts(
+    draft_model: Model,
+    target_model: Model,
+    num_drafts: int,
+    draft_len: int,
+    draft_scheme: str = "iid",
+    prefix: Sequence[int] = (),
+) -> DraftEnumeration:
+    """Enumerate draft tuples of ``num_drafts`` drafts of ``draft_len`` tokens.
+
+    ``iid``: every ordered tuple of K sequences, each drawn autoregressively from the
+    draft model (weights are products).  ``without_replacement`` (L = 1 only): ordered
+    tuples of distinct tokens, ``prod p(x_i) / (1 - sum_{j<i} p(x_j))``.
+    """
+    vocab_size = draft_model.vocab_size
+    if target_model.vocab_size != vocab_size:
+        raise InvalidArgument(
+            f"target_model: vocab_size {target_model.vocab_size} differs from draft_model's {vocab_size}"
+        )
+    if num_drafts < 1 or draft_len < 1:
+        raise InvalidArgument(f"num_drafts, draft_len: must be >= 1, got {num_drafts}, {draft_len}")
+    if draft_scheme == "iid":
+        # All sequences of length L with positive draft probability.
+        seqs = torch.tensor(list(itertools.product(range(vocab_size), repeat=draft_len)), dtype=torch.int64)
+        draft_cond = _sequence_conditionals(draft_model, prefix, seqs, draft_len)
+        seq_prob = draft_cond.gather(-1, seqs.unsqueeze(-1)).squeeze(-1).prod(-1)
+        keep = seq_prob > 0
+        seqs, seq_prob, draft_cond = seqs[keep], seq_prob[keep], draft_cond[keep]
+        num_seqs = seqs.shape[0]
+        if num_seqs ** num_drafts > MAX_TUPLES:
+            raise InvalidArgument(
+                f"num_drafts: {num_seqs}^{num_drafts} draft tuples exceed the exact-audit limit of {MAX_TUPLES}"
+            )
+        index = torch.tensor(list(itertools.product(range(num_seqs), repeat=num_drafts)), dtype=torch.int64)
+        weights = seq_prob[index].prod(-1)
+    elif draft_scheme == "without_replacement":
+        if draft_len != 1:
+            raise InvalidArgument(f"draft_len: drafting without replacement is defined for draft_len = 1, got {draft_len}")
+        seqs = torch.arange(vocab_size, dtype=torch.int64).unsqueeze(1)
+        draft_cond = _sequence_conditionals(draft_model, prefix, seqs, 1)
+        probs = draft_cond[0, 0]
+        support = [t for t in range(vocab_size) if probs[t] > 0]
+        if num_drafts > len(support):
+            raise InvalidArgument(
+                f"num_drafts: {num_drafts} distinct drafts cannot be drawn without replacement from a draft "
+                f"distribution with {len(support)} tokens of positive probability"
+            )
+        if math.perm(len(support), num_drafts) > MAX_TUPLES:
+            raise InvalidArgument(f"num_drafts: too many ordered draft tuples for an exact audit")
+        index = torch.tensor(list(itertools.permutations(support, num_drafts)), dtype=torch.int64)
+        picked = probs[index]  # [N, K]
+        removed = torch.cat([torch.zeros_like(picked[:, :1]), picked.cumsum(-1)[:, :-1]], dim=1)
+        weights = (picked / (1 - removed)).prod(-1)
+    else:
+        raise InvalidArgument(f"draft_scheme: expected 'iid' or 'without_replacement', got {draft_scheme!r}")
+    target_cond = _sequence_conditionals(target_model, prefix, seqs, draft_len + 1)
+    return DraftEnumeration(
+        draft_tokens=seqs[index],
+        weights=weights,
+        draft_probs=draft_cond[index],
+        target_probs=target_cond[index],
+    )
+
+
+def _all_strings(vocab_size: int, length: int) -> torch.Tensor:
+    return torch.tensor(list(itertools.product(range(vocab_size), repeat=length)), dtype=torch.int64).reshape(
+        vocab_size**length, length
+    )
+
+
+def string_of(code: int, length: int, vocab_size: int) -> tuple[int, ...]:
+    """Decode a base-V string code (most significant token first)."""
+    out = []
+    for _ in range(length):
+        out.append(code % vocab_size)
+        code //= vocab_size
+    return tuple(reversed(out))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactIterationAudit:
+    """Exact law of one verification step and the quantities derived from it.
+
+    Laws over strings of length m are flat float64 tensors of size ``V**m``,
+    indexed by the base-V code of the string (first token most significant).
+    """
+
+    vocab_size: int
+    num_drafts: int
+    draft_len: int
+    num_draft_tuples: int
+    #: E_m(s) = P(the step emits exactly s), for m = 1 .. L + 1
+    emitted_law: tuple
+    #: q(w) over strings of length m = 1 .. L + 1
+    target_law: tuple
+    #: F(w): law of the first L + 1 tokens when decoding continues with the unmodified target
+    # [vocab_size ** (draft_len + 1)]
+    implied_law: torch.Tensor
+    #: B_m(u) = P(the emitted string starts with u), m = 1 .. L + 1
+    prefix_law: tuple
+    tv_distance: float
+    max_abs_error: float
+    token_tv_distance: float
+    prefix_cap_excess: float
+    worst_prefix: tuple
+    block_efficiency: float
+    membership_acceptance: float
+
+    @property
+    def first_token_law(self) -> torch.Tensor:  # [vocab_size]
+        """P(first emitted token = y)."""
+        return self.prefix_law[0]
+
+    def worst_strings(self, count: int = 5) -> list[dict]:
+        """The strings w of length L + 1 with the largest |F(w) - q(w)|."""
+        diff = (self.implied_law - self.target_law[-1]).abs()
+        top = torch.topk(diff, min(count, diff.numel()))
+        return [
+            {
+                "string": list(string_of(int(code), self.draft_len + 1, self.vocab_size)),
+                "implied": float(self.implied_law[code]),
+                "target": float(self.target_law[-1][code]),
+            }
+            for code in top.indices.tolist()
+            if float(diff[code]) > 0
+        ]
+
+
+def exact_iteration(
+    verifier: Verifier,
+    draft_model: Model,
+    target_model: Model,
+    num_drafts: int,
+    draft_len: int = 1,
+    *,
+    prefix: Sequence[int] = (),
+    draft_scheme: Optional[str] = None,
+    chunk_size: int = 8192,
+) -> ExactIterationAudit:
+    """Exact law of one step of ``verifier`` after ``prefix``, by enumerating draft tuples.
+
+    Parameters
+    ----------
+    verifier : Verifier
+        Must have an exact law (``output_probs``).
+    draft_model, target_model : Model
+    num_drafts, draft_len : int
+    prefix : sequence of int
+        The context before the step.
+    draft_scheme : str, optional
+        Defaults to the verifier's declared scheme.
+    chunk_size : int
+        Draft tuples per ``output_probs`` call (bounds memory).
+
+    Returns
+    -------
+    ExactIterationAudit
+
+    Notes
+    -----
+    Cost is ``(V^L)^K`` tuples for i.i.d. drafts: ordered tuples are needed because
+    verifiers may depend on the order of the drafts (K-SEQ does).
+
+    Examples
+    --------
+    >>> from spectr_audit.models import ContextFreeModel
+    >>> from spectr_audit.registry import load_verifier
+    >>> audit = exact_iteration(load_verifier("kseq"), ContextFreeModel([0.6, 0.4]),
+    ...                         ContextFreeModel([0.3, 0.7]), num_drafts=2)
+    >>> audit.max_abs_error < 1e-12
+    True
+    """
+    if not verifier.has_exact_law:
+        raise InvalidArgument(f"verifier: {verifier.name!r} has no exact law (output_probs); use the statistical audit")
+    verifier.check_supports(num_drafts, draft_len)
+    scheme = draft_scheme or verifier.draft_scheme
+    enum = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, scheme, prefix)
+    vocab_size = draft_model.vocab_size
+    num_tuples = enum.weights.shape[0]
+    emitted = [torch.zeros(vocab_size ** (m + 1), dtype=torch.float64) for m in range(draft_len + 1)]
+    membership = torch.zeros((), dtype=torch.float64)
+    powers = vocab_size ** torch.arange(draft_len - 1, -1, -1, dtype=torch.int64)
+    for start in range(0, num_tuples, chunk_size):
+        sl = slice(start, start + chunk_size)
+        tokens, weights = enum.draft_tokens[sl], enum.weights[sl]
+        law = check_output_probs(
+            verifier.output_probs(tokens, enum.draft_probs[sl], enum.target_probs[sl]).double(),
+            tokens.shape[0], num_drafts, draft_len, vocab_size, who=verifier.name,
+        )
+        weighted = law * weights.view(-1, 1, 1, 1)  # [n, K, L + 1, V]
+        for accepted in range(draft_len + 1):
+            # code of the accepted prefix draft_tokens[:, k, :accepted], then append the next token
+            prefix_code = (tokens[:, :, :accepted] * powers[draft_len - accepted :]).sum(-1)  # [n, K]
+            codes = prefix_code.unsqueeze(-1) * vocab_size + torch.arange(vocab_size)
+            emitted[accepted].scatter_add_(0, codes.reshape(-1), weighted[:, :, accepted, :].reshape(-1))
+        # membership: first emitted token among the drafts' first tokens
+        first_tokens = torch.zeros(tokens.shape[0], vocab_size, dtype=torch.bool).scatter(1, tokens[:, :, 0], True)
+        membership += weighted[:, :, 1:, :].sum() + (weighted[:, :, 0, :].sum(1) * first_tokens).sum()
+
+    # Target laws q(w) over strings of length 1 .. L + 1 and the implied law F.
+    target_law, implied = [], None
+    joint = torch.ones(1, dtype=torch.float64)
+    for m in range(draft_len + 1):
+        contexts = _all_strings(vocab_size, m)
+        cond = target_model(contexts_from(prefix, contexts)).double()  # [V^m, V]
+        implied = emitted[0] if m == 0 else (implied.unsqueeze(-1) * cond).reshape(-1) + emitted[m]
+        joint = (joint.unsqueeze(-1) * cond).reshape(-1)
+        target_law.append(joint)
+    # B_m(u) = E_m(u) + sum_x B_{m+1}(ux)
+    prefix_law = [emitted[-1]]
+    for m in range(draft_len - 1, -1, -1):
+        prefix_law.insert(0, emitted[m] + prefix_law[0].reshape(-1, vocab_size).sum(-1))
+    excess, worst = 0.0, ()
+    for m, (cap, target) in enumerate(zip(prefix_law, target_law)):
+        over = cap - target
+        value, code = over.max(0)
+        if float(value) > excess:
+            excess, worst = float(value), string_of(int(code), m + 1, vocab_size)
+    diff = implied - target_law[-1]
+    lengths = torch.arange(1, draft_len + 2, dtype=torch.float64)
+    block_efficiency = float(sum(lengths[m] * emitted[m].sum() for m in range(draft_len + 1)))
+    return ExactIterationAudit(
+        vocab_size=vocab_size,
+        num_drafts=num_drafts,
+        draft_len=draft_len,
+        num_draft_tuples=num_tuples,
+        emitted_law=tuple(emitted),
+        target_law=tuple(target_law),
+        implied_law=implied,
+        prefix_law=tuple(prefix_law),
+        tv_distance=float(diff.abs().sum() / 2),
+        max_abs_error=float(diff.abs().max()),
+        token_tv_distance=float((prefix_law[0] - target_law[0]).abs().sum() / 2),
+        prefix_cap_excess=excess,
+        worst_prefix=worst,
+        block_efficiency=block_efficiency,
+        membership_acceptance=float(membership),
+    )

@@ -1,0 +1,93 @@
+"""The one randomness seam of the built-in verifiers.
+
+Every built-in verifier draws its randomness through :func:`uniform`, from the
+``generator`` it was given.  A test can pass an :class:`InjectedUniforms` instead
+of a ``torch.Generator`` to pin accept/reject decisions and CDF look-ups at
+chosen values (a uniform of exactly 0, one just below 1, a CDF boundary).
+
+Notes
+-----
+Uniforms lie in ``[0, 1)``.  Verifiers test acceptance as ``u < accept_prob``
+(strict), so ``u = 0`` never accepts a token whose acceptance probability is
+0, and categorical draws use ``searchsorted(cdf, u * total, right=True)`` so a
+zero-probability token can never be selected, even at a CDF tie.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable, Union
+
+import torch
+
+from spectr_audit.errors import InvalidArgument
+
+__all__ = ["InjectedUniforms", "RandomSource", "uniform", "sample_categorical"]
+
+
+class InjectedUniforms:
+    """A replacement for a ``torch.Generator`` that serves given uniforms.
+
+    Parameters
+    ----------
+    values : iterable of tensors or floats
+        Served in order: each call to :func:`uniform` with shape ``S`` takes the
+        next item, which must broadcast to ``S`` (a float fills the whole shape).
+    fallback : torch.Generator, optional
+        Used once ``values`` is exhausted; without it, running out is an error.
+
+    Examples
+    --------
+    >>> import torch
+    >>> src = InjectedUniforms([0.0, torch.tensor([0.5])])
+    >>> uniform(src, (2,), torch.device("cpu")).tolist()
+    [0.0, 0.0]
+    """
+
+    def __init__(self, values: Iterable, fallback: torch.Generator | None = None):
+        self._values = deque(values)
+        self.fallback = fallback
+        self.calls: list[tuple[int, ...]] = []
+
+    def next(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """Return the next injected block, broadcast to ``shape``."""
+        self.calls.append(tuple(shape))
+        if not self._values:
+            if self.fallback is None:
+                raise InvalidArgument(
+                    f"generator: InjectedUniforms ran out of values at a draw of shape {tuple(shape)}"
+                )
+            return torch.rand(shape, generator=self.fallback, dtype=torch.float64, device="cpu").to(device)
+        value = torch.as_tensor(self._values.popleft(), dtype=torch.float64, device=device)
+        if ((value < 0) | (value >= 1)).any():
+            raise InvalidArgument("generator: injected uniforms must lie in [0, 1)")
+        return torch.broadcast_to(value, shape).clone()
+
+
+RandomSource = Union[torch.Generator, InjectedUniforms, None]
+
+
+def uniform(generator: RandomSource, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Draw float64 uniforms in ``[0, 1)`` of ``shape`` on ``device`` from ``generator``."""
+    shape = tuple(int(s) for s in shape)
+    if isinstance(generator, InjectedUniforms):
+        return generator.next(shape, device)
+    draw_device = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, dtype=torch.float64, device=draw_device).to(device)
+
+
+def sample_categorical(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw from unnormalised non-negative ``probs`` with uniforms ``u``.
+
+    ``probs`` is ``[..., vocab_size]``, ``u`` is ``[...]``; returns int64 ``[...]``.
+    A token of zero mass is never returned (the search is right-sided and the
+    result is clamped to the last token of positive mass).
+    """
+    # [..., vocab_size]
+    cdf = probs.cumsum(-1)
+    total = cdf[..., -1:]
+    idx = torch.searchsorted(cdf, u.unsqueeze(-1).to(cdf.dtype) * total, right=True).squeeze(-1)
+    vocab_size = probs.shape[-1]
+    positive = probs > 0
+    last_positive = vocab_size - 1 - positive.flip(-1).to(torch.int8).argmax(-1)
+    return torch.minimum(idx, last_positive)

@@ -1,0 +1,140 @@
+"""Result objects: frozen dataclasses that report numbers.  Only the report decides.
+
+JSON contract (stable; CI users parse it)::
+
+    {
+      "passed": bool,              # every result's verdict matches its declaration
+      "suite": str,
+      "spectr_audit_version": str,
+      "results": [
+        {
+          "verifier": str,
+          "case": str,
+          "passed": bool,          # all of this result's checks hold (false on error)
+          "expected": bool,        # only when the verifier declared a verdict:
+                                   # the declared value of "passed"
+          "error": str,            # only when the audit could not run
+          "checks": [{"name", "passed", "value", "threshold"}, ...],
+          "metrics": {"tv_distance", "acceptance", "optimal_acceptance", ...},
+          "details": {...}         # worst strings, solver statuses, ...
+        }
+      ]
+    }
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+__all__ = ["Check", "AuditResult", "AuditReport", "jsonable"]
+
+
+def jsonable(value: Any) -> Any:
+    """Convert numbers, tensors and containers to plain JSON values (NaN/Inf become None)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "tolist"):
+        return jsonable(value.tolist())
+    if hasattr(value, "item"):
+        return jsonable(value.item())
+    return str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One named check: ``value`` compared with ``threshold``; ``passed`` says whether it held."""
+
+    name: str
+    passed: bool
+    value: Optional[float] = None
+    threshold: Optional[float] = None
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        out = {"name": self.name, "passed": bool(self.passed), "value": jsonable(self.value), "threshold": jsonable(self.threshold)}
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditResult:
+    """The audit of one verifier on one case."""
+
+    verifier: str
+    case: str
+    checks: tuple = ()
+    metrics: dict = dataclasses.field(default_factory=dict)
+    #: Declared value of ``passed`` (``True`` for a verifier declared exact, ``False`` for one
+    #: declared inexact), or ``None`` when nothing was declared.
+    expected: Optional[bool] = None
+    error: Optional[str] = None
+    details: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """All checks hold (and the audit ran)."""
+        return self.error is None and all(c.passed for c in self.checks)
+
+    @property
+    def as_expected(self) -> bool:
+        """The verdict matches the declaration (or, with none declared, every check passed)."""
+        if self.error is not None:
+            return False
+        return self.passed if self.expected is None else self.passed == self.expected
+
+    @property
+    def failed_checks(self) -> list:
+        return [c for c in self.checks if not c.passed]
+
+    def to_dict(self) -> dict:
+        out: dict = {"verifier": self.verifier, "case": self.case, "passed": self.passed}
+        if self.expected is not None:
+            out["expected"] = self.expected
+        if self.error is not None:
+            out["error"] = self.error
+        out["checks"] = [c.to_dict() for c in self.checks]
+        out["metrics"] = jsonable(self.metrics)
+        if self.details:
+            out["details"] = jsonable(self.details)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditReport:
+    """Every result of a run."""
+
+    results: tuple
+    suite: str = ""
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """Every result's verdict matches its declaration."""
+        return all(r.as_expected for r in self.results)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every verdict is as expected, 1 otherwise (2 is reserved for usage errors)."""
+        return 0 if self.passed else 1
+
+    def to_dict(self) -> dict:
+        from spectr_audit import __version__
+
+        return {
+            "passed": self.passed,
+            "suite": self.suite,
+            "spectr_audit_version": __version__,
+            "meta": jsonable(self.meta),
+            "results": [r.to_dict() for r in self.results],
+        }

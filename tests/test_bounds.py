@@ -1,0 +1,365 @@
+"""Tests for spectr_audit.bounds: alpha* (closed form and LP), K-SEQ's rho* and acceptance.
+
+Every fast path here has a slow oracle: the closed form is checked against the transport LP
+and against brute force over all token subsets; batched calls against row-by-row calls.
+The hypothesis tests are deterministic in what they assert (no statistical tolerance); a
+failure is a counterexample to shrink and add to HAND_CASES.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from fractions import Fraction
+from typing import Callable, Optional
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spectr_audit.bounds import (
+    AcceptanceBound,
+    kseq_accept_prob,
+    kseq_acceptance,
+    kseq_rho_star,
+    optimal_acceptance,
+    optimal_acceptance_lp,
+    optimal_acceptance_lp_from_sets,
+    spectr_guarantee,
+)
+from spectr_audit.errors import InvalidArgument
+
+SQRT_034 = math.sqrt(0.34)
+
+# ---------------------------------------------------------------------------------------------
+# Hand-derived values
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class HandCase:
+    name: str
+    # [vocab_size]
+    draft: tuple[float, ...]
+    # [vocab_size]
+    target: tuple[float, ...]
+    num_drafts: int
+    alpha: float
+    argmin_set: frozenset[int]
+    rho_star: Optional[float] = None
+    kseq_accept: Optional[float] = None
+
+
+HAND_CASES = [
+    # Seed 000 (ALGORITHMS.md section 6).  q/p = (0.5, 1.75): prefixes {} -> 1,
+    # {A} -> 0.3 + 1 - 0.6^2 = 0.94, {A, B} -> 1.  K-SEQ: for rho <= 1.75, beta = 0.3/rho + 0.4
+    # and f = beta (rho - 2 + beta) = 0 gives rho^2 - 1.6 rho + 0.3 = 0, rho* = 0.8 + sqrt(0.34);
+    # P_A = rho* beta = 0.4 rho* + 0.3 = 0.62 + 0.4 sqrt(0.34).
+    HandCase("seed_k2", (0.6, 0.4), (0.3, 0.7), 2, 0.94, frozenset({0}), 0.8 + SQRT_034, 0.62 + 0.4 * SQRT_034),
+    # K = 1: {A} -> 0.3 + 1 - 0.6 = 0.7 = sum min(p, q) = 1 - TV; K-SEQ is plain speculative sampling.
+    HandCase("seed_k1", (0.6, 0.4), (0.3, 0.7), 1, 0.7, frozenset({0}), 1.0, 0.7),
+    # K = 3: {A} -> 0.3 + 1 - 0.216 = 1.084 > 1, so alpha* = 1 (the empty set).  Coupling:
+    # P(set={A}) = 0.216 -> A, P({B}) = 0.064 -> B, P({A,B}) = 0.72 -> A 0.084, B 0.636.
+    HandCase("seed_k3", (0.6, 0.4), (0.3, 0.7), 3, 1.0, frozenset()),
+    # p = (1, 0), q = (1/2, 1/2), K = 2: both drafts are A, so P(Y in S) = P(Y = A) <= 1/2.
+    # Closed form: q/p = (0.5, +inf); {A} -> 1/2 + 1 - 1^2 = 1/2, {} and {A, B} -> 1; alpha* = 1/2.
+    # K-SEQ: beta = 0.5/rho, f = 0.5 - 1 + (1 - 0.5/rho)^2 = 0 at rho* = 0.5 / (1 - sqrt(1/2))
+    # = 1 + sqrt(1/2); P_A = rho* beta = 1/2 (optimal here).
+    HandCase("point_mass_draft", (1.0, 0.0), (0.5, 0.5), 2, 0.5, frozenset({0}), 1 + math.sqrt(0.5), 0.5),
+    # Disjoint supports: T = supp(p) has q(T) = 0, p(T) = 1, so alpha* = 0; beta = 0, P_A = 0.
+    HandCase("disjoint", (0.5, 0.5, 0.0, 0.0), (0.0, 0.0, 0.3, 0.7), 3, 0.0, frozenset({0, 1}), 1.0, 0.0),
+    # p = q: q(T) >= p(T) >= p(T)^K for every T, so alpha* = 1; rho* = 1, beta = 1, P_A = 1.
+    HandCase("equal", (0.2, 0.3, 0.5), (0.2, 0.3, 0.5), 4, 1.0, frozenset(), 1.0, 1.0),
+]
+
+
+@pytest.mark.parametrize("case", HAND_CASES, ids=lambda case: case.name)
+def test_hand_cases(case: HandCase) -> None:
+    bound = optimal_acceptance(case.draft, case.target, case.num_drafts)
+    assert bound.item() == pytest.approx(case.alpha, abs=1e-12)
+    assert bound.argmin_set() == case.argmin_set
+    lp = optimal_acceptance_lp(case.draft, case.target, case.num_drafts)
+    assert lp.status == "optimal"
+    assert lp.value == pytest.approx(case.alpha, abs=1e-6)
+    if case.rho_star is not None:
+        result = kseq_acceptance(case.draft, case.target, case.num_drafts)
+        assert result.rho_star.item() == pytest.approx(case.rho_star, abs=1e-12)
+        assert result.item() == pytest.approx(case.kseq_accept, abs=1e-12)
+
+
+def test_spectr_guarantee() -> None:
+    assert spectr_guarantee(1) == 1.0
+    assert spectr_guarantee(2) == pytest.approx(0.75)
+    assert spectr_guarantee(8) == pytest.approx(1 - (7 / 8) ** 8)
+    assert spectr_guarantee(10_000) == pytest.approx(1 - 1 / math.e, abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Slow oracles
+# ---------------------------------------------------------------------------------------------
+
+
+def brute_force_alpha(draft: np.ndarray, target: np.ndarray, num_drafts: int) -> float:
+    """min over all 2^V token sets T of q(T) + 1 - p(T)^K."""
+    vocab_size = len(draft)
+    masks = np.array(list(itertools.product([0.0, 1.0], repeat=vocab_size)))  # [2^V, V]
+    return float((masks @ target + 1.0 - (masks @ draft) ** num_drafts).min())
+
+
+def brute_force_alpha_from_sets(set_probs: dict[frozenset[int], float], target: np.ndarray) -> float:
+    """min over T of q(T) + 1 - P(S subset of T), for any law of the draft set S."""
+    best = math.inf
+    for bits in itertools.product([False, True], repeat=len(target)):
+        chosen = frozenset(i for i, bit in enumerate(bits) if bit)
+        inside = sum(mass for s, mass in set_probs.items() if s <= chosen)
+        best = min(best, float(target[list(chosen)].sum()) + 1.0 - inside)
+    return best
+
+
+def without_replacement_set_probs(draft: np.ndarray, num_drafts: int) -> dict[frozenset[int], float]:
+    """P(set = S) for num_drafts ordered draws without replacement (stopping if p runs out)."""
+    probs: dict[frozenset[int], float] = {}
+
+    def walk(drawn: tuple[int, ...], mass: float) -> None:
+        remaining = [i for i in range(len(draft)) if i not in drawn and draft[i] > 0]
+        if len(drawn) == num_drafts or not remaining:
+            key = frozenset(drawn)
+            probs[key] = probs.get(key, 0.0) + mass
+            return
+        total = sum(draft[i] for i in remaining)
+        for i in remaining:
+            walk(drawn + (i,), mass * draft[i] / total)
+
+    walk((), 1.0)
+    return probs
+
+
+def exact_kseq_gap(draft: np.ndarray, target: np.ndarray, rho: float, num_drafts: int) -> Fraction:
+    """f(rho) = rho beta - (1 - (1 - beta)^K) in exact rational arithmetic.
+
+    The rows are normalised exactly first: a float row sums to 1 only up to rounding, and
+    where f is flat (p close to q, K large) a 1e-16 change in the sums moves the root.
+    """
+    draft_exact = [Fraction(float(x)) for x in draft]
+    target_exact = [Fraction(float(x)) for x in target]
+    draft_total, target_total = sum(draft_exact), sum(target_exact)
+    rho_exact = Fraction(rho)
+    beta = sum(
+        min(d / draft_total, t / target_total / rho_exact) for d, t in zip(draft_exact, target_exact)
+    )
+    return rho_exact * beta - (1 - (1 - beta) ** num_drafts)
+
+
+@st.composite
+def distributions(draw, vocab_size: int) -> np.ndarray:
+    """A random distribution with some exact zeros (Dirichlet-ish: cubed uniforms)."""
+    weights = draw(
+        st.lists(
+            st.one_of(st.just(0.0), st.floats(0.0, 1.0)),
+            min_size=vocab_size,
+            max_size=vocab_size,
+        ).filter(lambda w: sum(x**3 for x in w) > 1e-6)
+    )
+    cubed = np.array(weights) ** 3
+    return cubed / cubed.sum()
+
+
+@st.composite
+def distribution_pairs(draw, min_vocab: int = 2, max_vocab: int = 6) -> tuple[np.ndarray, np.ndarray]:
+    vocab_size = draw(st.integers(min_vocab, max_vocab))
+    return draw(distributions(vocab_size)), draw(distributions(vocab_size))
+
+
+@settings(max_examples=100, deadline=None)
+@given(pair=distribution_pairs(2, 6), num_drafts=st.integers(1, 4))
+def test_lp_matches_closed_form(pair, num_drafts) -> None:
+    draft, target = pair
+    lp = optimal_acceptance_lp(draft, target, num_drafts)
+    assert lp.status == "optimal"
+    closed = optimal_acceptance(draft, target, num_drafts).item()
+    assert lp.value == pytest.approx(closed, abs=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(pair=distribution_pairs(2, 5), num_drafts=st.integers(1, 4))
+def test_lp_from_sets_without_replacement_matches_min_cut(pair, num_drafts) -> None:
+    draft, target = pair
+    set_probs = without_replacement_set_probs(draft, num_drafts)
+    lp = optimal_acceptance_lp_from_sets(set_probs, target)
+    assert lp.status == "optimal"
+    assert lp.value == pytest.approx(brute_force_alpha_from_sets(set_probs, target), abs=1e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pair=distribution_pairs(1, 8), num_drafts=st.integers(1, 8))
+def test_closed_form_matches_brute_force(pair, num_drafts) -> None:
+    draft, target = pair
+    bound = optimal_acceptance(draft, target, num_drafts)
+    expected = brute_force_alpha(draft, target, num_drafts)
+    assert bound.item() == pytest.approx(expected, abs=1e-12)
+    # The reported set attains the minimum.
+    chosen = sorted(bound.argmin_set())
+    attained = target[chosen].sum() + 1.0 - draft[chosen].sum() ** num_drafts
+    assert attained == pytest.approx(expected, abs=1e-11)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pair=distribution_pairs(1, 12), num_drafts=st.integers(1, 8))
+def test_kseq_within_spectr_guarantee(pair, num_drafts) -> None:
+    draft, target = pair
+    alpha = optimal_acceptance(draft, target, num_drafts).item()
+    result = kseq_acceptance(draft, target, num_drafts)
+    accept, rho, beta = result.item(), result.rho_star.item(), result.beta.item()
+    assert spectr_guarantee(num_drafts) * alpha - 1e-9 <= accept <= alpha + 1e-9
+    assert 1.0 <= rho <= num_drafts
+    # ALGORITHMS.md section 2: at rho*, P_A = rho* beta = sum_x min(rho* p(x), q(x)).
+    assert accept == pytest.approx(float(np.minimum(rho * draft, target).sum()), abs=1e-9)
+    assert accept >= float(np.minimum(draft, target).sum()) - 1e-12
+    # The unvalidated hot path sees exactly these rows (kseq_acceptance renormalised them).
+    rho = kseq_rho_star(torch.from_numpy(draft), torch.from_numpy(target), num_drafts).item()
+    # rho* is valid: f(rho*) >= 0, i.e. the residual is non-negative.
+    assert exact_kseq_gap(draft, target, rho, num_drafts) >= -1e-12
+    beta = float(np.minimum(draft, target / rho).sum())
+    if beta > 0:
+        accept = 1 - (1 - beta) ** num_drafts
+        residual = target - (accept / beta) * np.minimum(draft, target / rho)
+        assert residual.min() >= -1e-12
+    # ... and the smallest valid one.
+    if rho > 1 + 1e-6:
+        assert exact_kseq_gap(draft, target, rho - 1e-6, num_drafts) < 0
+
+
+def test_kseq_rho_star_per_row_num_drafts() -> None:
+    generator = torch.Generator().manual_seed(0)
+    # [4, 3, vocab_size]
+    draft = torch.rand(4, 3, 10, generator=generator, dtype=torch.float64) ** 3
+    target = torch.rand(4, 3, 10, generator=generator, dtype=torch.float64) ** 3
+    draft, target = draft / draft.sum(-1, keepdim=True), target / target.sum(-1, keepdim=True)
+    # [4, 3]
+    num_drafts = torch.randint(1, 9, (4, 3), generator=generator)
+    batched = kseq_rho_star(draft, target, num_drafts.to(torch.float64))
+    assert batched.shape == (4, 3) and batched.dtype == torch.float64
+    assert torch.equal(batched, kseq_rho_star(draft, target, num_drafts))
+    for index in itertools.product(range(4), range(3)):
+        row = kseq_rho_star(draft[index], target[index], int(num_drafts[index]))
+        assert batched[index].item() == row.item()
+    # A tensor K broadcast over the batch equals the int.
+    assert torch.equal(kseq_rho_star(draft, target, torch.tensor(5)), kseq_rho_star(draft, target, 5))
+    per_row = kseq_acceptance(draft, target, num_drafts)
+    assert torch.allclose(per_row.value, kseq_accept_prob(per_row.beta, num_drafts), atol=0, rtol=0)
+
+
+def test_kseq_accept_prob_small_beta() -> None:
+    # 1 - (1 - beta)^K loses all precision here; the expm1 form keeps it.
+    beta = torch.tensor([1e-18, 1e-9], dtype=torch.float64)
+    accept = kseq_accept_prob(beta, 4)
+    assert accept[0].item() == pytest.approx(4e-18, rel=1e-12)
+    assert accept[1].item() == pytest.approx(4e-9 - 6e-18, rel=1e-12)
+
+
+def test_batched_closed_form_equals_rows() -> None:
+    generator = torch.Generator().manual_seed(1)
+    shape = (2, 3, 7)
+    draft = torch.rand(shape, generator=generator, dtype=torch.float64) ** 3
+    target = torch.rand(shape, generator=generator, dtype=torch.float64) ** 3
+    draft[torch.rand(shape, generator=generator) < 0.3] = 0.0
+    target[torch.rand(shape, generator=generator) < 0.3] = 0.0
+    draft[..., 0] += 1e-3  # keep every row non-empty
+    target[..., 1] += 1e-3
+    draft, target = draft / draft.sum(-1, keepdim=True), target / target.sum(-1, keepdim=True)
+    for num_drafts in (1, 3, 8):
+        batched = optimal_acceptance(draft, target, num_drafts)
+        assert batched.value.shape == (2, 3) and batched.value.dtype == torch.float64
+        assert batched.argmin_set_size.shape == (2, 3)
+        from_numpy = optimal_acceptance(draft.numpy(), target.numpy(), num_drafts)
+        assert torch.equal(from_numpy.value, batched.value)
+        from_float32 = optimal_acceptance(draft.float(), target.float(), num_drafts)
+        assert torch.allclose(from_float32.value, batched.value, atol=1e-6)
+        for index in itertools.product(range(2), range(3)):
+            row = optimal_acceptance(draft[index], target[index], num_drafts)
+            assert row.item() == batched.value[index].item()
+            assert row.argmin_set() == batched.argmin_set(index)
+
+
+def test_lp_refuses_large_problems_and_reports_size() -> None:
+    draft = np.full(12, 1 / 12)
+    with pytest.raises(InvalidArgument, match="max_variables"):
+        optimal_acceptance_lp(draft, draft, 4, max_variables=1000)
+    bound = optimal_acceptance_lp([0.5, 0.5, 0.0], [0.2, 0.3, 0.5], 2, solver="HIGHS")
+    assert (bound.solver, bound.status, bound.num_sets, bound.num_variables) == ("HIGHS", "optimal", 3, 4)
+    assert bound.value == pytest.approx(optimal_acceptance([0.5, 0.5, 0.0], [0.2, 0.3, 0.5], 2).item(), abs=1e-7)
+
+
+def test_large_vocabulary_runs() -> None:
+    rng = np.random.default_rng(2)
+    vocab_size = 131072
+    draft = torch.from_numpy(rng.dirichlet(np.full(vocab_size, 0.1)))
+    target = torch.from_numpy(rng.dirichlet(np.full(vocab_size, 0.1)))
+    bound = optimal_acceptance(draft, target, 8)
+    assert isinstance(bound, AcceptanceBound)
+    alpha = bound.item()
+    assert 0.0 <= alpha <= 1.0
+    accept = kseq_acceptance(draft, target, 8).item()
+    assert spectr_guarantee(8) * alpha - 1e-9 <= accept <= alpha + 1e-9
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad inputs
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BadCase:
+    name: str
+    call: Callable[[], object]
+    fragment: str
+
+
+GOOD = [0.5, 0.5]
+
+BAD_CASES = [
+    BadCase("shape_mismatch", lambda: optimal_acceptance([0.5, 0.5], [0.2, 0.3, 0.5], 2), "draft_probs: expected shape [..., vocab_size] matching target_probs (3,)"),
+    BadCase("scalar", lambda: optimal_acceptance(1.0, 1.0, 2), "expected shape [..., vocab_size], got a scalar"),
+    BadCase("empty_vocab", lambda: optimal_acceptance([], [], 2), "vocab_size must be >= 1"),
+    BadCase("negative", lambda: optimal_acceptance([1.2, -0.2], GOOD, 2), "draft_probs: probabilities must be non-negative; found -0.2"),
+    BadCase("nan", lambda: optimal_acceptance(GOOD, [math.nan, 1.0], 2), "target_probs: probabilities must be finite"),
+    BadCase("inf", lambda: optimal_acceptance([math.inf, 0.0], GOOD, 2), "draft_probs: probabilities must be finite"),
+    BadCase("sum_off", lambda: optimal_acceptance([[0.5, 0.5], [0.5, 0.4]], [[0.5, 0.5]] * 2, 2), "draft_probs: each distribution must sum to 1 within 1.0e-04; the row at batch index (1,)"),
+    BadCase("integer_tensor", lambda: optimal_acceptance(torch.tensor([1, 0]), torch.tensor([1.0, 0.0]), 2), "draft_probs: expected a floating-point tensor"),
+    BadCase("not_numeric", lambda: optimal_acceptance(["a", "b"], GOOD, 2), "draft_probs: expected a torch tensor, numpy array or nested list"),
+    BadCase("zero_drafts", lambda: optimal_acceptance(GOOD, GOOD, 0), "num_drafts: expected an integer >= 1, got 0"),
+    BadCase("float_drafts", lambda: optimal_acceptance(GOOD, GOOD, 1.5), "num_drafts: expected an integer >= 1, got 1.5"),
+    BadCase("bool_drafts", lambda: optimal_acceptance(GOOD, GOOD, True), "num_drafts: expected an integer >= 1, got True"),
+    BadCase("guarantee_zero", lambda: spectr_guarantee(0), "num_drafts: expected an integer >= 1"),
+    BadCase("item_on_batch", lambda: optimal_acceptance([GOOD, GOOD], [GOOD, GOOD], 2).item(), "item(): defined for a single row only"),
+    BadCase("argmin_index", lambda: optimal_acceptance([GOOD, GOOD], [GOOD, GOOD], 2).argmin_set(), "index: expected 1 indices"),
+    BadCase("lp_batched", lambda: optimal_acceptance_lp([GOOD], [GOOD], 2), "target_probs: expected shape [vocab_size], got (1, 2)"),
+    BadCase("lp_too_big", lambda: optimal_acceptance_lp(np.full(30, 1 / 30), np.full(30, 1 / 30), 8), "above max_variables=200000"),
+    BadCase("lp_bad_max", lambda: optimal_acceptance_lp(GOOD, GOOD, 2, max_variables=0), "max_variables: expected an integer >= 1"),
+    BadCase("lp_unknown_solver", lambda: optimal_acceptance_lp(GOOD, GOOD, 2, solver="NOPE"), "solver: 'NOPE' is not installed"),
+    BadCase("sets_empty_key", lambda: optimal_acceptance_lp_from_sets({frozenset(): 1.0}, GOOD), "set_probs: keys must be non-empty frozensets"),
+    BadCase("sets_bad_token", lambda: optimal_acceptance_lp_from_sets({frozenset({2}): 1.0}, GOOD), "set_probs: token ids must be integers in [0, 2)"),
+    BadCase("sets_negative", lambda: optimal_acceptance_lp_from_sets({frozenset({0}): 1.5, frozenset({1}): -0.5}, GOOD), "set_probs: masses must be finite and non-negative"),
+    BadCase("sets_sum_off", lambda: optimal_acceptance_lp_from_sets({frozenset({0}): 0.5}, GOOD), "set_probs: masses must sum to 1"),
+    BadCase("sets_not_mapping", lambda: optimal_acceptance_lp_from_sets([(frozenset({0}), 1.0)], GOOD), "set_probs: expected a mapping"),
+    BadCase("rho_numpy", lambda: kseq_rho_star(np.array(GOOD), np.array(GOOD), 2), "expected torch tensors"),
+    BadCase("rho_int_tensor", lambda: kseq_rho_star(torch.tensor([1, 0]), torch.tensor([1, 0]), 2), "expected floating-point tensors"),
+    BadCase("rho_shape", lambda: kseq_rho_star(torch.tensor(GOOD), torch.tensor([GOOD]), 2), "draft_probs: expected shape [..., vocab_size] matching target_probs (1, 2)"),
+    BadCase("rho_k_shape", lambda: kseq_rho_star(torch.tensor([GOOD] * 3), torch.tensor([GOOD] * 3), torch.tensor([2, 2])), "num_drafts: expected a tensor broadcastable to the batch shape (3,)"),
+    BadCase("rho_k_bool", lambda: kseq_rho_star(torch.tensor(GOOD), torch.tensor(GOOD), torch.tensor(True)), "num_drafts: expected an integer or float tensor"),
+    BadCase("rho_k_zero", lambda: kseq_rho_star(torch.tensor(GOOD), torch.tensor(GOOD), 0), "num_drafts: expected an integer >= 1, got 0"),
+    BadCase("kseq_k_tensor_zero", lambda: kseq_acceptance([GOOD, GOOD], [GOOD, GOOD], torch.tensor([2, 0])), "num_drafts: expected integral values >= 1, found 0.0 at batch index (1,)"),
+    BadCase("kseq_k_tensor_fraction", lambda: kseq_acceptance([GOOD, GOOD], [GOOD, GOOD], torch.tensor([2.5, 2.0])), "num_drafts: expected integral values >= 1, found 2.5"),
+    BadCase("kseq_sum_off", lambda: kseq_acceptance(GOOD, [0.5, 0.6], 2), "target_probs: each distribution must sum to 1"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_CASES, ids=lambda case: case.name)
+def test_bad_inputs(case: BadCase) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        case.call()
+    assert case.fragment in str(info.value)
+    assert isinstance(info.value, ValueError)

@@ -1,0 +1,150 @@
+"""Tree walks for verifiers that decide one tree level at a time.
+
+Token-level multi-draft rules (single-draft speculative sampling, K-SEQ,
+recursive rejection sampling) all have the same shape at a node: the surviving
+drafts' next tokens are tried *in order*, draft ``i`` is accepted with a
+probability ``accept_probs[i]`` that is fixed once the drafts are known, the
+first accepted one is the output, and if none is accepted the output is drawn
+from a ``residual`` distribution.  A :class:`NodeRule` returns those two
+things; :class:`TreeVerifier` walks the draft tree with it (the SpecTr tree of
+ALGORITHMS.md section 3: a drawn token that matches surviving drafts continues
+along them, otherwise the walk stops) and derives both the sampler and the
+exact law from the same numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectr_audit.contract import Verifier, VerifyOutput
+from spectr_audit.randomness import sample_categorical, uniform
+
+__all__ = ["NodeRule", "TreeVerifier", "gather_tokens", "normalise"]
+
+
+def gather_tokens(
+    dist: torch.Tensor,  # [n, vocab_size]
+    tokens: torch.Tensor,  # [n, num_drafts]
+) -> torch.Tensor:  # [n, num_drafts]
+    """``dist[r, tokens[r, i]]``."""
+    return dist.gather(-1, tokens)
+
+
+def normalise(
+    mass: torch.Tensor,  # [n, vocab_size], non-negative
+    fallback: torch.Tensor,  # [n, vocab_size]
+) -> torch.Tensor:  # [n, vocab_size]
+    """``mass / mass.sum()``, or ``fallback`` on rows with no mass (such rows are never sampled)."""
+    total = mass.sum(-1, keepdim=True)
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    return torch.where(total > 0, mass / safe, fallback)
+
+
+class NodeRule:
+    """One tree node's decision: per-draft acceptance probabilities and a residual."""
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,  # [n, num_drafts] int64, the drafts' tokens at this node
+        survivors: torch.Tensor,  # [n, num_drafts] bool, drafts that reached this node
+        draft_dist: torch.Tensor,  # [n, vocab_size] float64, draft conditional at the node
+        target_dist: torch.Tensor,  # [n, vocab_size] float64, target conditional at the node
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([n, num_drafts], [n, vocab_size])
+        raise NotImplementedError
+
+
+def _first_true(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the first True along the last dim (0 where there is none)."""
+    return mask.to(torch.int8).argmax(-1)
+
+
+class TreeVerifier(Verifier):
+    """A verifier defined by a :class:`NodeRule`, walked down the draft tree.
+
+    Subclasses set ``rule``.  Randomness per level: ``num_drafts`` acceptance
+    uniforms and one residual uniform per row, then one bonus uniform per row,
+    all from :func:`spectr_audit.randomness.uniform`.
+    """
+
+    rule: NodeRule
+
+    def _node_inputs(self, draft_tokens, draft_probs, target_probs, level, canon):
+        rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
+        draft_dist = draft_probs[rows, canon, level].double()
+        target_dist = target_probs[rows, canon, level].double()
+        return draft_tokens[:, :, level], draft_dist, target_dist
+
+    def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
+        batch_size, num_drafts, draft_len = draft_tokens.shape
+        device = draft_tokens.device
+        rows = torch.arange(batch_size, device=device)
+        survivors = torch.ones(batch_size, num_drafts, dtype=torch.bool, device=device)
+        alive = torch.ones(batch_size, dtype=torch.bool, device=device)
+        num_accepted = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        draft_index = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        next_token = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        for level in range(draft_len):
+            canon = _first_true(survivors)
+            tokens, draft_dist, target_dist = self._node_inputs(draft_tokens, draft_probs, target_probs, level, canon)
+            accept_probs, residual = self.rule(tokens, survivors, draft_dist, target_dist)
+            u = uniform(generator, (batch_size, num_drafts + 1), device)
+            passed = survivors & (u[:, :num_drafts] < accept_probs)
+            accepted_token = tokens.gather(1, _first_true(passed).unsqueeze(1)).squeeze(1)
+            output = torch.where(passed.any(-1), accepted_token, sample_categorical(residual, u[:, num_drafts]))
+            matching = survivors & (tokens == output.unsqueeze(1))
+            stop = alive & ~matching.any(-1)
+            next_token = torch.where(stop, output, next_token)
+            num_accepted = torch.where(stop, level, num_accepted)
+            draft_index = torch.where(stop, canon, draft_index)
+            alive = alive & ~stop
+            survivors = torch.where(alive.unsqueeze(1), matching, survivors)
+        canon = _first_true(survivors)
+        bonus = sample_categorical(target_probs[rows, canon, draft_len].double(), uniform(generator, (batch_size,), device))
+        next_token = torch.where(alive, bonus, next_token)
+        num_accepted = torch.where(alive, draft_len, num_accepted)
+        draft_index = torch.where(alive, canon, draft_index)
+        return VerifyOutput(num_accepted, draft_index, next_token)
+
+    def _output_probs(self, draft_tokens, draft_probs, target_probs) -> torch.Tensor:
+        batch_size, num_drafts, draft_len = draft_tokens.shape
+        vocab_size = draft_probs.shape[-1]
+        device = draft_tokens.device
+        out = torch.zeros(batch_size, num_drafts, draft_len + 1, vocab_size, dtype=torch.float64, device=device)
+        # reach[b, k]: probability that the walk reaches the node draft_tokens[b, k, :level], non-zero only
+        # for the canonical (smallest) index of each distinct prefix.
+        reach = torch.zeros(batch_size, num_drafts, dtype=torch.float64, device=device)
+        reach[:, 0] = 1.0
+        # Every (row, node k) is evaluated as its own row of the node rule: [batch_size * num_drafts, ...].
+        flat_rows = torch.arange(batch_size, device=device).repeat_interleave(num_drafts)
+        flat_canon = torch.arange(num_drafts, device=device).repeat(batch_size)
+        earlier = torch.ones(num_drafts, num_drafts, dtype=torch.bool, device=device).tril(-1)  # [j, i]: i < j
+        for level in range(draft_len):
+            prefix = draft_tokens[:, :, :level]
+            # same_node[b, k, j]: draft j shares draft k's prefix of length `level`
+            same_node = (prefix.unsqueeze(2) == prefix.unsqueeze(1)).all(-1)
+            tokens = draft_tokens[:, :, level]
+            flat_tokens = tokens.repeat_interleave(num_drafts, dim=0)
+            survivors = same_node.reshape(batch_size * num_drafts, num_drafts)
+            draft_dist = draft_probs[flat_rows, flat_canon, level].double()
+            target_dist = target_probs[flat_rows, flat_canon, level].double()
+            accept_probs, residual = self.rule(flat_tokens, survivors, draft_dist, target_dist)
+            accept_probs = torch.where(survivors, accept_probs, torch.zeros_like(accept_probs))
+            # P(draft i is the first accepted) = a_i * prod_{j < i} (1 - a_j)
+            reject_all_before = torch.cumprod(1 - accept_probs, dim=-1)
+            none_accepted = reject_all_before[:, -1:]
+            before = torch.cat([torch.ones_like(none_accepted), reject_all_before[:, :-1]], dim=-1)
+            first_accepted = accept_probs * before
+            token_law = none_accepted * residual
+            token_law = token_law.scatter_add(1, flat_tokens, first_accepted)
+            mass = reach.reshape(-1, 1) * token_law  # [batch_size * num_drafts, vocab_size]
+            continues = torch.zeros_like(mass).scatter_add(1, flat_tokens, survivors.double()) > 0
+            out[:, :, level, :] = torch.where(continues, torch.zeros_like(mass), mass).reshape(
+                batch_size, num_drafts, vocab_size
+            )
+            # Child canonical index: the first survivor carrying each token.
+            dup_before = (flat_tokens.unsqueeze(2) == flat_tokens.unsqueeze(1)) & survivors.unsqueeze(1) & earlier
+            first_of_token = survivors & ~dup_before.any(-1)  # [batch_size * num_drafts, num_drafts]
+            child_mass = mass.gather(1, flat_tokens) * first_of_token
+            reach = child_mass.reshape(batch_size, num_drafts, num_drafts).sum(1)
+        out[:, :, draft_len, :] = reach.unsqueeze(-1) * target_probs[:, :, draft_len, :].double()
+        return out

@@ -1,0 +1,68 @@
+"""SpecTr's K-SEQ token-level selection, and the SpecTr draft tree built on it."""
+
+from __future__ import annotations
+
+import torch
+
+from spectr_audit.bounds import kseq_rho_star
+from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, normalise
+
+__all__ = ["KSeq", "KSeqRule", "SpecTrTree"]
+
+
+class KSeqRule(NodeRule):
+    """K-SEQ at one node, with k = the number of surviving drafts (ALGORITHMS.md section 2).
+
+    ``rho`` is rho* found by bisection (the valid upper bracket); ``rho_scale``
+    multiplies it, which exists only so that the broken-verifier library can build
+    "rho a little below rho*" without copying this code.
+    """
+
+    def __init__(self, rho_scale: float = 1.0):
+        self.rho_scale = rho_scale
+
+    def __call__(self, tokens, survivors, draft_dist, target_dist):
+        num_survivors = survivors.sum(-1).to(torch.float64)  # [n]
+        rho = kseq_rho_star(draft_dist, target_dist, num_survivors.clamp(min=1)) * self.rho_scale
+        rho = rho.unsqueeze(-1)  # [n, 1]
+        weighted = torch.minimum(draft_dist, target_dist / rho)  # m_rho(x) = min(p(x), q(x) / rho)
+        beta = weighted.sum(-1, keepdim=True)
+        accept_any = 1 - (1 - beta) ** num_survivors.unsqueeze(-1)  # P_A
+        # beta = 0 (disjoint supports): P_A = 0 and the residual is the target itself.
+        scale = torch.where(beta > 0, accept_any / torch.where(beta > 0, beta, torch.ones_like(beta)), torch.zeros_like(beta))
+        residual = normalise((target_dist - scale * weighted).clamp(min=0), target_dist)
+        drafted = gather_tokens(draft_dist, tokens)
+        ratio = gather_tokens(target_dist, tokens) / (rho * torch.where(drafted > 0, drafted, torch.ones_like(drafted)))
+        accept_probs = torch.where(drafted > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
+        return accept_probs, residual
+
+
+class KSeq(TreeVerifier):
+    """K-SEQ (SpecTr, Sun et al. 2023): token-level selection among K i.i.d. drafts, L = 1.
+
+    Draft i is accepted with ``min(1, q(x_i) / (rho* p(x_i)))`` in order; the first accepted
+    is the output; if none is, the output is drawn from ``(q - A)/(1 - P_A)`` with
+    ``A = (P_A / beta) min(p, q / rho*)``.  Duplicated drafts are kept (each copy is a trial).
+    Acceptance ``P_A >= (1 - (1 - 1/K)^K) alpha*``.
+    """
+
+    name = "kseq"
+    description = "SpecTr K-SEQ token-level selection (rho* by bisection)"
+    max_draft_len = 1
+    guarantees = frozenset({"spectr"})
+    rule = KSeqRule()
+
+
+class SpecTrTree(KSeq):
+    """The SpecTr draft tree: K i.i.d. drafts of length L, K-SEQ at every node.
+
+    At each node K-SEQ runs over the drafts that survived so far (rho recomputed for
+    their number); a drawn token that matches surviving drafts continues along them
+    (also when it came from the residual), otherwise the step ends with it.
+    """
+
+    name = "spectr-tree"
+    description = "SpecTr draft tree: K-SEQ at every node over the surviving drafts"
+    min_draft_len = 2
+    max_draft_len = None
+    guarantees = frozenset()

@@ -1,0 +1,46 @@
+"""Single-draft speculative sampling (the maximal coupling), token by token over L positions."""
+
+from __future__ import annotations
+
+import torch
+
+from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, normalise
+
+__all__ = ["SpeculativeSampling", "MaximalCouplingRule"]
+
+
+class MaximalCouplingRule(NodeRule):
+    """Accept draft token x with min(1, q(x)/p(x)); else draw from (q - p)_+ normalised."""
+
+    def __call__(self, tokens, survivors, draft_dist, target_dist):
+        drafted = gather_tokens(draft_dist, tokens)
+        ratio = gather_tokens(target_dist, tokens) / torch.where(drafted > 0, drafted, torch.ones_like(drafted))
+        accept_probs = torch.where(drafted > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
+        residual = normalise((target_dist - draft_dist).clamp(min=0), target_dist)
+        return accept_probs, residual
+
+
+class SpeculativeSampling(TreeVerifier):
+    """Single-draft speculative sampling (Leviathan et al.; Chen et al.), K = 1, any L.
+
+    Each draft token is accepted with probability ``min(1, q(x) / p(x))`` in turn; at the
+    first rejection a correction token is drawn from ``(q - p)_+`` normalised at that node
+    and the step ends; if all L tokens pass, a bonus token is drawn from the target at the
+    end of the draft.  Acceptance at one position is ``sum min(p, q) = 1 - TV(p, q)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> v = SpeculativeSampling()
+    >>> draft_probs = torch.tensor([[[[0.6, 0.4]]]], dtype=torch.float64)
+    >>> target_probs = torch.tensor([[[[0.3, 0.7], [0.5, 0.5]]]], dtype=torch.float64)
+    >>> law = v.output_probs(torch.tensor([[[0]]]), draft_probs, target_probs)
+    >>> round(float(law[0, 0, 1].sum()), 6)   # P(the drafted token 0 is accepted) = 0.3 / 0.6
+    0.5
+    """
+
+    name = "speculative"
+    description = "single-draft speculative sampling (maximal coupling), token by token"
+    min_drafts = 1
+    max_drafts = 1
+    rule = MaximalCouplingRule()
