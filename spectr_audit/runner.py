@@ -63,16 +63,11 @@ def _first_position(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     return case.draft_model(ctx)[0].double(), case.target_model(ctx)[0].double()
 
 
-def applicable(verifier: Verifier, case: Case) -> bool:
-    """Whether ``verifier`` can run on ``case`` (K, L, and its drafting scheme)."""
-    if case.verifiers is not None and verifier.name not in case.verifiers:
-        return False
-    if not verifier.supports(case.num_drafts, case.draft_len):
-        return False
-    if verifier.draft_scheme == "without_replacement":
-        draft_first, _ = _first_position(case)
-        return case.draft_len == 1 and int((draft_first > 0).sum()) >= case.num_drafts
-    return True
+def _scheme_fits(verifier: Verifier, case: Case) -> bool:
+    if verifier.draft_scheme != "without_replacement":
+        return True
+    draft_first, _ = _first_position(case)
+    return case.draft_len == 1 and int((draft_first > 0).sum()) >= case.num_drafts
 
 
 def _without_replacement_sets(draft_first: torch.Tensor, num_drafts: int) -> dict:
@@ -188,10 +183,40 @@ def run_suite(
     options: AuditOptions = AuditOptions(),
     progress: Optional[Callable[[str, str], None]] = None,
 ) -> AuditReport:
-    """Audit every verifier on every case of ``suite`` that it supports."""
-    verifiers = list(verifiers) if verifiers is not None else builtin_verifiers()
-    jobs = [(v, c) for c in suite.cases for v in verifiers if applicable(v, c)]
-    results = []
+    """Audit every verifier on every case of ``suite`` that it supports.
+
+    With ``verifiers`` given, exactly those run on every case they support.  Without it,
+    a case that names its verifiers (``verifiers = [...]`` in the suite file: short names
+    or import strings) runs those, and other cases run every built-in verifier.  A
+    verifier that cannot be loaded becomes an error result; the other results are kept.
+    """
+    explicit = list(verifiers) if verifiers is not None else None
+    builtins: Optional[list] = None
+    loaded: dict = {}
+    jobs: list = []
+    errors: list = []
+    for case in suite.cases:
+        if explicit is not None:
+            candidates = explicit
+        elif case.verifiers is None:
+            builtins = builtins if builtins is not None else builtin_verifiers()
+            candidates = builtins
+        else:
+            candidates = []
+            for spec in case.verifiers:
+                if spec not in loaded:
+                    try:
+                        loaded[spec] = load_verifier(spec)
+                    except SpectrAuditError as exc:
+                        loaded[spec] = exc
+                if isinstance(loaded[spec], Exception):
+                    errors.append(AuditResult(verifier=spec, case=case.name, error=f"{type(loaded[spec]).__name__}: {loaded[spec]}"))
+                else:
+                    candidates.append(loaded[spec])
+        for verifier in candidates:
+            if verifier.supports(case.num_drafts, case.draft_len) and _scheme_fits(verifier, case):
+                jobs.append((verifier, case))
+    results = list(errors)
     for verifier, case in jobs:
         if progress is not None:
             progress(verifier.name, case.name)
@@ -199,5 +224,5 @@ def run_suite(
     return AuditReport(
         results=tuple(results),
         suite=suite.name,
-        meta={"num_cases": len(suite.cases), "num_verifiers": len(verifiers), "seed": options.seed},
+        meta={"num_cases": len(suite.cases), "num_audits": len(results), "seed": options.seed},
     )
