@@ -48,7 +48,7 @@ from typing import Any, Optional
 import numpy as np
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.models import ContextFreeModel, MarkovModel, Model, random_markov
+from spectr_audit.models import ContextFreeModel, MarkovModel, Model, as_distribution, random_markov
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -159,7 +159,7 @@ def model_from_spec(spec: Any, where: str) -> Model:
     """Build a model from its TOML description (see the module docstring)."""
     try:
         if isinstance(spec, list):
-            return ContextFreeModel(spec)
+            return ContextFreeModel(as_distribution(spec, where))
         if not isinstance(spec, dict) or len(spec) == 0:
             raise _fail(where, f"expected a list of probabilities or a table, got {spec!r}")
         if "dirichlet" in spec:

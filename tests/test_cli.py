@@ -1,0 +1,124 @@
+"""The command line: commands, JSON output, exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from spectr_audit.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_audit_json_for_the_seed_case(capsys):
+    code, out, _ = run_cli(capsys, "audit", "--verifier", "kseq", "--draft", "0.6,0.4", "--target", "0.3,0.7",
+                           "--num-drafts", "2", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["passed"] is True
+    (result,) = report["results"]
+    assert result["verifier"] == "kseq" and result["passed"] is True
+    metrics = result["metrics"]
+    assert metrics["optimal_acceptance"] == pytest.approx(0.94, abs=1e-9)
+    assert metrics["acceptance"] == pytest.approx(0.62 + 0.4 * math.sqrt(0.34), abs=1e-12)
+    assert metrics["tv_distance"] <= 1e-12
+    assert {c["name"] for c in result["checks"]} >= {"exact", "acceptance<=optimal", "spectr-guarantee"}
+    for check in result["checks"]:
+        assert set(check) >= {"name", "passed", "value", "threshold"}
+
+
+def test_audit_of_a_markov_sequence_case(capsys):
+    code, out, _ = run_cli(capsys, "audit", "--verifier", "spectr-tree", "--draft", "markov:vocab_size=3,seed=1",
+                           "--target", "markov:vocab_size=3,seed=2", "--num-drafts", "2", "--draft-len", "2",
+                           "--prefix", "1", "--json")
+    assert code == 0
+    metrics = json.loads(out)["results"][0]["metrics"]
+    assert metrics["tv_distance"] <= 1e-12 and 1 <= metrics["block_efficiency"] <= 3
+
+
+def test_audit_of_a_broken_third_party_verifier_exits_1(capsys, tmp_path):
+    path = tmp_path / "naive.py"
+    path.write_text(
+        "import torch\n"
+        "from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, normalise\n"
+        "class Rule(NodeRule):\n"
+        "    def __call__(self, tokens, survivors, d, t):\n"
+        "        a = (gather_tokens(t, tokens) / gather_tokens(d, tokens)).clamp(max=1.0)\n"
+        "        return a, normalise((t - d).clamp(min=0), t)\n"
+        "class Naive(TreeVerifier):\n"
+        "    name = 'naive'\n"
+        "    max_draft_len = 1\n"
+        "    rule = Rule()\n"
+    )
+    code, out, _ = run_cli(capsys, "audit", "--verifier", f"{path}:Naive", "--draft", "1,0", "--target", "0.5,0.5",
+                           "--num-drafts", "2", "--json")
+    assert code == 1
+    result = json.loads(out)["results"][0]
+    assert result["passed"] is False
+    assert result["metrics"]["token_tv_distance"] == pytest.approx(0.25, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["audit", "--verifier", "kseq", "--draft", "0.6,0.5", "--target", "0.3,0.7", "--num-drafts", "2"], "--draft: probabilities must sum to 1"),
+        (["audit", "--verifier", "kseq", "--draft", "0.6,0.4", "--target", "0.2,0.3,0.5", "--num-drafts", "2"], "vocab sizes differ"),
+        (["audit", "--verifier", "kseq", "--draft", "a,b", "--target", "0.3,0.7", "--num-drafts", "2"], "--draft: expected comma-separated"),
+        (["audit", "--verifier", "kseq", "--draft", "0.6,0.4", "--target", "0.3,0.7", "--num-drafts", "0"], "--num-drafts: must be >= 1"),
+        (["audit", "--verifier", "nope", "--draft", "0.6,0.4", "--target", "0.3,0.7", "--num-drafts", "2"], "is neither a built-in name"),
+        (["audit", "--verifier", "speculative", "--draft", "0.6,0.4", "--target", "0.3,0.7", "--num-drafts", "2"], "supports num_drafts"),
+        (["audit", "--verifier", "kseq", "--draft=-0.1,1.1", "--target", "0.3,0.7", "--num-drafts", "2"], "non-negative"),
+        (["audit", "--verifier", "kseq", "--draft", "markov:vocab_size=3,bogus=1", "--target", "0.3,0.7", "--num-drafts", "2"], "unknown key"),
+        (["bound", "--draft", "0.6,0.4", "--target", "0.3,0.7", "--num-drafts", "-1"], "--num-drafts: must be >= 1"),
+        (["run", "--suite", "no-such-suite"], "is neither a built-in suite"),
+    ],
+)
+def test_usage_errors_exit_2_with_a_named_argument(capsys, argv, message):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert message in err
+
+
+def test_argparse_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["audit", "--verifier", "kseq"])
+    assert info.value.code == 2
+
+
+def test_bound_json_closed_form_and_lp_agree(capsys):
+    code, out, _ = run_cli(capsys, "bound", "--draft", "0.6,0.4", "--target", "0.3,0.7", "--num-drafts", "2", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["optimal_acceptance"] == pytest.approx(0.94, abs=1e-12)
+    assert data["lp_value"] == pytest.approx(0.94, abs=1e-6)
+    assert data["minimising_set"] == [0]
+
+
+def test_list_names_every_builtin(capsys):
+    from spectr_audit.registry import builtin_names
+
+    code, out, _ = run_cli(capsys, "list", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert [v["name"] for v in data["verifiers"]] == builtin_names()
+    assert "default" in data["suites"]
+
+
+def test_run_writes_reports_and_exits_by_verdict(capsys, tmp_path):
+    suite = tmp_path / "tiny.toml"
+    suite.write_text(
+        '[suite]\nname = "tiny"\n'
+        '[[case]]\nname = "seed"\ndraft = [0.6, 0.4]\ntarget = [0.3, 0.7]\nnum_drafts = [1, 2]\n'
+    )
+    code, out, _ = run_cli(capsys, "run", "--suite", str(suite), "--out", str(tmp_path / "out"))
+    assert code == 0, out
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["passed"] is True and report["suite"] == "tiny"
+    assert {(r["verifier"], r["case"]) for r in report["results"]} >= {("kseq", "seed/K=2"), ("speculative", "seed/K=1")}
+    assert "| kseq | seed/K=2 |" in (tmp_path / "out" / "report.md").read_text()
