@@ -48,7 +48,7 @@ __all__ = [
 ProbsLike = Union[torch.Tensor, np.ndarray, Sequence]
 
 #: Solvers tried in order by the LP when none is named.
-LP_SOLVERS: tuple[str, ...] = ("CLARABEL", "HIGHS", "SCS")
+_LP_SOLVERS: tuple[str, ...] = ("CLARABEL", "HIGHS", "SCS")
 
 #: Bisection steps for rho*: 64 halvings of [1, K] reach adjacent floats for any K < 2**10.
 _BISECTION_STEPS = 64
@@ -455,7 +455,7 @@ def _solve_set_lp(
             raise InvalidArgument(f"solver: {solver!r} is not installed; installed: {sorted(installed)}")
         candidates: tuple[str, ...] = (solver.upper(),)
     else:
-        candidates = tuple(name for name in LP_SOLVERS if name in installed)
+        candidates = tuple(name for name in _LP_SOLVERS if name in installed)
     failures: list[str] = []
     inaccurate: Optional[LPBound] = None
     for name in candidates:
@@ -695,9 +695,10 @@ def _kseq_gap(draft: torch.Tensor, target: torch.Tensor, rho: torch.Tensor, num_
     """f(rho) = rho beta - (1 - (1 - beta)^K), evaluated without cancellation (see kseq_rho_star)."""
     scaled_target = target / rho.unsqueeze(-1)
     diff = draft - scaled_target
-    beta = torch.minimum(draft, scaled_target).sum(-1)
-    draft_excess = diff.clamp(min=0).sum(-1)  # 1 - beta for a normalised draft row
-    target_excess = (-diff).clamp(min=0).sum(-1)  # (1 - rho beta) / rho for a normalised target row
+    beta = torch.minimum(draft, scaled_target, out=scaled_target).sum(-1)  # reuse the buffer
+    positive = diff.clamp(min=0)
+    draft_excess = positive.sum(-1)  # 1 - beta for a normalised draft row
+    target_excess = positive.sub_(diff).sum(-1)  # (-diff)_+ summed: (1 - rho beta) / rho for a normalised target row
     near_one = draft_excess.pow(num_drafts) - rho * target_excess
     small = rho * beta + torch.expm1(num_drafts * torch.log1p(-beta.clamp(max=1.0)))
     return torch.where(beta < 0.5, small, near_one)
@@ -778,8 +779,12 @@ def kseq_rho_star(
             f"draft_probs: expected shape [..., vocab_size] matching target_probs {tuple(target_probs.shape)}, "
             f"got {tuple(draft_probs.shape)}"
         )
+    if draft_probs.device != target_probs.device:
+        raise InvalidArgument(
+            f"draft_probs: expected the device of target_probs ({target_probs.device}), got {draft_probs.device}"
+        )
     draft = draft_probs.to(torch.float64)
-    target = target_probs.to(device=draft.device, dtype=torch.float64)
+    target = target_probs.to(torch.float64)
     batch_shape = draft.shape[:-1]
     k = _num_drafts_tensor(num_drafts, batch_shape, draft.device)
     low = torch.ones(batch_shape, dtype=torch.float64, device=draft.device)

@@ -79,15 +79,18 @@ def uniform(generator: RandomSource, shape: tuple[int, ...], device: torch.devic
 def sample_categorical(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw from unnormalised non-negative ``probs`` with uniforms ``u``.
 
-    ``probs`` is ``[..., vocab_size]``, ``u`` is ``[...]``; returns int64 ``[...]``.
-    A token of zero mass is never returned (the search is right-sided and the
-    result is clamped to the last token of positive mass).
+    ``probs`` is ``[..., vocab_size]``, ``u`` is ``[...]`` in ``[0, 1)``; returns int64 ``[...]``.
+
+    A token of zero mass is never returned: the cumulative sum of non-negative numbers is
+    non-decreasing in floating point and stays flat across a zero-mass token, the search
+    is right-sided (``cdf[i] > point``), and the point ``u * total`` is kept strictly below
+    the total even when ``u`` rounds up in the CDF's dtype.  Rows with no mass at all
+    return ``vocab_size - 1``; callers never use such rows.
     """
     # [..., vocab_size]
     cdf = probs.cumsum(-1)
     total = cdf[..., -1:]
-    idx = torch.searchsorted(cdf, u.unsqueeze(-1).to(cdf.dtype) * total, right=True).squeeze(-1)
-    vocab_size = probs.shape[-1]
-    positive = probs > 0
-    last_positive = vocab_size - 1 - positive.flip(-1).to(torch.int8).argmax(-1)
-    return torch.minimum(idx, last_positive)
+    point = u.to(cdf.dtype).unsqueeze(-1) * total
+    point = torch.minimum(point, torch.nextafter(total, torch.zeros_like(total)))
+    idx = torch.searchsorted(cdf, point, right=True).squeeze(-1)
+    return idx.clamp_(max=probs.shape[-1] - 1)

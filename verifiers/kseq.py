@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spectr_audit.bounds import kseq_rho_star
+from spectr_audit.bounds import kseq_accept_prob, kseq_rho_star
 from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, normalise
 
 __all__ = ["KSeq", "KSeqRule", "SpecTrTree"]
@@ -27,7 +27,7 @@ class KSeqRule(NodeRule):
         rho = rho.unsqueeze(-1)  # [n, 1]
         weighted = torch.minimum(draft_dist, target_dist / rho)  # m_rho(x) = min(p(x), q(x) / rho)
         beta = weighted.sum(-1, keepdim=True)
-        accept_any = 1 - (1 - beta) ** num_survivors.unsqueeze(-1)  # P_A
+        accept_any = kseq_accept_prob(beta, num_survivors.unsqueeze(-1))  # P_A = 1 - (1 - beta)^k, without cancellation
         # beta = 0 (disjoint supports): P_A = 0 and the residual is the target itself.
         scale = torch.where(beta > 0, accept_any / torch.where(beta > 0, beta, torch.ones_like(beta)), torch.zeros_like(beta))
         residual = normalise((target_dist - scale * weighted).clamp(min=0), target_dist)
