@@ -278,9 +278,10 @@ def _num_drafts_tensor(
     if isinstance(num_drafts, torch.Tensor):
         if num_drafts.dtype == torch.bool or num_drafts.is_complex():
             raise InvalidArgument(f"num_drafts: expected an integer or float tensor, got dtype {num_drafts.dtype}")
+        # (numpy's broadcast rule: torch.broadcast_shapes imports sympy on first use, ~1 s)
         try:
-            shape = torch.broadcast_shapes(num_drafts.shape, batch_shape)
-        except RuntimeError:
+            shape = torch.Size(np.broadcast_shapes(tuple(num_drafts.shape), tuple(batch_shape)))
+        except ValueError:
             shape = None
         if shape != batch_shape:
             raise InvalidArgument(
@@ -787,6 +788,22 @@ def kseq_rho_star(
     target = target_probs.to(torch.float64)
     batch_shape = draft.shape[:-1]
     k = _num_drafts_tensor(num_drafts, batch_shape, draft.device)
+    return _rho_star_sorted(draft, target, k)
+
+
+def kseq_rho_star_bisection(
+    # [..., vocab_size]
+    draft_probs: torch.Tensor,
+    # [..., vocab_size]
+    target_probs: torch.Tensor,
+    # [...] or int
+    num_drafts: Union[int, torch.Tensor],
+) -> torch.Tensor:
+    """rho* by 64 bisection steps over the whole vocabulary: the slow reference for :func:`kseq_rho_star`."""
+    draft = draft_probs.to(torch.float64)
+    target = target_probs.to(torch.float64)
+    batch_shape = draft.shape[:-1]
+    k = _num_drafts_tensor(num_drafts, batch_shape, draft.device)
     low = torch.ones(batch_shape, dtype=torch.float64, device=draft.device)
     high = k.clone()
     for _ in range(_BISECTION_STEPS):
@@ -795,6 +812,75 @@ def kseq_rho_star(
         high = torch.where(valid, mid, high)
         low = torch.where(valid, low, mid)
     return high
+
+
+def _segment_gap(rho, draft_high, target_high, draft_low, target_low, k):
+    """f(rho) on a segment where the tokens with q/p <= rho are fixed ("low") and the rest are "high".
+
+    With normalised rows, ``rho beta - 1 = rho P_high - Q_high`` and
+    ``1 - beta = P_low - Q_low / rho`` (a sum of non-negative terms ``p - q/rho``), so
+    ``f = rho P_high - Q_high + (P_low - Q_low / rho)^K``: exactly ``(1 - 1/rho)^K`` when p = q.
+    For ``beta < 1/2`` the direct form ``rho beta + expm1(K log1p(-beta))`` is the accurate one
+    (exactly 0 for disjoint supports), as in :func:`_kseq_gap`.
+    """
+    beta = target_low / rho + draft_high
+    near_one = rho * draft_high - target_high + (draft_low - target_low / rho).clamp(min=0) ** k
+    small = rho * beta + torch.expm1(k * torch.log1p(-beta.clamp(max=1.0)))
+    return torch.where(beta < 0.5, small, near_one)
+
+
+def _rho_star_sorted(draft: torch.Tensor, target: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Exact piecewise solve: sort tokens by q/p, locate rho*'s segment, bisect a scalar there.
+
+    beta(rho) changes formula only at the ratios q(x)/p(x); between two consecutive ratios f
+    is a smooth function of rho with a handful of per-row constants (prefix and suffix sums
+    in ratio order).  f is evaluated at every ratio inside [1, K] at once, the last ratio
+    with f < 0 and the first with f >= 0 bracket rho*, and a scalar bisection inside that
+    segment (no pass over the vocabulary) returns the valid upper bracket.
+    """
+    # The segment formula assumes rows that sum to 1; inputs may be off by the validation tolerance.
+    draft = draft / draft.sum(-1, keepdim=True)
+    target = target / target.sum(-1, keepdim=True)
+    inf = torch.tensor(float("inf"), dtype=torch.float64, device=draft.device)
+    ratio = torch.where(draft > 0, target / torch.where(draft > 0, draft, torch.ones_like(draft)), inf)
+    ratio, order = ratio.sort(dim=-1)
+    draft_sorted = draft.gather(-1, order)
+    target_sorted = target.gather(-1, order)
+    # low[j] = sum over the first j + 1 tokens; high[j] = sum over the rest (exactly 0 when empty)
+    draft_low = draft_sorted.cumsum(-1)
+    target_low = target_sorted.cumsum(-1)
+    draft_high = draft_sorted.flip(-1).cumsum(-1).flip(-1)
+    target_high = target_sorted.flip(-1).cumsum(-1).flip(-1)
+    zero = torch.zeros_like(draft_high[..., :1])
+    draft_high = torch.cat([draft_high[..., 1:], zero], dim=-1)
+    target_high = torch.cat([target_high[..., 1:], zero], dim=-1)
+    kk = k.unsqueeze(-1)
+    inside = (ratio >= 1) & (ratio <= kk)
+    rho_at = torch.where(inside, ratio, torch.ones_like(ratio))
+    gap_at = _segment_gap(rho_at, draft_high, target_high, draft_low, target_low, kk)
+    ones = torch.ones_like(k)
+    low_end = torch.where(inside & (gap_at < 0), ratio, -inf).amax(-1).clamp(min=1.0)
+    high_end = torch.minimum(torch.where(inside & (gap_at >= 0), ratio, inf).amin(-1), k)
+    # The segment (low_end, high_end): tokens with ratio <= low_end are "low".
+    count = torch.searchsorted(ratio, low_end.unsqueeze(-1).contiguous(), right=True)  # [..., 1]
+
+    def at(prefix_sums: torch.Tensor, empty_value: float) -> torch.Tensor:
+        idx = (count - 1).clamp(min=0)
+        value = prefix_sums.gather(-1, idx).squeeze(-1)
+        return torch.where(count.squeeze(-1) > 0, value, torch.full_like(value, empty_value))
+
+    d_low, t_low = at(draft_low, 0.0), at(target_low, 0.0)
+    # high sums over tokens after the first `count`: total minus nothing when count = 0
+    d_high = torch.where(count.squeeze(-1) > 0, at(draft_high, 0.0), draft_sorted.sum(-1))
+    t_high = torch.where(count.squeeze(-1) > 0, at(target_high, 0.0), target_sorted.sum(-1))
+    low, high = low_end, high_end
+    for _ in range(_BISECTION_STEPS):
+        mid = 0.5 * (low + high)
+        valid = _segment_gap(mid, d_high, t_high, d_low, t_low, k) >= 0
+        high = torch.where(valid, mid, high)
+        low = torch.where(valid, low, mid)
+    at_one = _segment_gap(ones, d_high, t_high, d_low, t_low, k) >= 0
+    return torch.where((low_end <= 1) & at_one, ones, high)
 
 
 def kseq_acceptance(

@@ -289,10 +289,17 @@ class Verifier:
         draft_probs: torch.Tensor,  # [batch_size, num_drafts, draft_len, vocab_size]
         target_probs: torch.Tensor,  # [batch_size, num_drafts, draft_len + 1, vocab_size]
         generator: RandomSource = None,
+        *,
+        validate: bool = True,
     ) -> VerifyOutput:
-        """Verify one step; see the module docstring for the meaning of the outputs."""
-        _, num_drafts, draft_len, _ = check_verify_inputs(draft_tokens, draft_probs, target_probs)
-        self.check_supports(num_drafts, draft_len)
+        """Verify one step; see the module docstring for the meaning of the outputs.
+
+        ``validate=False`` skips the input checks (several passes over the probabilities);
+        use it only in a hot loop whose inputs are already known to be valid.
+        """
+        if validate:
+            _, num_drafts, draft_len, _ = check_verify_inputs(draft_tokens, draft_probs, target_probs)
+            self.check_supports(num_drafts, draft_len)
         return self._verify(draft_tokens, draft_probs, target_probs, generator)
 
     def output_probs(

@@ -53,6 +53,12 @@ class NodeRule:
         raise NotImplementedError
 
 
+def _as_law(probs: torch.Tensor) -> torch.Tensor:
+    """float64 rows renormalised to sum to 1 (inputs are on the simplex only within a tolerance)."""
+    probs = probs.double()
+    return probs / probs.sum(-1, keepdim=True)
+
+
 def _first_true(mask: torch.Tensor) -> torch.Tensor:
     """Index of the first True along the last dim (0 where there is none)."""
     return mask.to(torch.int8).argmax(-1)
@@ -70,9 +76,7 @@ class TreeVerifier(Verifier):
 
     def _node_inputs(self, draft_tokens, draft_probs, target_probs, level, canon):
         rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
-        draft_dist = draft_probs[rows, canon, level].double()
-        target_dist = target_probs[rows, canon, level].double()
-        return draft_tokens[:, :, level], draft_dist, target_dist
+        return draft_tokens[:, :, level], _as_law(draft_probs[rows, canon, level]), _as_law(target_probs[rows, canon, level])
 
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
         batch_size, num_drafts, draft_len = draft_tokens.shape
@@ -109,42 +113,38 @@ class TreeVerifier(Verifier):
         batch_size, num_drafts, draft_len = draft_tokens.shape
         vocab_size = draft_probs.shape[-1]
         device = draft_tokens.device
-        out = torch.zeros(batch_size, num_drafts, draft_len + 1, vocab_size, dtype=torch.float64, device=device)
-        # reach[b, k]: probability that the walk reaches the node draft_tokens[b, k, :level], non-zero only
-        # for the canonical (smallest) index of each distinct prefix.
-        reach = torch.zeros(batch_size, num_drafts, dtype=torch.float64, device=device)
-        reach[:, 0] = 1.0
-        # Every (row, node k) is evaluated as its own row of the node rule: [batch_size * num_drafts, ...].
-        flat_rows = torch.arange(batch_size, device=device).repeat_interleave(num_drafts)
-        flat_canon = torch.arange(num_drafts, device=device).repeat(batch_size)
+        out = torch.zeros(batch_size * num_drafts, draft_len + 1, vocab_size, dtype=torch.float64, device=device)
+        # reach[b * K + k]: probability that the walk reaches the node draft_tokens[b, k, :level]; non-zero
+        # only for the canonical (smallest) index of each distinct prefix.
+        reach = torch.zeros(batch_size * num_drafts, dtype=torch.float64, device=device)
+        reach[::num_drafts] = 1.0
+        draft_ids = torch.arange(num_drafts, device=device)
         earlier = torch.ones(num_drafts, num_drafts, dtype=torch.bool, device=device).tril(-1)  # [j, i]: i < j
         for level in range(draft_len):
-            prefix = draft_tokens[:, :, :level]
-            # same_node[b, k, j]: draft j shares draft k's prefix of length `level`
-            same_node = (prefix.unsqueeze(2) == prefix.unsqueeze(1)).all(-1)
-            tokens = draft_tokens[:, :, level]
-            flat_tokens = tokens.repeat_interleave(num_drafts, dim=0)
-            survivors = same_node.reshape(batch_size * num_drafts, num_drafts)
-            draft_dist = draft_probs[flat_rows, flat_canon, level].double()
-            target_dist = target_probs[flat_rows, flat_canon, level].double()
-            accept_probs, residual = self.rule(flat_tokens, survivors, draft_dist, target_dist)
+            # Only reachable nodes are evaluated (a data-dependent shape: fine for an exact law, not a hot path).
+            active = (reach > 0).nonzero().squeeze(1)
+            rows, canon = active // num_drafts, active % num_drafts
+            prefix = draft_tokens[rows, :, :level]  # [n, K, level]
+            survivors = (prefix == draft_tokens[rows, canon, :level].unsqueeze(1)).all(-1)  # [n, K]
+            tokens = draft_tokens[rows, :, level]
+            draft_dist = _as_law(draft_probs[rows, canon, level])
+            target_dist = _as_law(target_probs[rows, canon, level])
+            accept_probs, residual = self.rule(tokens, survivors, draft_dist, target_dist)
             accept_probs = torch.where(survivors, accept_probs, torch.zeros_like(accept_probs))
             # P(draft i is the first accepted) = a_i * prod_{j < i} (1 - a_j)
             reject_all_before = torch.cumprod(1 - accept_probs, dim=-1)
             none_accepted = reject_all_before[:, -1:]
             before = torch.cat([torch.ones_like(none_accepted), reject_all_before[:, :-1]], dim=-1)
-            first_accepted = accept_probs * before
-            token_law = none_accepted * residual
-            token_law = token_law.scatter_add(1, flat_tokens, first_accepted)
-            mass = reach.reshape(-1, 1) * token_law  # [batch_size * num_drafts, vocab_size]
-            continues = torch.zeros_like(mass).scatter_add(1, flat_tokens, survivors.double()) > 0
-            out[:, :, level, :] = torch.where(continues, torch.zeros_like(mass), mass).reshape(
-                batch_size, num_drafts, vocab_size
+            token_law = (none_accepted * residual).scatter_add(1, tokens, accept_probs * before)
+            mass = reach[active].unsqueeze(1) * token_law  # [n, vocab_size]
+            continues = torch.zeros_like(mass).scatter_add(1, tokens, survivors.double()) > 0
+            out[active, level] = torch.where(continues, torch.zeros_like(mass), mass)
+            # A drawn token that some survivor carries continues along the first survivor carrying it.
+            dup_before = (tokens.unsqueeze(2) == tokens.unsqueeze(1)) & survivors.unsqueeze(1) & earlier
+            first_of_token = survivors & ~dup_before.any(-1)  # [n, K]
+            child_mass = mass.gather(1, tokens) * first_of_token
+            reach = torch.zeros_like(reach).index_add_(
+                0, (rows.unsqueeze(1) * num_drafts + draft_ids).reshape(-1), child_mass.reshape(-1)
             )
-            # Child canonical index: the first survivor carrying each token.
-            dup_before = (flat_tokens.unsqueeze(2) == flat_tokens.unsqueeze(1)) & survivors.unsqueeze(1) & earlier
-            first_of_token = survivors & ~dup_before.any(-1)  # [batch_size * num_drafts, num_drafts]
-            child_mass = mass.gather(1, flat_tokens) * first_of_token
-            reach = child_mass.reshape(batch_size, num_drafts, num_drafts).sum(1)
-        out[:, :, draft_len, :] = reach.unsqueeze(-1) * target_probs[:, :, draft_len, :].double()
-        return out
+        out[:, draft_len] = reach.unsqueeze(1) * _as_law(target_probs[:, :, draft_len, :]).reshape(-1, vocab_size)
+        return out.reshape(batch_size, num_drafts, draft_len + 1, vocab_size)
