@@ -130,6 +130,11 @@ def _check_probs(name: str, probs: torch.Tensor, expected_shape: tuple[int, ...]
         )
 
 
+def _normalised64(probs: torch.Tensor) -> torch.Tensor:
+    probs = probs.double()
+    return probs / probs.sum(-1, keepdim=True)
+
+
 def check_verify_inputs(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -313,7 +318,9 @@ class Verifier:
             raise NotImplementedError(f"verifier {self.name!r} has no exact output law")
         _, num_drafts, draft_len, _ = check_verify_inputs(draft_tokens, draft_probs, target_probs)
         self.check_supports(num_drafts, draft_len)
-        return self._output_probs(draft_tokens, draft_probs, target_probs)
+        # Exact laws are computed in float64 on rows renormalised to sum to 1 (inputs are on the
+        # simplex only within a tolerance, e.g. half-precision rounding).
+        return self._output_probs(draft_tokens, _normalised64(draft_probs), _normalised64(target_probs))
 
     @property
     def has_exact_law(self) -> bool:

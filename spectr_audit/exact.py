@@ -105,8 +105,13 @@ def enumerate_drafts(
             raise InvalidArgument(f"num_drafts: too many ordered draft tuples for an exact audit")
         index = torch.tensor(list(itertools.permutations(support, num_drafts)), dtype=torch.int64)
         picked = probs[index]  # [N, K]
-        removed = torch.cat([torch.zeros_like(picked[:, :1]), picked.cumsum(-1)[:, :-1]], dim=1)
-        weights = (picked / (1 - removed)).prod(-1)
+        # Mass left before each pick, summed over the tokens not yet drawn (1 - cumsum would cancel
+        # catastrophically when the last tokens carry tiny mass).
+        drawn = torch.zeros(index.shape[0], num_drafts, vocab_size, dtype=torch.bool)
+        for i in range(1, num_drafts):
+            drawn[:, i] = drawn[:, i - 1].scatter(1, index[:, i - 1 : i], True)
+        remaining = torch.where(drawn, torch.zeros_like(probs), probs).sum(-1)  # [N, K]
+        weights = (picked / remaining).prod(-1)
     else:
         raise InvalidArgument(f"draft_scheme: expected 'iid' or 'without_replacement', got {draft_scheme!r}")
     target_cond = _sequence_conditionals(target_model, prefix, seqs, draft_len + 1)

@@ -35,6 +35,8 @@ class InjectedUniforms:
         next item, which must broadcast to ``S`` (a float fills the whole shape).
     fallback : torch.Generator, optional
         Used once ``values`` is exhausted; without it, running out is an error.
+    cycle : bool
+        Serve ``values`` round and round instead of running out.
 
     Examples
     --------
@@ -44,10 +46,16 @@ class InjectedUniforms:
     [0.0, 0.0]
     """
 
-    def __init__(self, values: Iterable, fallback: torch.Generator | None = None):
+    def __init__(self, values: Iterable, fallback: torch.Generator | None = None, cycle: bool = False):
         self._values = deque(values)
         self.fallback = fallback
+        self.cycle = cycle
         self.calls: list[tuple[int, ...]] = []
+
+    @classmethod
+    def constant(cls, value: float) -> "InjectedUniforms":
+        """Serve ``value`` for every draw (e.g. 0.0, or ``1 - 2**-53``)."""
+        return cls([value], cycle=True)
 
     def next(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
         """Return the next injected block, broadcast to ``shape``."""
@@ -58,7 +66,10 @@ class InjectedUniforms:
                     f"generator: InjectedUniforms ran out of values at a draw of shape {tuple(shape)}"
                 )
             return torch.rand(shape, generator=self.fallback, dtype=torch.float64, device="cpu").to(device)
-        value = torch.as_tensor(self._values.popleft(), dtype=torch.float64, device=device)
+        item = self._values.popleft()
+        if self.cycle:
+            self._values.append(item)
+        value = torch.as_tensor(item, dtype=torch.float64, device=device)
         if ((value < 0) | (value >= 1)).any():
             raise InvalidArgument("generator: injected uniforms must lie in [0, 1)")
         return torch.broadcast_to(value, shape).clone()

@@ -76,11 +76,12 @@ def _without_replacement_sets(draft_first: torch.Tensor, num_drafts: int) -> dic
     if math.perm(len(support), num_drafts) > 200_000:
         raise InvalidArgument("num_drafts: too many ordered tuples for the without-replacement bound")
     sets: dict = {}
+    mass = {t: float(draft_first[t]) for t in support}
     for tup in itertools.permutations(support, num_drafts):
-        prob, removed = 1.0, 0.0
-        for t in tup:
-            prob *= float(draft_first[t]) / (1.0 - removed)
-            removed += float(draft_first[t])
+        prob = 1.0
+        for i, t in enumerate(tup):
+            # the mass left, summed over undrawn tokens (1 - drawn mass would cancel)
+            prob *= mass[t] / sum(m for s, m in mass.items() if s not in tup[:i])
         key = frozenset(tup)
         sets[key] = sets.get(key, 0.0) + prob
     return sets
@@ -159,7 +160,7 @@ def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOpti
             details["note"] = "no exact law: statistical audit not run"
         if not checks:
             checks.append(Check("ran", True, None, None, "no applicable check"))
-    except (SpectrAuditError, ValueError, RuntimeError, TypeError, IndexError) as exc:
+    except Exception as exc:  # one bad verifier or case must never lose the other results
         return AuditResult(
             verifier=verifier.name, case=case.name, checks=tuple(checks), metrics=metrics,
             expected=_declared(verifier), error=f"{type(exc).__name__}: {exc}",

@@ -1,0 +1,99 @@
+"""Fuzzing every built-in verifier and the exact audit over random shapes and distributions.
+
+``FUZZ_EXAMPLES`` hypothesis cases per verifier for the verifier fuzz (random batch size, K,
+L, V, temperatures from near-greedy to flat, exact zeros), and ``AUDIT_EXAMPLES`` for the
+exact-audit fuzz.  Run ``python -m pytest tests/test_fuzz.py -q`` to reproduce; the counts
+are the ``max_examples`` below (hypothesis runs up to that many distinct cases).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from spectr_audit.contract import check_verify_output
+from spectr_audit.exact import exact_iteration
+from spectr_audit.harness import draft
+from spectr_audit.models import random_markov
+from spectr_audit.registry import builtin_names, load_verifier
+
+FUZZ_EXAMPLES = 60
+AUDIT_EXAMPLES = 25
+
+
+def _fits(verifier, num_drafts, draft_len):
+    return verifier.supports(num_drafts, draft_len)
+
+
+@st.composite
+def fuzz_case(draw):
+    return dict(
+        batch_size=draw(st.integers(1, 4)),
+        num_drafts=draw(st.integers(1, 4)),
+        draft_len=draw(st.integers(1, 3)),
+        vocab_size=draw(st.integers(1, 6)),
+        draft_temperature=draw(st.sampled_from([0.05, 0.3, 1.0, 5.0])),
+        target_temperature=draw(st.sampled_from([0.05, 0.3, 1.0, 5.0])),
+        concentration=draw(st.sampled_from([0.05, 0.5, 3.0])),
+        seed=draw(st.integers(0, 2**20)),
+    )
+
+
+@pytest.mark.parametrize("name", builtin_names())
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(case=fuzz_case())
+def test_fuzz_verifier(name, case):
+    verifier = load_verifier(name)
+    num_drafts, draft_len, vocab_size = case["num_drafts"], case["draft_len"], case["vocab_size"]
+    if not _fits(verifier, num_drafts, draft_len):
+        return
+    draft_model = random_markov(vocab_size, 1, seed=case["seed"], concentration=case["concentration"],
+                                temperature=case["draft_temperature"])
+    target_model = random_markov(vocab_size, 1, seed=case["seed"] + 1, concentration=case["concentration"],
+                                 temperature=case["target_temperature"])
+    contexts = torch.full((case["batch_size"], 1), -1, dtype=torch.int64)
+    if verifier.draft_scheme == "without_replacement":
+        support = int((draft_model(contexts[:1])[0] > 0).sum())
+        if support < num_drafts:
+            return
+    gen = torch.Generator().manual_seed(case["seed"])
+    batch = draft(draft_model, target_model, contexts, num_drafts, draft_len, gen, verifier.draft_scheme)
+    args = (batch.draft_tokens, batch.draft_probs, batch.target_probs)
+    out = verifier.verify(*args, gen)
+    check_verify_output(out, case["batch_size"], num_drafts, draft_len, vocab_size)
+    if verifier.has_exact_law:
+        law = verifier.output_probs(*args)
+        assert bool(torch.isfinite(law).all()) and bool((law >= 0).all())
+        torch.testing.assert_close(law.sum((1, 2, 3)), torch.ones(case["batch_size"], dtype=law.dtype), atol=1e-9, rtol=0)
+        rows = torch.arange(case["batch_size"])
+        assert bool((law[rows, out.draft_index, out.num_accepted, out.next_token] > 0).all())
+
+
+@pytest.mark.parametrize("name", builtin_names())
+@settings(max_examples=AUDIT_EXAMPLES, deadline=None)
+@given(case=fuzz_case())
+def test_fuzz_exact_audit(name, case):
+    from spectr_audit.correction import has_carried_correction
+
+    verifier = load_verifier(name)
+    num_drafts, draft_len, vocab_size = case["num_drafts"], case["draft_len"], case["vocab_size"]
+    if not _fits(verifier, num_drafts, draft_len) or not verifier.has_exact_law:
+        return
+    if (vocab_size**draft_len) ** num_drafts > 5000:
+        return
+    draft_model = random_markov(vocab_size, 1, seed=case["seed"], concentration=case["concentration"],
+                                temperature=case["draft_temperature"])
+    target_model = random_markov(vocab_size, 1, seed=case["seed"] + 1, concentration=case["concentration"],
+                                 temperature=case["target_temperature"])
+    if verifier.draft_scheme == "without_replacement":
+        support = int((draft_model(torch.full((1, 1), -1))[0] > 0).sum())
+        if support < num_drafts:
+            return
+    audit = exact_iteration(verifier, draft_model, target_model, num_drafts, draft_len)
+    total = sum(float(law.sum()) for law in audit.emitted_law)
+    assert abs(total - 1) < 1e-12
+    assert 1 <= audit.block_efficiency <= draft_len + 1 + 1e-12
+    assert 0 <= audit.tv_distance <= 1
+    if verifier.expected != "inexact" and not has_carried_correction(verifier):
+        assert audit.max_abs_error <= 1e-12, audit.worst_strings()
