@@ -6,6 +6,7 @@ Exit codes: 0 every verdict as expected, 1 findings, 2 usage or input error.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -49,6 +50,26 @@ def parse_model_spec(text: str, argument: str):
     return model_from_spec(values, argument)
 
 
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
 
@@ -66,6 +87,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a built-in short name, package.module:attr or path/file.py:attr (repeatable; default: all built-ins)")
     run.add_argument("--out", default="spectr-audit-report", help="output directory (default ./spectr-audit-report)")
     run.add_argument("--json", action="store_true", help="print the JSON report to stdout")
+    run.add_argument("--html", action="store_true",
+                     help="also write report.html (self-contained, with figures) to the output directory")
+    run.add_argument("--junit", metavar="PATH", default=None, help="also write a JUnit XML report to PATH")
+    run.add_argument("--alpha", type=_probability, default=1e-3, metavar="ALPHA",
+                     help="false-alarm rate of each statistical audit (default 0.001)")
+    run.add_argument("--max-samples", type=_positive_int, default=None, metavar="N",
+                     help="sample budget of each statistical audit (default: planned by power analysis)")
+    run.add_argument("--progress", choices=("auto", "bar", "lines", "none"), default="auto",
+                     help="progress on stderr: a bar (rich), one line per audit, or nothing; auto: a bar on a "
+                     "terminal, lines otherwise")
+    gate = run.add_argument_group(
+        "gate", "fail the run (exit 1) when a result breaks a threshold, in the style of coverage.py's --fail-under; "
+        "each threshold applies to every result that measured its metric, and one that no result measured fails")
+    from spectr_audit.gate import add_gate_arguments
+
+    add_gate_arguments(gate.add_argument)
     _add_common(run)
 
     audit = sub.add_parser("audit", help="audit one verifier on one case")
@@ -101,7 +138,65 @@ def _print_result_text(result) -> None:
         print(f"  {key} = {value}")
 
 
+def _count_jobs(suite, verifiers) -> int:
+    """How many audits ``run_suite`` will make (for the progress bar's total)."""
+    from spectr_audit.errors import SpectrAuditError
+    from spectr_audit.registry import builtin_verifiers, load_verifier
+    from spectr_audit.runner import _scheme_fits
+
+    builtins = None
+    total = 0
+    for case in suite.cases:
+        if verifiers is not None:
+            candidates = verifiers
+        elif case.verifiers is None:
+            builtins = builtins if builtins is not None else builtin_verifiers()
+            candidates = builtins
+        else:
+            candidates = []
+            for spec in case.verifiers:
+                try:
+                    candidates.append(load_verifier(spec))
+                except SpectrAuditError:
+                    pass
+        total += sum(1 for v in candidates if v.supports(case.num_drafts, case.draft_len) and _scheme_fits(v, case))
+    return total
+
+
+class _Progress:
+    """Progress on stderr: a rich bar, one line per audit, or nothing."""
+
+    def __init__(self, mode: str, total_fn):
+        if mode == "auto":
+            mode = "bar" if sys.stderr.isatty() else "lines"
+        self.mode = mode
+        self._bar = None
+        self._task = None
+        if mode == "bar":
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("[bold]auditing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+            self._task = self._bar.add_task("", total=total_fn())
+            self._bar.start()
+            self._started = False
+
+    def __call__(self, verifier: str, case: str) -> None:
+        if self.mode == "lines":
+            print(f"  auditing {verifier} on {case}", file=sys.stderr)
+        elif self._bar is not None:
+            # Called before each audit: the previous one is done.
+            self._bar.update(self._task, advance=1 if self._started else 0, description=f"{verifier} on {case}")
+            self._started = True
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
 def _cmd_run(args) -> int:
+    from spectr_audit.gate import evaluate_gate
     from spectr_audit.reports.json_report import render_json, write_json
     from spectr_audit.reports.markdown import write_markdown
     from spectr_audit.runner import AuditOptions, run_suite, select_verifiers
@@ -111,26 +206,44 @@ def _cmd_run(args) -> int:
     verifiers = select_verifiers(args.verifier)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-
-    def progress(verifier: str, case: str) -> None:
-        print(f"  auditing {verifier} on {case}", file=sys.stderr)
-
+    progress = _Progress(args.progress, lambda: _count_jobs(suite, verifiers))
+    options = AuditOptions(seed=args.seed, alpha=args.alpha, max_samples=args.max_samples)
     start = time.perf_counter()
-    report = run_suite(suite, verifiers, AuditOptions(seed=args.seed), progress=progress)
-    write_json(report, out / "report.json")
-    write_markdown(report, out / "report.md")
+    try:
+        report = run_suite(suite, verifiers, options, progress=progress)
+    finally:
+        progress.close()
+    thresholds = args.gate or []
+    gate = evaluate_gate(report.results, thresholds) if thresholds else None
+    if gate is not None:
+        report = dataclasses.replace(report, meta={**report.meta, "gate": gate.to_dict()})
+    paths = [write_json(report, out / "report.json"), write_markdown(report, out / "report.md")]
+    if args.html:
+        from spectr_audit.reports.html import write_html
+
+        paths.append(write_html(report, out / "report.html", gate))
+    if args.junit:
+        from spectr_audit.reports.junit import write_junit
+
+        paths.append(write_junit(report, Path(args.junit), gate))
+    gate_failed = gate is not None and not gate.passed
     if args.json:
         print(render_json(report))
     else:
         unexpected = [r for r in report.results if not r.as_expected]
         findings = [r for r in report.results if not r.passed]
+        verdict = "PASS" if report.passed and not gate_failed else "FAIL"
+        gate_text = "" if gate is None else f", gate {'held' if gate.passed else 'FAILED'}"
         print(
             f"spectr-audit: suite {report.suite!r}: {len(report.results)} audits in {time.perf_counter() - start:.1f}s, "
-            f"{len(findings)} with findings, {len(unexpected)} not as expected -> {'PASS' if report.passed else 'FAIL'}"
+            f"{len(findings)} with findings, {len(unexpected)} not as expected{gate_text} -> {verdict}"
         )
         for r in unexpected:
             print(f"  unexpected: {r.verifier} on {r.case}: " + (r.error or ", ".join(c.name for c in r.failed_checks)))
-        print(f"reports: {out / 'report.json'}, {out / 'report.md'}")
+        print(f"reports: {', '.join(str(p) for p in paths)}")
+    if gate_failed:
+        print(f"spectr-audit run: {gate.message()}", file=sys.stderr)
+        return 1
     return report.exit_code
 
 

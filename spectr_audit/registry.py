@@ -20,6 +20,11 @@ BUILTIN_VERIFIERS: dict[str, str] = {
     "spectr-tree": "spectr_audit.verifiers.kseq:SpecTrTree",
     "rrs": "spectr_audit.verifiers.recursive_rejection:RecursiveRejection",
     "rrs-wor": "spectr_audit.verifiers.recursive_rejection:RecursiveRejectionWithoutReplacement",
+    "block": "spectr_audit.verifiers.block:BlockVerification",
+    "greedy-block": "spectr_audit.verifiers.greedy_block:GreedyBlockVerification",
+    "greedy-block-repaired": "spectr_audit.verifiers.greedy_block:RepairedGreedyBlockVerification",
+    "spectr-gbv-published": "spectr_audit.verifiers.spectr_gbv:PublishedSpecTrGBV",
+    "spectr-gbv-published-alg2": "spectr_audit.verifiers.spectr_gbv:PublishedSpecTrGBVWithCorrection",
 }
 
 

@@ -1,0 +1,389 @@
+"""Figures for the HTML report: PNG bytes drawn with matplotlib's Agg canvas.
+
+matplotlib is imported inside the drawing functions (never at module import) and
+only through ``matplotlib.figure.Figure`` with an Agg canvas, so the global backend
+of a user's session is left alone.
+
+Each figure reads result objects only and uses whatever metrics are present:
+
+* :func:`law_figure`: per case, the first-token law each verifier implies against the
+  target's, and the deviation ``implied - target`` with confidence intervals (zero-width
+  for exact laws; Wilson intervals where a statistical audit recorded counts);
+* :func:`acceptance_figure`: membership acceptance against K, with alpha*, SpecTr's
+  ``(1 - (1 - 1/K)^K) alpha*`` and the ``(1 - 1/e) alpha*`` floor;
+* :func:`block_efficiency_figure`: block efficiency against L, with the block LP optima
+  when the results carry them.
+
+:func:`report_figures` groups a report's results into these figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import re
+from typing import Any, Iterable, Optional, Sequence
+
+__all__ = [
+    "Figure",
+    "case_shape",
+    "law_with_ci",
+    "law_figure",
+    "acceptance_figure",
+    "block_efficiency_figure",
+    "report_figures",
+]
+
+#: z for the two-sided 95% intervals drawn on sampled laws.
+_Z95 = 1.959963984540054
+_ONE_MINUS_INV_E = 1.0 - math.exp(-1.0)
+_K_RE = re.compile(r"/K=(\d+)")
+_L_RE = re.compile(r"/L=(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """One rendered figure: its section, title, a caption and the PNG bytes."""
+
+    kind: str
+    title: str
+    caption: str
+    png: bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading results
+# ---------------------------------------------------------------------------------------------
+
+
+def _int_field(result: Any, key: str) -> Optional[int]:
+    for source in (result.metrics, result.details):
+        value = source.get(key) if isinstance(source, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def case_shape(result: Any) -> tuple[str, Optional[int], Optional[int]]:
+    """``(base name, K, L)`` of a result's case.
+
+    K and L come from ``num_drafts`` / ``draft_len`` in the metrics or details when the
+    runner records them, else from the ``/K=`` and ``/L=`` suffixes that suites give to
+    expanded cases; the base name drops those suffixes.
+    """
+    name = result.case
+    num_drafts = _int_field(result, "num_drafts")
+    draft_len = _int_field(result, "draft_len")
+    k_match, l_match = _K_RE.search(name), _L_RE.search(name)
+    if num_drafts is None and k_match:
+        num_drafts = int(k_match.group(1))
+    if draft_len is None and l_match:
+        draft_len = int(l_match.group(1))
+    base = _L_RE.sub("", _K_RE.sub("", name))
+    return base, num_drafts, draft_len
+
+
+def _number(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _vector(value: Any) -> Optional[list[float]]:
+    if isinstance(value, (list, tuple)) and value and all(_number(v) is not None for v in value):
+        return [float(v) for v in value]
+    return None
+
+
+def law_with_ci(result: Any) -> Optional[dict]:
+    """The first-token law a result implies, with a confidence interval per token.
+
+    Returns ``None`` when the result carries no law.  Otherwise a dict with ``law``,
+    ``low``, ``high`` (lists over the vocabulary), ``target`` (or ``None``) and ``kind``:
+    ``"exact"`` (an enumerated law: zero-width interval) or ``"sampled"`` (observed
+    frequencies with 95% Wilson intervals, or the intervals the audit recorded).
+
+    Recognised details: ``first_token_law`` (exact); ``first_token_counts`` or
+    ``observed_first_token_counts`` (sampled counts); ``observed_first_token_law`` with
+    ``first_token_law_ci_low`` / ``first_token_law_ci_high``; ``target_first_token_law``.
+    """
+    details = result.details if isinstance(result.details, dict) else {}
+    target = _vector(details.get("target_first_token_law"))
+    counts = _vector(details.get("first_token_counts")) or _vector(details.get("observed_first_token_counts"))
+    if counts is not None and sum(counts) > 0:
+        total = sum(counts)
+        law, low, high = [], [], []
+        for count in counts:
+            phat = count / total
+            denom = 1 + _Z95**2 / total
+            centre = (phat + _Z95**2 / (2 * total)) / denom
+            half = _Z95 * math.sqrt(phat * (1 - phat) / total + _Z95**2 / (4 * total**2)) / denom
+            law.append(phat)
+            low.append(max(0.0, centre - half))
+            high.append(min(1.0, centre + half))
+        return {"law": law, "low": low, "high": high, "target": target, "kind": "sampled"}
+    observed = _vector(details.get("observed_first_token_law"))
+    if observed is not None:
+        low = _vector(details.get("first_token_law_ci_low")) or observed
+        high = _vector(details.get("first_token_law_ci_high")) or observed
+        return {"law": observed, "low": low, "high": high, "target": target, "kind": "sampled"}
+    exact = _vector(details.get("first_token_law"))
+    if exact is not None:
+        return {"law": exact, "low": exact, "high": exact, "target": target, "kind": "exact"}
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Drawing
+# ---------------------------------------------------------------------------------------------
+
+
+def _new_figure(width: float, height: float, ncols: int = 1):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure as MplFigure
+
+    fig = MplFigure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    for ax in axes:
+        ax.grid(True, alpha=0.3, linewidth=0.6)
+        ax.set_axisbelow(True)
+    return fig, axes
+
+
+def _png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    return buffer.getvalue()
+
+
+def _colors(verifiers: Sequence[str]) -> dict:
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+               "#bcbd22", "#17becf"]
+    return {name: palette[i % len(palette)] for i, name in enumerate(verifiers)}
+
+
+def law_figure(results: Sequence[Any], title: str, colors: Optional[dict] = None) -> Optional[bytes]:
+    """Bars of each verifier's first-token law against the target; deviations with CIs.
+
+    Parameters
+    ----------
+    results : sequence of AuditResult
+        Results of one case (one per verifier); those without a law are left out.
+    title : str
+    colors : dict, optional
+        Verifier name -> colour, to keep colours stable across figures.
+
+    Returns
+    -------
+    bytes or None
+        PNG bytes, or ``None`` when no result carries a law.
+    """
+    laws = [(r.verifier, law_with_ci(r)) for r in results]
+    laws = [(name, law) for name, law in laws if law is not None]
+    if not laws:
+        return None
+    colors = colors or _colors([name for name, _ in laws])
+    target = next((law["target"] for _, law in laws if law["target"] is not None), None)
+    vocab_size = max(len(law["law"]) for _, law in laws)
+    fig, (ax_law, ax_dev) = _new_figure(12.0, 3.1, ncols=2)
+    width = 0.8 / max(1, len(laws))
+    for i, (name, law) in enumerate(laws):
+        xs = [t - 0.4 + width * (i + 0.5) for t in range(len(law["law"]))]
+        label = f"{name} ({law['kind']})"
+        ax_law.bar(xs, law["law"], width=width, color=colors.get(name), label=label, alpha=0.85)
+        if target is not None and len(target) == len(law["law"]):
+            dev = [a - b for a, b in zip(law["law"], target)]
+            err_low = [max(0.0, a - lo) for a, lo in zip(law["law"], law["low"])]
+            err_high = [max(0.0, hi - a) for a, hi in zip(law["law"], law["high"])]
+            ax_dev.errorbar(xs, dev, yerr=[err_low, err_high], fmt="o", markersize=4, capsize=3,
+                            color=colors.get(name), label=label)
+    if target is not None:
+        ax_law.hlines(target, [t - 0.45 for t in range(len(target))], [t + 0.45 for t in range(len(target))],
+                      colors="black", linewidth=2.0, zorder=5, label="target q")
+        ax_dev.axhline(0.0, color="black", linewidth=1.0)
+        ax_dev.set_title("implied - target (bars: 95% CI; exact laws: zero width)", fontsize=9)
+    else:
+        ax_dev.text(0.5, 0.5, "no target law recorded", ha="center", va="center", transform=ax_dev.transAxes)
+    ax_law.set_title(f"first-token law: {title}", fontsize=10)
+    for ax in (ax_law, ax_dev):
+        ax.set_xlabel("token")
+        ax.set_xticks(range(vocab_size))
+        if vocab_size > 20:
+            ax.tick_params(axis="x", labelsize=6)
+    ax_law.set_ylabel("probability")
+    ax_dev.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    ax_law.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _png(fig)
+
+
+def acceptance_figure(results: Sequence[Any], title: str, colors: Optional[dict] = None) -> Optional[bytes]:
+    """Membership acceptance against K for one case family, with alpha* and the SpecTr bounds.
+
+    Uses the metrics ``acceptance``, ``optimal_acceptance`` (alpha*) and ``spectr_bound``;
+    the ``(1 - 1/e) alpha*`` floor is drawn from alpha*.  Returns ``None`` when fewer than
+    one result has both K and an acceptance.
+    """
+    points: dict = {}
+    alpha_star: dict = {}
+    own_optimum: dict = {}
+    for r in results:
+        _, k, _ = case_shape(r)
+        acceptance = _number(r.metrics.get("acceptance"))
+        optimum = _number(r.metrics.get("optimal_acceptance"))
+        if k is None:
+            continue
+        if acceptance is not None:
+            points.setdefault(r.verifier, []).append((k, acceptance))
+        if optimum is None:
+            continue
+        # The i.i.d. alpha* (the one that comes with a SpecTr bound) is the reference line; a
+        # verifier drafting otherwise (without replacement) has its own alpha*, drawn in its colour.
+        if r.metrics.get("spectr_bound") is not None:
+            alpha_star[k] = optimum
+        else:
+            own_optimum.setdefault(r.verifier, []).append((k, optimum))
+    if not points:
+        return None
+    for name in list(own_optimum):
+        differs = any(k not in alpha_star or abs(alpha_star[k] - v) > 1e-9 for k, v in own_optimum[name])
+        if differs:
+            own_optimum[name] = sorted(own_optimum[name])
+        else:
+            del own_optimum[name]
+    colors = colors or _colors(sorted(points))
+    fig, (ax,) = _new_figure(6.0, 3.4)
+    if alpha_star:
+        ks = sorted(alpha_star)
+        ax.plot(ks, [alpha_star[k] for k in ks], color="black", linewidth=2, label="alpha* (optimal)")
+        ax.plot(ks, [(1 - (1 - 1 / k) ** k) * alpha_star[k] for k in ks], color="black", linestyle="--",
+                linewidth=1, label="(1-(1-1/K)^K) alpha*")
+        ax.plot(ks, [_ONE_MINUS_INV_E * alpha_star[k] for k in ks], color="grey", linestyle=":", linewidth=1.2,
+                label="(1-1/e) alpha*")
+    for name in sorted(points):
+        series = sorted(points[name])
+        ax.plot([k for k, _ in series], [a for _, a in series], marker="o", markersize=4, color=colors.get(name),
+                label=name, alpha=0.9)
+        if name in own_optimum:
+            ks = [k for k, _ in own_optimum[name]]
+            ax.plot(ks, [v for _, v in own_optimum[name]], color=colors.get(name), linestyle="-.", linewidth=1.5,
+                    label=f"alpha* for {name}'s drafts")
+    ax.set_xlabel("number of drafts K")
+    ax.set_ylabel("P(first token among drafts)")
+    all_ks = sorted({k for series in points.values() for k, _ in series} | set(alpha_star))
+    ax.set_xticks(all_ks)
+    ax.set_title(f"acceptance against K: {title}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _png(fig)
+
+
+def block_efficiency_figure(results: Sequence[Any], title: str, colors: Optional[dict] = None) -> Optional[bytes]:
+    """Block efficiency (expected emitted tokens per step) against L for one case family.
+
+    Draws the block LP optimum (``block_lp_optimum``) and its next-iteration-repair
+    relaxation (``block_lp_repair_optimum``) where the results carry them, and the
+    ceiling L + 1.  Returns ``None`` when no result has both L and a block efficiency.
+    """
+    points: dict = {}
+    optimum: dict = {}
+    repair: dict = {}
+    for r in results:
+        _, _, length = case_shape(r)
+        efficiency = _number(r.metrics.get("block_efficiency"))
+        if length is None or efficiency is None:
+            continue
+        points.setdefault(r.verifier, []).append((length, efficiency))
+        lp = _number(r.metrics.get("block_lp_optimum"))
+        if lp is not None:
+            optimum[length] = max(optimum.get(length, lp), lp)
+        lp_repair = _number(r.metrics.get("block_lp_repair_optimum"))
+        if lp_repair is not None:
+            repair[length] = max(repair.get(length, lp_repair), lp_repair)
+    if not points:
+        return None
+    colors = colors or _colors(sorted(points))
+    fig, (ax,) = _new_figure(6.0, 3.4)
+    ls = sorted({length for series in points.values() for length, _ in series})
+    ax.plot(ls, [length + 1 for length in ls], color="lightgrey", linewidth=1, linestyle="-.", label="L + 1 (ceiling)")
+    if optimum:
+        xs = sorted(optimum)
+        ax.plot(xs, [optimum[x] for x in xs], color="black", linewidth=2, label="block LP optimum")
+    if repair:
+        xs = sorted(repair)
+        ax.plot(xs, [repair[x] for x in xs], color="black", linestyle="--", linewidth=1, label="LP with repair")
+    for name in sorted(points):
+        series = sorted(points[name])
+        ax.plot([x for x, _ in series], [e for _, e in series], marker="o", markersize=4, color=colors.get(name),
+                label=name, alpha=0.9)
+    ax.set_xlabel("draft length L")
+    ax.set_ylabel("E[tokens emitted per step]")
+    ax.set_xticks(ls)
+    ax.set_title(f"block efficiency against L: {title}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _png(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grouping a report
+# ---------------------------------------------------------------------------------------------
+
+
+def _group(results: Iterable[Any], key) -> dict:
+    groups: dict = {}
+    for r in results:
+        k = key(r)
+        if k is not None:
+            groups.setdefault(k, []).append(r)
+    return groups
+
+
+def report_figures(report: Any, max_law_figures: int = 48) -> list[Figure]:
+    """Every figure for ``report``, grouped by case family.
+
+    Acceptance figures: one per (case family, L) with at least one result that has K and an
+    acceptance.  Block-efficiency figures: one per (case family, K) with at least two draft
+    lengths.  Law figures: one per case, cases with findings first, at most
+    ``max_law_figures`` of them (the rest are counted in the last caption).
+    """
+    results = [r for r in report.results if r.error is None]
+    colors = _colors(sorted({r.verifier for r in report.results}))
+    figures: list[Figure] = []
+
+    def shape_key_k(r):
+        base, k, length = case_shape(r)
+        return (base, length) if k is not None and _number(r.metrics.get("acceptance")) is not None else None
+
+    for (base, length), group in sorted(_group(results, shape_key_k).items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        label = base if length is None else f"{base}, L={length}"
+        png = acceptance_figure(group, label, colors)
+        if png is not None:
+            figures.append(Figure("acceptance", label, "no exact verifier can lie above its alpha*", png))
+
+    def shape_key_l(r):
+        base, k, length = case_shape(r)
+        return (base, k) if length is not None and _number(r.metrics.get("block_efficiency")) is not None else None
+
+    for (base, k), group in sorted(_group(results, shape_key_l).items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        if len({case_shape(r)[2] for r in group}) < 2:
+            continue
+        label = base if k is None else f"{base}, K={k}"
+        png = block_efficiency_figure(group, label, colors)
+        if png is not None:
+            figures.append(Figure("block-efficiency", label, "expected tokens emitted per verification step", png))
+
+    by_case = _group(results, lambda r: r.case if law_with_ci(r) is not None else None)
+    with_findings = {r.case for r in report.results if not r.passed}
+    order = sorted(by_case, key=lambda case: (case not in with_findings, case))
+    for index, case in enumerate(order):
+        if index >= max_law_figures:
+            figures[-1] = dataclasses.replace(
+                figures[-1], caption=figures[-1].caption + f" ({len(order) - max_law_figures} more cases not drawn)"
+            )
+            break
+        png = law_figure(by_case[case], case, colors)
+        if png is not None:
+            findings = [r.verifier for r in report.results if r.case == case and not r.passed]
+            caption = "findings: " + ", ".join(findings) if findings else "every verifier exact on this case"
+            figures.append(Figure("law", case, caption, png))
+    return figures

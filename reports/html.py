@@ -1,0 +1,290 @@
+"""The HTML report: one self-contained file (inline CSS, figures embedded as base64 PNG).
+
+Sections: the overall verdict and the gate; a summary table per verifier and case; the
+findings (failed checks, worst strings, errors, gate violations); figures of acceptance
+against K, block efficiency against L and each case's output law against the target.
+Nothing is loaded from the network, so the file can be attached to a CI run or mailed.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from spectr_audit.results import AuditReport, AuditResult
+
+__all__ = ["render_html", "write_html"]
+
+_CSS = """
+body { font-family: -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; margin: 2em auto;
+       max-width: 1200px; color: #1d1d1f; padding: 0 1em; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; }
+h2 { border-bottom: 2px solid #ddd; padding-bottom: 0.2em; margin-top: 1.6em; }
+h3 { margin-bottom: 0.3em; }
+.meta { color: #555; }
+.badge { display: inline-block; padding: 0.15em 0.7em; border-radius: 0.4em; font-weight: bold; color: white; }
+.pass { background: #1a7f37; } .fail { background: #cf222e; } .warn { background: #9a6700; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.86em; }
+th, td { border: 1px solid #d0d7de; padding: 0.25em 0.55em; text-align: right; white-space: nowrap; }
+th { background: #f6f8fa; position: sticky; top: 0; }
+td.text, th.text { text-align: left; }
+td.wrap { white-space: normal; }
+nav a { margin-right: 1em; }
+tr.finding td { background: #fff0f0; }
+tr.unexpected td { background: #ffe0e0; font-weight: bold; }
+tr.declared td { background: #fff8e6; }
+code { background: #f6f8fa; padding: 0.05em 0.3em; border-radius: 0.3em; }
+figure { margin: 0.6em 1% 0.6em 0; display: inline-block; vertical-align: top; width: 48.5%; }
+figure.wide { width: 99%; }
+figure img { width: 100%; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 0.85em; }
+.note { color: #555; font-size: 0.9em; max-width: 900px; }
+"""
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+            return f"{value:.2e}"
+        return f"{value:.{digits}f}"
+    return html.escape(str(value))
+
+
+def _verdict(result: AuditResult) -> tuple[str, str]:
+    """(text, css class of the row)."""
+    if result.error is not None:
+        return "ERROR", "unexpected"
+    measured = "exact" if result.passed else "FINDING"
+    if result.expected is None:
+        return measured, "" if result.passed else "unexpected"
+    declared = "exact" if result.expected else "inexact"
+    if result.as_expected:
+        return f"{measured} (declared {declared})", "declared" if not result.passed else ""
+    return f"{measured} (declared {declared}, UNEXPECTED)", "unexpected"
+
+
+_COLUMNS = (
+    ("tv_distance", "TV"),
+    ("max_abs_error", "max abs err"),
+    ("prefix_cap_excess", "prefix-cap excess"),
+    ("acceptance", "acceptance"),
+    ("optimal_acceptance", "alpha*"),
+    ("acceptance_ratio", "acc / alpha*"),
+    ("block_efficiency", "block eff."),
+    ("block_lp_optimum", "block LP opt."),
+    ("pvalue", "p-value"),
+    ("num_samples", "samples"),
+)
+
+
+def _summary_table(report: AuditReport, violated: set) -> list[str]:
+    present = [(key, label) for key, label in _COLUMNS if any(key in r.metrics for r in report.results)]
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label in present)
+    out = [f'<table><thead><tr><th class="text">verifier</th><th class="text">case</th>'
+           f'<th class="text">verdict</th><th class="text">gate</th>{head}</tr></thead><tbody>']
+    for r in report.results:
+        verdict, css = _verdict(r)
+        gate = "violated" if (r.verifier, r.case) in violated else ""
+        if gate and not css:
+            css = "finding"
+        cells = "".join(f"<td>{_fmt(r.metrics.get(key))}</td>" for key, _ in present)
+        out.append(
+            f'<tr class="{css}"><td class="text">{html.escape(r.verifier)}</td><td class="text">{html.escape(r.case)}</td>'
+            f'<td class="text">{html.escape(verdict)}</td><td class="text">{gate}</td>{cells}</tr>'
+        )
+    out.append("</tbody></table>")
+    return out
+
+
+def _verifier_table(report: AuditReport, violated: set) -> list[str]:
+    """One row per verifier: how many cases, how many as expected, the worst numbers."""
+    rows: dict = {}
+    for r in report.results:
+        rows.setdefault(r.verifier, []).append(r)
+    out = ['<h2 id="verifiers">Verifiers</h2>',
+           '<table><thead><tr><th class="text">verifier</th><th>cases</th><th>exact</th><th>findings</th>'
+           '<th>errors</th><th>not as expected</th><th>gate violations</th><th>max TV</th><th>min acc / alpha*</th>'
+           '<th>min p-value</th></tr></thead><tbody>']
+    for name, results in rows.items():
+        def extreme(key, pick):
+            values = [r.metrics[key] for r in results if isinstance(r.metrics.get(key), (int, float))
+                      and not isinstance(r.metrics.get(key), bool)]
+            return pick(values) if values else None
+
+        unexpected = sum(not r.as_expected for r in results)
+        declared = {r.expected for r in results if r.expected is not None}
+        label = name + (f" (declared {'exact' if declared == {True} else 'inexact'})" if len(declared) == 1 else "")
+        num_violated = sum((r.verifier, r.case) in violated for r in results)
+        css = "unexpected" if unexpected else ("finding" if num_violated else "")
+        out.append(
+            f'<tr class="{css}"><td class="text">{html.escape(label)}</td><td>{len(results)}</td>'
+            f"<td>{sum(r.passed for r in results)}</td><td>{sum(not r.passed and r.error is None for r in results)}</td>"
+            f"<td>{sum(r.error is not None for r in results)}</td><td>{unexpected}</td><td>{num_violated}</td>"
+            f"<td>{_fmt(extreme('tv_distance', max))}</td><td>{_fmt(extreme('acceptance_ratio', min))}</td>"
+            f"<td>{_fmt(extreme('pvalue', min))}</td></tr>"
+        )
+    out.append("</tbody></table>")
+    return out
+
+
+def _findings(report: AuditReport, gate: Any) -> list[str]:
+    out = ['<h2 id="findings">Findings</h2>']
+    findings = [r for r in report.results if not r.passed]
+    if not findings:
+        out.append("<p>None: every check of every result held.</p>")
+    else:
+        out.append('<table><thead><tr><th class="text">verifier</th><th class="text">case</th><th class="text">verdict</th>'
+                   '<th class="text">failed check</th><th>value</th><th>threshold</th><th class="text">worst strings '
+                   "(string: implied vs target law) or cells (observed vs expected count)</th></tr></thead><tbody>")
+        for r in findings:
+            verdict, css = _verdict(r)
+            worst = r.details.get("worst_strings") or []
+            worst_html = "<br>".join(
+                f"<code>{html.escape(str(w.get('string')))}</code>: {_fmt(w.get('implied'), 6)} vs {_fmt(w.get('target'), 6)}"
+                for w in worst[:5]
+            )
+            if not worst_html:  # a statistical audit: observed against expected counts per cell
+                worst_html = "<br>".join(
+                    f"<code>{html.escape(str(c.get('cell')))}</code>: observed {_fmt(c.get('observed'), 1)} vs "
+                    f"expected {_fmt(c.get('expected'), 1)}"
+                    for c in (r.details.get("worst_cells") or [])[:5] if isinstance(c, dict)
+                ) or "-"
+            rows = [(c.name, c.value, c.threshold, c.detail) for c in r.failed_checks]
+            if r.error is not None:
+                rows.append(("error", None, None, r.error))
+            rows = rows or [("-", None, None, "")]
+            for i, (name, value, threshold, detail) in enumerate(rows):
+                tail = f'<td class="text" rowspan="{len(rows)}">{worst_html}</td>' if i == 0 else ""
+                title = f' title="{html.escape(detail)}"' if detail else ""
+                name_html = html.escape(name) if name != "error" else f"error: <code>{html.escape(detail)}</code>"
+                out.append(
+                    f'<tr class="{css or "finding"}"><td class="text">{html.escape(r.verifier)}</td>'
+                    f'<td class="text">{html.escape(r.case)}</td><td class="text">{html.escape(verdict)}</td>'
+                    f'<td class="text wrap"{title}>{name_html}</td><td>{_fmt(value, 6)}</td><td>{_fmt(threshold, 6)}</td>{tail}</tr>'
+                )
+        out.append("</tbody></table>")
+        out.append('<p class="note">Worst strings: the strings w of length L + 1 with the largest '
+                   "|F(w) - q(w)|, where F is the law implied by one step followed by the unmodified target. "
+                   "Rows marked declared belong to verifiers that declared themselves inexact; they fail a run "
+                   "only when the measured verdict differs from the declaration.</p>")
+    if gate is not None and getattr(gate, "thresholds", ()):
+        out.append('<h3 id="gate">Gate</h3>')
+        out.append("<p>Thresholds: " + ", ".join(f"<code>{html.escape(t.source or str(t))}</code>" for t in gate.thresholds)
+                   + f" applied to {gate.num_gated} results.</p>")
+        if gate.violations:
+            out.append('<table><thead><tr><th class="text">verifier</th><th class="text">case</th>'
+                       '<th class="text">threshold</th><th>value</th></tr></thead><tbody>')
+            for v in gate.violations:
+                out.append(f'<tr class="finding"><td class="text">{html.escape(v.verifier)}</td><td class="text">'
+                           f'{html.escape(v.case)}</td><td class="text">{html.escape(str(v.threshold))}</td>'
+                           f"<td>{_fmt(v.value, 6)}</td></tr>")
+            out.append("</tbody></table>")
+        for t in gate.unmeasured:
+            out.append(f"<p>Threshold <code>{html.escape(str(t))}</code>: no gated result measured "
+                       f"<code>{html.escape(t.metric)}</code>, so it fails the gate.</p>")
+        if gate.passed:
+            out.append("<p>Every threshold held.</p>")
+    return out
+
+
+def _figure_sections(report: AuditReport, max_law_figures: int) -> list[str]:
+    from spectr_audit.reports.figures import report_figures
+
+    figures = report_figures(report, max_law_figures=max_law_figures)
+    sections = (
+        ("acceptance", "Acceptance against K",
+         "Membership acceptance P(first emitted token is among the drafts' first tokens) against the number of "
+         "drafts K. alpha* is the optimal acceptance over all couplings of the drafts and the target (no exact "
+         "verifier can exceed it); K-SEQ must reach (1-(1-1/K)^K) alpha*, which is at least (1-1/e) alpha*."),
+        ("block-efficiency", "Block efficiency against L",
+         "Expected number of tokens emitted per verification step against the draft length L, with the block LP "
+         "optimum where the audit computed it."),
+        ("law", "Output law against the target",
+         "Per case: the first-token law each verifier implies (bars) against the target's (black ticks), and the "
+         "deviation implied - target with 95% confidence intervals (zero-width for laws computed exactly)."),
+    )
+    out = ['<h2 id="figures">Figures</h2>'] if figures else []
+    for kind, heading, note in sections:
+        chosen = [f for f in figures if f.kind == kind]
+        if not chosen:
+            continue
+        out.append(f'<h3 id="{kind}">{heading}</h3><p class="note">{html.escape(note)}</p>')
+        for f in chosen:
+            data = base64.b64encode(f.png).decode("ascii")
+            out.append(
+                f'<figure class="{"wide" if kind == "law" else ""}"><img alt="{html.escape(kind)}: {html.escape(f.title)}" src="data:image/png;base64,{data}">'
+                f"<figcaption><b>{html.escape(f.title)}</b>: {html.escape(f.caption)}</figcaption></figure>"
+            )
+    return out
+
+
+def render_html(report: AuditReport, gate: Any = None, *, figures: bool = True, max_law_figures: int = 48) -> str:
+    """Render ``report`` as one self-contained HTML document.
+
+    Parameters
+    ----------
+    report : AuditReport
+    gate : GateOutcome, optional
+        Shown next to the verdict, with its violations.
+    figures : bool
+        Draw the figures (needs matplotlib); ``False`` gives tables only.
+    max_law_figures : int
+        At most this many per-case law figures (cases with findings first).
+
+    Returns
+    -------
+    str
+        HTML text with inline CSS and figures as ``data:image/png;base64`` images.
+    """
+    from spectr_audit import __version__
+
+    passed = report.passed and (gate is None or gate.passed)
+    num_expected = sum(r.as_expected for r in report.results)
+    violated = {(v.verifier, v.case) for v in getattr(gate, "violations", ()) or ()}
+    badge = '<span class="badge pass">PASS</span>' if passed else '<span class="badge fail">FAIL</span>'
+    gate_line = ""
+    if gate is not None and getattr(gate, "thresholds", ()):
+        gate_line = (f' &middot; gate <span class="badge {"pass" if gate.passed else "fail"}">'
+                     f'{"held" if gate.passed else "failed"}</span> ({len(gate.violations)} violations)')
+    meta = ", ".join(f"{html.escape(str(k))} {html.escape(str(v))}" for k, v in report.meta.items()
+                     if not isinstance(v, (dict, list)))
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>spectr-audit report: {html.escape(report.suite)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>spectr-audit report: suite <code>{html.escape(report.suite)}</code></h1>",
+        f'<p class="meta">{badge} {num_expected}/{len(report.results)} results as expected{gate_line}'
+        f" &middot; spectr-audit {html.escape(__version__)}{(' &middot; ' + meta) if meta else ''}</p>",
+        '<p class="note">Verdicts: <b>exact</b> = every check held; <b>FINDING</b> = some check failed. A verifier may '
+        "declare an expected verdict (a published rule under audit, a lossy-by-design mode); a run fails only where a "
+        "verdict differs from its declaration, or where a gate threshold breaks.</p>",
+        '<nav><a href="#verifiers">Verifiers</a><a href="#findings">Findings</a>'
+        + ('<a href="#figures">Figures</a>' if figures else "")
+        + '<a href="#summary">Every result</a></nav>',
+        *_verifier_table(report, violated),
+        *_findings(report, gate),
+    ]
+    if figures:
+        parts += _figure_sections(report, max_law_figures)
+    parts += ['<h2 id="summary">Every result</h2>', *_summary_table(report, violated), "</body></html>"]
+    return "\n".join(parts) + "\n"
+
+
+def write_html(report: AuditReport, path: Path, gate: Any = None, *, figures: bool = True,
+               max_law_figures: int = 48) -> Path:
+    """Write the HTML report to ``path`` (parents created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(report, gate, figures=figures, max_law_figures=max_law_figures), encoding="utf-8")
+    return path

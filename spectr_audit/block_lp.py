@@ -1,0 +1,256 @@
+"""The sequence-level optimum on small cases: the block LPs of ALGORITHMS.md section 7.
+
+For every draft tuple (K drafts of L tokens) a verifier chooses a law
+``pi(s | tuple)`` over the strings it may emit: a prefix (length 0..L) of one of
+the drafts followed by one token.  Block efficiency is ``E[len(s)]``.
+
+* The unmodified-continuation LP maximises ``E[len(s)]`` among verifiers that are
+  exact when decoding continues with the plain target: for every ``w`` of
+  ``L + 1`` tokens, ``sum_tuple P(tuple) sum_{s prefix of w} pi(s|tuple) q(w)/q(s)
+  = q(w)``.  At K = 1 its optimum is block verification's efficiency (Sun et al.,
+  Theorem 2).
+* The repair-allowed LP keeps only the prefix cap ``B(u) <= q(u)`` for every
+  prefix ``u`` of up to ``L + 1`` tokens, with ``B(u) = sum_tuple P(tuple)
+  sum_{s starts with u} pi(s|tuple)``: what a verifier with a next-iteration repair
+  may reach.  At K = 1 its optimum is ``sum_{t=0}^{L} sum_{x^t} min(p(x^t), q(x^t))``,
+  greedy block verification's efficiency.
+
+Strings with ``q(s) = 0`` are left out (an exact verifier never emits them).  The
+LPs are solved with cvxpy (CLARABEL by default); the solver status is reported, and
+values are NaN unless the status is optimal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from typing import Optional, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from spectr_audit.errors import InvalidArgument
+from spectr_audit.exact import enumerate_drafts
+from spectr_audit.models import Model
+from spectr_audit.multi_iteration import target_string_law
+
+__all__ = ["BlockLPResult", "CLARABEL_FALLBACK_OPTIONS", "CLARABEL_OPTIONS", "block_lp"]
+
+#: Statuses under which a value is reported.
+_SOLVED = ("optimal",)
+
+#: CLARABEL's defaults stop near 1e-8; the audit compares optima with exact efficiencies.
+CLARABEL_OPTIONS = {"tol_gap_abs": 1e-11, "tol_gap_rel": 1e-11, "tol_feas": 1e-11, "tol_ktratio": 1e-9}
+#: Tried next when a badly scaled case does not reach an optimal status under CLARABEL_OPTIONS.
+CLARABEL_FALLBACK_OPTIONS = {"tol_gap_abs": 1e-9, "tol_gap_rel": 1e-9, "tol_feas": 1e-9}
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLPResult:
+    """Optima of the two block LPs for one (draft model, target model, K, L, prefix).
+
+    Values are expected emitted lengths, i.e. block efficiencies (``E[tau] + 1``).
+    """
+
+    num_drafts: int
+    draft_len: int
+    vocab_size: int
+    num_draft_tuples: int
+    #: variables shared by both LPs: pi(s | tuple) per (tuple, allowed string), then E(s)/q(s) per string
+    num_variables: int
+    solver: str
+    #: optimum among verifiers exact with unmodified continuation (NaN unless solved)
+    unmodified_value: float
+    unmodified_status: str
+    #: exactness equalities (one per w with q(w) > 0), string links, tuple normalisations but one (implied)
+    unmodified_num_constraints: int
+    #: optimum when a next-iteration repair is allowed (prefix caps only)
+    repair_value: float
+    repair_status: str
+    repair_num_constraints: int
+
+    @property
+    def solved(self) -> bool:
+        """Both LPs reached an optimal status."""
+        return self.unmodified_status in _SOLVED and self.repair_status in _SOLVED
+
+
+def _candidates(draft_tokens: torch.Tensor, target_probs: torch.Tensor, vocab_size: int):
+    """Allowed outputs of every tuple, deduplicated: (tuple, length, code, q(s)) as numpy arrays."""
+    num_tuples, num_drafts, draft_len = draft_tokens.shape
+    target = target_probs.double()
+    path_target = target[:, :, :draft_len].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [T, K, L]
+    prefix_joint = torch.cat([torch.ones_like(path_target[..., :1]), path_target], -1).cumprod(-1)  # [T, K, L + 1]
+    powers = vocab_size ** torch.arange(draft_len - 1, -1, -1, dtype=torch.int64)
+    keys, joints = [], []
+    for accepted in range(draft_len + 1):
+        prefix_code = (draft_tokens[:, :, :accepted] * powers[draft_len - accepted:]).sum(-1)  # [T, K]
+        codes = prefix_code.unsqueeze(-1) * vocab_size + torch.arange(vocab_size)  # [T, K, V]
+        tuples = torch.arange(num_tuples).view(-1, 1, 1).expand_as(codes)
+        lengths = torch.full_like(codes, accepted + 1)
+        keys.append(torch.stack([tuples.reshape(-1), lengths.reshape(-1), codes.reshape(-1)], 1))
+        joints.append((prefix_joint[:, :, accepted, None] * target[:, :, accepted]).reshape(-1))  # q(s)
+    keys = torch.cat(keys).numpy()
+    joints = torch.cat(joints).numpy()
+    # Drafts sharing a prefix offer the same string once.
+    keys, first = np.unique(keys, axis=0, return_index=True)
+    joints = joints[first]
+    keep = joints > 0
+    return keys[keep, 0], keys[keep, 1], keys[keep, 2], joints[keep]
+
+
+def _solve(problem, solver: str, attempts: Sequence[dict]) -> tuple[float, str]:
+    """Solve with each option set in turn until the status is optimal; the last status is reported."""
+    import cvxpy as cp
+
+    status = "not_solved"
+    for options in attempts:
+        # A fresh problem per attempt: re-solving one object reuses the previous attempt's solver settings.
+        problem = cp.Problem(problem.objective, problem.constraints)
+        try:
+            with warnings.catch_warnings():
+                # An inaccurate solution is reported through the status, not a warning.
+                warnings.simplefilter("ignore", UserWarning)
+                problem.solve(solver=solver, **options)
+        except cp.error.SolverError as exc:
+            status = f"solver_error: {exc}"
+            continue
+        status = str(problem.status)
+        if status in _SOLVED:
+            return float(problem.value), status
+    return math.nan, status
+
+
+def block_lp(
+    draft_model: Model,
+    target_model: Model,
+    num_drafts: int,
+    draft_len: int,
+    *,
+    prefix: Sequence[int] = (),
+    solver: str = "CLARABEL",
+    solver_options: Optional[dict] = None,
+) -> BlockLPResult:
+    """Solve both block LPs for i.i.d. drafts after ``prefix``.
+
+    Parameters
+    ----------
+    draft_model, target_model : Model
+    num_drafts, draft_len : int
+        K and L.
+    prefix : sequence of int
+        The context before the iteration.
+    solver : str
+        A cvxpy LP solver name.
+    solver_options : dict, optional
+        Passed to ``Problem.solve``.  By default CLARABEL runs with tightened tolerances
+        (``CLARABEL_OPTIONS``: optima agree with exact efficiencies to about 1e-10) and, if
+        that does not end optimal (badly scaled cases), with ``CLARABEL_FALLBACK_OPTIONS``,
+        then with its own defaults (about 1e-6 in the worst cases seen); the status of the
+        last attempt is reported.
+
+    Returns
+    -------
+    BlockLPResult
+
+    Notes
+    -----
+    Variables: one ``pi(s | tuple)`` per draft tuple and allowed string (about
+    ``(V^L)^K K (L + 1) V``) and one ``E(s) / q(s)`` per distinct string; constraints: up to
+    ``V^(L+1)`` exactness equalities (or ``sum_m V^m`` caps), one link per string, one
+    normalisation per draft tuple.  Small cases only.
+
+    Examples
+    --------
+    >>> from spectr_audit.models import ContextFreeModel
+    >>> result = block_lp(ContextFreeModel([2/3, 1/3]), ContextFreeModel([1/3, 2/3]), 1, 2)
+    >>> round(result.unmodified_value * 9, 4), round(result.repair_value * 9, 4)   # 20/9 and 21/9
+    (20.0, 21.0)
+    """
+    import cvxpy as cp
+
+    if not isinstance(num_drafts, int) or num_drafts < 1:
+        raise InvalidArgument(f"num_drafts: expected an integer >= 1, got {num_drafts!r}")
+    if not isinstance(draft_len, int) or draft_len < 1:
+        raise InvalidArgument(f"draft_len: expected an integer >= 1, got {draft_len!r}")
+    if solver not in cp.installed_solvers():
+        raise InvalidArgument(f"solver: {solver!r} is not installed; installed: {cp.installed_solvers()}")
+    if solver_options is not None:
+        attempts = [solver_options]
+    else:
+        attempts = [CLARABEL_OPTIONS, CLARABEL_FALLBACK_OPTIONS, {}] if solver == "CLARABEL" else [{}]
+    vocab_size = draft_model.vocab_size
+    enum = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, "iid", prefix)
+    num_tuples = enum.weights.shape[0]
+    tuple_weight = enum.weights.double().numpy()
+    tuple_of, length, code, string_target = _candidates(enum.draft_tokens, enum.target_probs, vocab_size)
+    num_vars = tuple_of.shape[0]
+    # Variables scaled for the solver: mass[v] = P(tuple) pi(s|tuple) per candidate and ratio[s] = E(s)/q(s)
+    # per distinct string, linked by sum_tuple mass = q(s) ratio(s); the constraints on ratio then have
+    # coefficients in [0, 1] instead of q(w)/q(s), which spans many orders of magnitude.
+    strings, string_of_var = np.unique(np.stack([length, code], 1), axis=0, return_inverse=True)
+    string_of_var = string_of_var.reshape(-1)
+    num_strings = strings.shape[0]
+    string_length, string_code = strings[:, 0], strings[:, 1]
+    string_q = np.zeros(num_strings)
+    string_q[string_of_var] = string_target
+    mass = cp.Variable(num_vars, nonneg=True)
+    ratio = cp.Variable(num_strings, nonneg=True)
+    normalise = sp.csr_matrix((np.ones(num_vars), (tuple_of, np.arange(num_vars))), shape=(num_tuples, num_vars))
+    gather = sp.csr_matrix((np.ones(num_vars), (string_of_var, np.arange(num_vars))), shape=(num_strings, num_vars))
+    link = gather @ mass == cp.multiply(string_q, ratio)
+    objective = cp.Maximize(length @ mass)
+
+    # Unmodified continuation: for every w of L + 1 tokens with q(w) > 0, sum_{s prefix of w} E(s)/q(s) = 1
+    # (section 7's sum_tuple P(tuple) sum_s pi(s|tuple) q(w)/q(s) = q(w), divided by q(w)).
+    full = draft_len + 1
+    target_full = target_string_law(target_model, full, prefix).numpy()
+    rows, cols = [], []
+    for m in range(1, full + 1):
+        sel = np.nonzero(string_length == m)[0]
+        tail = vocab_size ** (full - m)
+        rows.append((string_code[sel, None] * tail + np.arange(tail)).reshape(-1))  # every w extending s
+        cols.append(np.repeat(sel, tail))
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    possible = target_full > 0
+    keep = possible[rows]
+    row_index = np.cumsum(possible) - 1
+    exactness = sp.csr_matrix(
+        (np.ones(int(keep.sum())), (row_index[rows[keep]], cols[keep])), shape=(int(possible.sum()), num_strings)
+    )
+    # The exactness rows, weighted by q(w), sum to total mass 1, as do the normalisations: drop the last
+    # normalisation so that the equality system has full rank (interior-point solvers stall otherwise).
+    unmodified = cp.Problem(
+        objective, [normalise[:-1] @ mass == tuple_weight[:-1], link, exactness @ ratio == 1]
+    )
+    unmodified_value, unmodified_status = _solve(unmodified, solver, attempts)
+
+    # Repair allowed: B(u) <= q(u) for every u of 1 .. L + 1 tokens, as sum_{s extends u} q(s)/q(u) ratio(s) <= 1.
+    offsets = np.cumsum([0] + [vocab_size**m for m in range(1, full + 1)])
+    caps = np.concatenate([target_string_law(target_model, m, prefix).numpy() for m in range(1, full + 1)])
+    rows, cols = [], []
+    for m in range(1, full + 1):
+        sel = np.nonzero(string_length >= m)[0]
+        rows.append(offsets[m - 1] + string_code[sel] // vocab_size ** (string_length[sel] - m))
+        cols.append(sel)
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    # Strings with q(s) > 0 only extend prefixes with q(u) > 0.
+    cap = sp.csr_matrix((string_q[cols] / caps[rows], (rows, cols)), shape=(offsets[-1], num_strings))
+    repair = cp.Problem(objective, [normalise @ mass == tuple_weight, link, cap @ ratio <= 1])
+    repair_value, repair_status = _solve(repair, solver, attempts)
+    return BlockLPResult(
+        num_drafts=num_drafts,
+        draft_len=draft_len,
+        vocab_size=vocab_size,
+        num_draft_tuples=num_tuples,
+        num_variables=num_vars + num_strings,
+        solver=solver,
+        unmodified_value=unmodified_value,
+        unmodified_status=unmodified_status,
+        unmodified_num_constraints=int(possible.sum()) + num_strings + num_tuples - 1,
+        repair_value=repair_value,
+        repair_status=repair_status,
+        repair_num_constraints=int(offsets[-1]) + num_strings + num_tuples,
+    )

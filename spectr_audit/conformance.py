@@ -1,0 +1,547 @@
+"""A one-call conformance check for third-party verifiers: :func:`check_verifier`.
+
+The check has two parts.
+
+*Contract* (deterministic, on drafted batches for every requested (K, L)): the verifier runs
+on float64 and float32 inputs, returns int64 ``[batch_size]`` fields in range, leaves its
+inputs untouched, is deterministic under a fixed ``torch.Generator``, never emits a token of
+zero target probability, and, where it has an exact law (``output_probs``), that law is valid
+and its sampler follows it conditionally on the drafts.
+
+*Fidelity*: :func:`spectr_audit.runner.audit_case` on a standard small suite (the exact audit
+where a law exists); where the audit measured no fidelity (a black box and a runner without the
+statistical audit wired in), :func:`spectr_audit.statistical.statistical_audit` is run on the
+case so that a black box is still judged by its emitted strings.
+
+Statistical parts use fixed seeds; their false-alarm rate is stated on :func:`check_verifier`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Optional, Sequence, Union
+
+from spectr_audit.errors import InvalidArgument, SpectrAuditError, VerifierError
+
+__all__ = ["ConformanceCheck", "ConformanceReport", "ConformanceFailure", "check_verifier", "standard_suite"]
+
+IntOrInts = Union[int, Sequence[int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ConformanceCheck:
+    """One conformance check: its name, where it ran, whether it held, and why not."""
+
+    name: str
+    where: str
+    passed: bool
+    detail: str = ""
+
+    def __str__(self) -> str:
+        mark = "ok  " if self.passed else "FAIL"
+        return f"[{mark}] {self.name} ({self.where})" + (f": {self.detail}" if self.detail else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConformanceReport:
+    """Everything :func:`check_verifier` found.  Numbers and words only; ``passed`` decides.
+
+    Attributes
+    ----------
+    verifier : str
+    checks : tuple of ConformanceCheck
+        The contract checks.
+    audit : AuditReport
+        The fidelity audits on the standard suite (one result per case).
+    alpha : float
+        False-alarm rate of the whole check (Bonferroni over its statistical tests).
+    """
+
+    verifier: str
+    checks: tuple
+    audit: Any
+    alpha: float
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks) and self.audit.passed
+
+    @property
+    def failures(self) -> list:
+        """Failed contract checks and fidelity results that did not go as expected."""
+        return [c for c in self.checks if not c.passed] + [r for r in self.audit.results if not r.as_expected]
+
+    def message(self, max_cells: int = 5) -> str:
+        """A readable account of every failure: the case, the failed checks, the worst cells."""
+        failed_checks = [c for c in self.checks if not c.passed]
+        failed_results = [r for r in self.audit.results if not r.as_expected]
+        total = len(self.checks) + len(self.audit.results)
+        if not failed_checks and not failed_results:
+            return f"check_verifier({self.verifier}): all {total} checks passed"
+        lines = [f"check_verifier({self.verifier}): {len(failed_checks) + len(failed_results)} of {total} checks failed"]
+        for check in failed_checks:
+            lines.append(f"  contract: {check}")
+        for result in failed_results:
+            lines.extend("  " + line for line in describe_result(result, max_cells).splitlines())
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.message()
+
+
+class ConformanceFailure(SpectrAuditError, AssertionError):
+    """Raised by :func:`check_verifier` when a check fails; ``report`` holds every result."""
+
+    def __init__(self, report: ConformanceReport):
+        super().__init__(report.message())
+        self.report = report
+
+
+def describe_result(result: Any, max_cells: int = 5) -> str:
+    """Lines naming a result's case, its failed checks and its worst cells (for failure messages)."""
+    head = f"fidelity on case {result.case!r}"
+    if result.error is not None:
+        return f"{head}: audit error: {result.error}"
+    if result.expected is False and result.passed:
+        return f"{head}: declared inexact but every check held"
+    lines = [f"{head}:"]
+    for check in result.failed_checks:
+        value = "-" if check.value is None else f"{check.value:.6g}"
+        threshold = "-" if check.threshold is None else f"{check.threshold:.6g}"
+        lines.append(f"  check {check.name} failed: value {value}, threshold {threshold}"
+                     + (f" ({check.detail})" if check.detail else ""))
+    worst = result.details.get("worst_strings") or []
+    if worst:
+        cells = "; ".join(f"{w['string']}: {w['implied']:.6g} vs {w['target']:.6g}" for w in worst[:max_cells])
+        lines.append(f"  worst cells (string: implied law vs target law): {cells}")
+    worst_cells = result.details.get("worst_cells") or []
+    if worst_cells and not worst:
+        cells = "; ".join(f"{c['cell']}: observed {c['observed']:.6g} vs expected {c['expected']:.6g}"
+                          for c in worst_cells[:max_cells])
+        lines.append(f"  worst cells (observed vs expected count): {cells}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The standard suite
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_ints(value: IntOrInts, argument: str) -> tuple[int, ...]:
+    values = (value,) if isinstance(value, int) else value
+    try:
+        values = tuple(values)
+    except TypeError:
+        raise InvalidArgument(f"{argument}: expected an integer >= 1 or a sequence of them, got {value!r}") from None
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        raise InvalidArgument(f"{argument}: expected an integer >= 1 or a non-empty sequence of them, got {value!r}")
+    return values
+
+
+def standard_suite(num_drafts: IntOrInts = (1, 2), draft_len: IntOrInts = 1) -> Any:
+    """The small suite :func:`check_verifier` audits on, for the given K and L.
+
+    Token cases (L = 1): SpecTr's seed example, a draft with zero mass where the target has
+    some, a drafted token the target forbids, a Dirichlet V = 5 pair and a sparse V = 6 pair.
+    Sequence cases (L >= 2): the context-free seed example and a Markov V = 3 pair.  Every case
+    is small enough for the exact audit's enumeration.
+
+    Returns
+    -------
+    spectr_audit.suite.Suite
+    """
+    from spectr_audit.suite import parse_suite
+
+    ks = _as_ints(num_drafts, "num_drafts")
+    ls = _as_ints(draft_len, "draft_len")
+    token_cases = [
+        ("seed-spectr", [0.6, 0.4], [0.3, 0.7]),
+        ("draft-misses-target", [1.0, 0.0], [0.5, 0.5]),
+        ("target-forbids-draft", [0.5, 0.4, 0.1, 0.0], [0.0, 0.3, 0.3, 0.4]),
+        ("dirichlet-v5", {"dirichlet": {"vocab_size": 5, "seed": 1}}, {"dirichlet": {"vocab_size": 5, "seed": 2}}),
+        ("sparse-v6", {"dirichlet": {"vocab_size": 6, "concentration": 0.3, "seed": 3}},
+         {"dirichlet": {"vocab_size": 6, "concentration": 0.3, "seed": 4}}),
+    ]
+    sequence_cases = [
+        ("seq-seed-spectr", [0.6, 0.4], [0.3, 0.7]),
+        ("seq-markov-v3", {"markov": {"vocab_size": 3, "order": 1, "seed": 5}},
+         {"markov": {"vocab_size": 3, "order": 1, "seed": 6}}),
+    ]
+    cases = []
+    for length in ls:
+        for base, draft_spec, target_spec in token_cases if length == 1 else sequence_cases:
+            for k in ks:
+                cases.append({"name": f"{base}/K={k}/L={length}", "draft": draft_spec, "target": target_spec,
+                              "num_drafts": k, "draft_len": length})
+    return parse_suite({"suite": {"name": "conformance"}, "case": cases}, source="conformance suite")
+
+
+# ---------------------------------------------------------------------------------------------
+# Contract checks
+# ---------------------------------------------------------------------------------------------
+
+
+def _to_verifier(verifier: Any, name: Optional[str], output_probs: Optional[Callable], draft_scheme: Optional[str]):
+    from spectr_audit.contract import FunctionVerifier, Verifier, as_verifier
+    from spectr_audit.registry import load_verifier
+
+    is_plain_function = (callable(verifier) and not isinstance(verifier, (type, str, Verifier))
+                         and not hasattr(verifier, "verify"))
+    if is_plain_function:
+        return FunctionVerifier(verifier, name=name, output_probs=output_probs, draft_scheme=draft_scheme or "iid")
+    if output_probs is not None:
+        raise InvalidArgument("output_probs: only for a plain verify function; a class or object declares its own")
+    converted = load_verifier(verifier) if isinstance(verifier, str) else as_verifier(verifier, name=name)
+    if name and isinstance(verifier, str):
+        converted.name = name
+    if draft_scheme is not None and draft_scheme != converted.draft_scheme:
+        raise InvalidArgument(
+            f"draft_scheme: {converted.name!r} declares {converted.draft_scheme!r}; got {draft_scheme!r}"
+        )
+    return converted
+
+
+#: Token-level contract inputs: the target forbids a token the draft proposes (0) and the draft
+#: never proposes a token the target likes (4), so rejections, residuals and zero masses all occur.
+_CONTRACT_DRAFT = [0.3, 0.25, 0.25, 0.2, 0.0]
+_CONTRACT_TARGET = [0.0, 0.3, 0.15, 0.25, 0.3]
+
+
+def _contract_models(draft_len: int, draft_scheme: str):
+    from spectr_audit.suite import model_from_spec
+
+    if draft_len >= 2:
+        return (model_from_spec({"markov": {"vocab_size": 3, "seed": 5}}, "conformance draft"),
+                model_from_spec({"markov": {"vocab_size": 3, "seed": 6}}, "conformance target"))
+    if draft_scheme == "without_replacement":  # K distinct drafts need a full draft support
+        return (model_from_spec({"dirichlet": {"vocab_size": 5, "seed": 1}}, "conformance draft"),
+                model_from_spec({"dirichlet": {"vocab_size": 5, "seed": 2}}, "conformance target"))
+    return model_from_spec(_CONTRACT_DRAFT, "conformance draft"), model_from_spec(_CONTRACT_TARGET, "conformance target")
+
+
+def _rows(mask) -> str:
+    rows = mask.nonzero().flatten().tolist()
+    return ", ".join(map(str, rows[:8])) + (" ..." if len(rows) > 8 else "")
+
+
+def _contract_checks(verifier, num_drafts: int, draft_len: int, seed: int, batch_size: int, num_samples: int,
+                     alpha: float) -> list[ConformanceCheck]:
+    import torch
+
+    from spectr_audit.contract import check_output_probs, check_verify_output
+    from spectr_audit.harness import draft
+
+    where = f"K={num_drafts}, L={draft_len}"
+    checks: list[ConformanceCheck] = []
+    draft_model, target_model = _contract_models(draft_len, verifier.draft_scheme)
+    vocab_size = draft_model.vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    contexts = torch.zeros(batch_size, 0, dtype=torch.int64)
+    batch = draft(draft_model, target_model, contexts, num_drafts, draft_len, generator, verifier.draft_scheme)
+    inputs = (batch.draft_tokens, batch.draft_probs, batch.target_probs)
+
+    def run(args, seed_value):
+        raw = verifier.verify(*args, torch.Generator().manual_seed(seed_value))
+        return check_verify_output(raw, batch_size, num_drafts, draft_len, vocab_size, who=verifier.name)
+
+    # Shapes, dtypes, ranges (float64 inputs).
+    originals = tuple(t.clone() for t in inputs)
+    try:
+        first = run(inputs, seed)
+    except (VerifierError, InvalidArgument) as exc:
+        checks.append(ConformanceCheck("output contract", where, False, str(exc)))
+        return checks
+    checks.append(ConformanceCheck("output contract", where, True, "int64 [batch_size] fields in range"))
+    changed = [name for name, before, after in zip(("draft_tokens", "draft_probs", "target_probs"), originals, inputs)
+               if not torch.equal(before, after)]
+    checks.append(ConformanceCheck("inputs unchanged", where, not changed,
+                                   f"verify modified {', '.join(changed)} in place" if changed else ""))
+    # Determinism under a fixed generator.
+    second = run(inputs, seed)
+    differs = ((first.num_accepted != second.num_accepted) | (first.draft_index != second.draft_index)
+               | (first.next_token != second.next_token))
+    checks.append(ConformanceCheck(
+        "deterministic under a fixed generator", where, not bool(differs.any()),
+        f"two calls with torch.Generator().manual_seed({seed}) differ at rows {_rows(differs)}" if differs.any() else ""))
+    # Every emitted token must have positive target probability at its node.
+    rows = torch.arange(batch_size)
+    emitted_ok = torch.ones(batch_size, dtype=torch.bool)
+    for level in range(draft_len + 1):
+        node_target = batch.target_probs[rows, first.draft_index, level]  # [batch_size, vocab_size]
+        drafted = batch.draft_tokens[rows, first.draft_index, level] if level < draft_len else first.next_token
+        token = torch.where(first.num_accepted == level, first.next_token, drafted)
+        active = first.num_accepted >= level
+        mass = node_target.gather(1, token.unsqueeze(1)).squeeze(1)
+        emitted_ok &= ~(active & (mass <= 0))
+    bad = ~emitted_ok
+    checks.append(ConformanceCheck(
+        "emitted tokens have target mass", where, not bool(bad.any()),
+        f"rows {_rows(bad)} emit a token whose target probability is 0 (an exact verifier never does)"
+        if bad.any() else ""))
+    # float32 inputs.
+    try:
+        run((batch.draft_tokens, batch.draft_probs.float(), batch.target_probs.float()), seed)
+    except (VerifierError, InvalidArgument) as exc:
+        checks.append(ConformanceCheck("float32 inputs", where, False, str(exc)))
+    else:
+        checks.append(ConformanceCheck("float32 inputs", where, True))
+    if verifier.has_exact_law:
+        checks += _law_checks(verifier, batch, num_samples, alpha, seed, where)
+    return checks
+
+
+def _string_counts(draft_tokens, output, draft_len: int) -> dict:
+    """Emitted strings (as tuples) and their counts; PAD-free."""
+    import torch
+
+    batch_size = draft_tokens.shape[0]
+    rows = torch.arange(batch_size)
+    chosen = draft_tokens[rows, output.draft_index]  # [batch_size, draft_len]
+    positions = torch.arange(draft_len + 1)
+    padded = torch.cat([chosen, torch.zeros(batch_size, 1, dtype=torch.int64)], 1)
+    strings = torch.where(positions < output.num_accepted.unsqueeze(1), padded, torch.full_like(padded, -1))
+    strings[rows, output.num_accepted] = output.next_token
+    unique, counts = torch.unique(strings, dim=0, return_counts=True)
+    return {tuple(t for t in row if t >= 0): int(c) for row, c in zip(unique.tolist(), counts.tolist())}
+
+
+def _law_checks(verifier, batch, num_samples: int, alpha: float, seed: int, where: str) -> list[ConformanceCheck]:
+    """The exact law is valid, and the sampler follows it on a few fixed draft tuples."""
+    import torch
+    from scipy import stats
+
+    from spectr_audit.contract import check_output_probs
+
+    batch_size, num_drafts, draft_len = batch.draft_tokens.shape
+    vocab_size = batch.draft_probs.shape[-1]
+    try:
+        law = check_output_probs(verifier.output_probs(batch.draft_tokens, batch.draft_probs, batch.target_probs),
+                                 batch_size, num_drafts, draft_len, vocab_size, who=verifier.name).double()
+    except (VerifierError, InvalidArgument) as exc:
+        return [ConformanceCheck("exact law is a distribution", where, False, str(exc))]
+    checks = [ConformanceCheck("exact law is a distribution", where, True)]
+    num_tuples = min(3, batch_size)
+    per_tuple = max(200, num_samples // num_tuples)
+    worst_p, worst_detail = 1.0, ""
+    for t in range(num_tuples):
+        tokens = batch.draft_tokens[t:t + 1].expand(per_tuple, -1, -1).contiguous()
+        draft_probs = batch.draft_probs[t:t + 1].expand(per_tuple, -1, -1, -1).contiguous()
+        target_probs = batch.target_probs[t:t + 1].expand(per_tuple, -1, -1, -1).contiguous()
+        output = verifier.verify(tokens, draft_probs, target_probs, torch.Generator().manual_seed(seed + 1 + t))
+        observed = _string_counts(tokens, output, draft_len)
+        expected: dict = {}
+        drafts = batch.draft_tokens[t].tolist()
+        for (k, n, y) in (law[t] > 0).nonzero().tolist():
+            key = tuple(drafts[k][:n]) + (y,)
+            expected[key] = expected.get(key, 0.0) + float(law[t, k, n, y]) * per_tuple
+        impossible = [s for s in observed if expected.get(s, 0.0) <= 0]
+        if impossible:
+            return checks + [ConformanceCheck(
+                "sampler follows the exact law", where, False,
+                f"drafts {drafts}: the sampler emitted {list(impossible[0])} ({observed[impossible[0]]} times), "
+                f"which its own output_probs gives probability 0")]
+        # Pearson's test with cells of expected count < 5 pooled.
+        cells = sorted(expected, key=expected.get)
+        obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
+        for cell in cells:
+            if expected[cell] < 5:
+                pool_o += observed.get(cell, 0)
+                pool_e += expected[cell]
+            else:
+                obs.append(observed.get(cell, 0))
+                exp.append(expected[cell])
+        if pool_e > 0:
+            obs.append(pool_o)
+            exp.append(pool_e)
+        if len(exp) < 2:
+            continue
+        statistic = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
+        pvalue = float(stats.chi2.sf(statistic, len(exp) - 1))
+        if pvalue < worst_p:
+            worst_cell = max(expected, key=lambda s: abs(observed.get(s, 0) - expected[s]) / math.sqrt(expected[s]))
+            worst_p = pvalue
+            worst_detail = (f"drafts {drafts}: Pearson p = {pvalue:.3g} over {per_tuple} samples; worst cell "
+                            f"{list(worst_cell)}: observed {observed.get(worst_cell, 0)} vs expected "
+                            f"{expected[worst_cell]:.1f}")
+    level = alpha / num_tuples
+    checks.append(ConformanceCheck(
+        "sampler follows the exact law", where, worst_p > level,
+        worst_detail if worst_p <= level else f"smallest p-value {worst_p:.3g} > {level:.3g}"))
+    return checks
+
+
+# ---------------------------------------------------------------------------------------------
+# Fidelity
+# ---------------------------------------------------------------------------------------------
+
+
+def _sampled_fidelity(verifier, case, result, alpha: float, num_samples: int, seed: int):
+    """Add the statistical audit to a result that measured no fidelity (a black box)."""
+    from spectr_audit.results import Check
+
+    try:
+        from spectr_audit.statistical import statistical_audit
+    except ImportError:  # pragma: no cover - a build without the statistical audit
+        return dataclasses.replace(result, details={**result.details, "note": "no exact law and no statistical audit"})
+    try:
+        audit = statistical_audit(verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len,
+                                  prefix=case.prefix, alpha=alpha, max_samples=num_samples, seed=seed)
+    except (SpectrAuditError, ValueError, RuntimeError, TypeError, IndexError) as exc:
+        return dataclasses.replace(result, error=f"statistical audit: {type(exc).__name__}: {exc}")
+    metrics = dict(result.metrics)
+    metrics.update(pvalue=audit.pvalue, statistic=audit.statistic, test=audit.test, num_samples=audit.num_samples,
+                   min_detectable_tv=audit.min_detectable_tv)
+    if audit.acceptance_samples:
+        metrics["acceptance"] = audit.acceptance
+        metrics["block_efficiency"] = audit.block_efficiency
+        alpha_star = metrics.get("optimal_acceptance")
+        if isinstance(alpha_star, float) and alpha_star > 0:
+            metrics["acceptance_ratio"] = audit.acceptance / alpha_star
+    details = {k: v for k, v in result.details.items() if k != "note"}
+    details["statistical"] = {"stop_reason": audit.stop_reason, "num_tests": audit.num_tests, "alpha": alpha,
+                              "min_detectable_tv": audit.min_detectable_tv}
+    details["worst_cells"] = [c.to_dict() for c in audit.worst_cells]
+    checks = tuple(c for c in result.checks if c.name != "ran")
+    checks += (Check("statistical", audit.pvalue > alpha, audit.pvalue, alpha,
+                     f"familywise p-value of 'the verifier is exact' ({audit.test}, {audit.num_samples} samples)"),)
+    return dataclasses.replace(result, checks=checks, metrics=metrics, details=details)
+
+
+def _measured_fidelity(result) -> bool:
+    return any(key in result.metrics for key in ("tv_distance", "max_abs_error", "pvalue"))
+
+
+def check_verifier(
+    verifier: Any,
+    *,
+    num_drafts: Optional[IntOrInts] = None,
+    draft_len: IntOrInts = 1,
+    name: Optional[str] = None,
+    output_probs: Optional[Callable] = None,
+    draft_scheme: Optional[str] = None,
+    seed: int = 0,
+    num_samples: int = 20_000,
+    alpha: float = 1e-3,
+    batch_size: int = 64,
+    suite: Any = None,
+    raise_on_failure: bool = True,
+) -> ConformanceReport:
+    """Check that a verifier honours the contract and is lossless on a standard suite.
+
+    Parameters
+    ----------
+    verifier : callable, Verifier, class, object with ``verify``, or str
+        A plain ``verify(draft_tokens, draft_probs, target_probs, generator)`` function, a
+        :class:`~spectr_audit.contract.Verifier`, or a built-in name / import string.
+    num_drafts, draft_len : int or sequence of int
+        The K and L to check (every combination).  Default: L = 1 and each K in (1, 2) that
+        the verifier supports.
+    name : str, optional
+        Name used in messages (default: the function's name).
+    output_probs : callable, optional
+        The exact law of a plain function (enables the exact audit and the sampler-vs-law check).
+    draft_scheme : {"iid", "without_replacement"}, optional
+        How a plain function's drafts must be drawn (default ``"iid"``).
+    seed : int
+        Seeds every draw (drafts, verdicts, statistical samples).
+    num_samples : int
+        Sample budget of each statistical test (sampler vs law; the statistical audit of a
+        black box per case).
+    alpha : float
+        False-alarm rate of the whole check for an exact verifier (Bonferroni over its
+        statistical tests).
+    batch_size : int
+        Rows of the drafted batches used by the contract checks.
+    suite : Suite or str, optional
+        Audit on this suite instead of :func:`standard_suite`.
+    raise_on_failure : bool
+        Raise :class:`ConformanceFailure` (an ``AssertionError``) when a check fails; else
+        return the report.
+
+    Returns
+    -------
+    ConformanceReport
+
+    Raises
+    ------
+    ConformanceFailure
+        With a message naming each failed check, the case, and the worst cells.
+    InvalidArgument
+        On bad arguments, or (K, L) the verifier does not support.
+
+    Notes
+    -----
+    The contract checks are deterministic.  The statistical tests (the sampler against its
+    exact law; the statistical audit of a verifier without one) run at a combined level
+    ``alpha``: an exact verifier fails at most at that rate, and with a fixed ``seed`` the
+    outcome is reproducible.  A failure of a statistical test alone: rerun with another seed;
+    one that repeats is a finding.  A verifier with an exact law is audited exactly (float64
+    enumeration), with no false alarms.
+
+    Examples
+    --------
+    >>> from spectr_audit.conformance import check_verifier
+    >>> report = check_verifier("kseq", num_drafts=2, draft_len=1, num_samples=2000)
+    >>> report.passed
+    True
+    """
+    from spectr_audit.results import AuditReport
+    from spectr_audit.runner import AuditOptions, audit_case, _scheme_fits
+    from spectr_audit.suite import Suite, load_suite
+
+    ks = None if num_drafts is None else _as_ints(num_drafts, "num_drafts")
+    ls = _as_ints(draft_len, "draft_len")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
+    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 100:
+        raise InvalidArgument(f"num_samples: expected an integer >= 100, got {num_samples!r}")
+    if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise InvalidArgument(f"alpha: expected a number in (0, 1), got {alpha!r}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise InvalidArgument(f"batch_size: expected a positive integer, got {batch_size!r}")
+    if draft_scheme is not None and draft_scheme not in ("iid", "without_replacement"):
+        raise InvalidArgument(f"draft_scheme: expected 'iid' or 'without_replacement', got {draft_scheme!r}")
+    if suite is not None and not isinstance(suite, (str, Suite)):
+        raise InvalidArgument(f"suite: expected a Suite or a suite name/path, got {type(suite).__name__}")
+    verifier = _to_verifier(verifier, name, output_probs, draft_scheme)
+    if ks is None:
+        ks = tuple(k for k in (1, 2) if any(verifier.supports(k, length) for length in ls)) or (verifier.min_drafts,)
+    unsupported = [(k, length) for k in ks for length in ls if not verifier.supports(k, length)]
+    if unsupported:
+        raise InvalidArgument(
+            f"num_drafts, draft_len: verifier {verifier.name!r} supports num_drafts in {verifier.drafts_range()} "
+            f"and draft_len in {verifier.draft_len_range()}; got (K, L) = {unsupported}"
+        )
+    if suite is None:
+        suite = standard_suite(ks, ls)
+    elif isinstance(suite, str):
+        suite = load_suite(suite)
+    cases = [c for c in suite.cases if verifier.supports(c.num_drafts, c.draft_len) and _scheme_fits(verifier, c)]
+    if not cases:
+        raise InvalidArgument(f"suite: no case of {suite.name!r} fits verifier {verifier.name!r}")
+    combos = [(k, length) for k in ks for length in ls
+              if verifier.draft_scheme == "iid" or (length == 1 and k <= 5)]
+    # Bonferroni over every statistical test this call may run.
+    num_tests = len(combos) * int(verifier.has_exact_law) + len(cases) * int(not verifier.has_exact_law)
+    level = alpha / max(1, num_tests)
+    checks: list[ConformanceCheck] = []
+    for k, length in combos:
+        checks += _contract_checks(verifier, k, length, seed, batch_size, num_samples, level)
+    options = AuditOptions(seed=seed, alpha=level, max_samples=num_samples)
+    results = []
+    for case in cases:
+        result = audit_case(verifier, case, options)
+        if result.error is None and not _measured_fidelity(result):
+            result = _sampled_fidelity(verifier, case, result, level, num_samples, seed)
+        results.append(result)
+    report = ConformanceReport(
+        verifier=verifier.name,
+        checks=tuple(checks),
+        audit=AuditReport(results=tuple(results), suite=suite.name,
+                          meta={"num_cases": len(cases), "seed": seed, "alpha": alpha}),
+        alpha=alpha,
+    )
+    if raise_on_failure and not report.passed:
+        raise ConformanceFailure(report)
+    return report

@@ -1,0 +1,86 @@
+"""Adapters that audit the verifiers of real speculative-decoding engines through the contract.
+
+Each adapter wraps one engine's own verification function, translating its real signature and
+layout (logits or probabilities, a flat ragged batch or a padded one, the bonus token passed in
+or sampled inside, ``-1`` placeholders) to :class:`spectr_audit.contract.Verifier`.  The engines
+are optional extras, imported only when an adapter is built::
+
+    pip install "spectr-audit[transformers]"    # or [vllm], [lmdeploy], [keras-hub], [sglang]
+
+=====================  ====================================================================  ======
+name                   wraps                                                                 extra
+=====================  ====================================================================  ======
+transformers           ``transformers.generation.utils._speculative_sampling``               transformers
+vllm                   vLLM v1 ``rejection_sample`` with draft probabilities                  vllm
+vllm-no-draft-probs    vLLM v1 ``rejection_sample`` with ``draft_probs=None``                 vllm
+lmdeploy               ``lmdeploy.pytorch.backends.default.rejection_sampling``                lmdeploy
+lmdeploy-no-draft-...  the same with ``draft_probs=None``                                    lmdeploy
+keras-hub              ``keras_hub.samplers.SpeculativeSampler`` (Keras 3, torch backend)     keras-hub
+sglang                 SGLang ``chain_speculative_sampling_triton`` (``TRITON_INTERPRET=1``)   sglang
+sglang-block           the same kernel with ``block_verification=True``                        sglang
+=====================  ====================================================================  ======
+
+Randomness: engines draw from the global torch RNG (or their own generators).  Every adapter
+draws one 53-bit seed from the ``generator`` it is given (through
+:func:`spectr_audit.randomness.uniform`, so an :class:`~spectr_audit.randomness.InjectedUniforms`
+also works) and runs the engine inside ``torch.random.fork_rng`` after ``torch.manual_seed(seed)``:
+a fixed generator gives reproducible verdicts, and the caller's global RNG state is untouched.
+
+These black boxes have no exact law: audit them with
+:func:`spectr_audit.statistical.statistical_audit`.
+
+Examples
+--------
+>>> from spectr_audit.engines import engine_names
+>>> "vllm" in engine_names()
+True
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from spectr_audit.contract import Verifier
+from spectr_audit.errors import InvalidArgument
+
+__all__ = ["ENGINES", "engine_names", "load_engine"]
+
+_PACKAGE = "spectr_audit.engines"
+
+#: Short name -> ("module:Class", pip extra).  Imported only when asked for.
+ENGINES: dict[str, tuple[str, str]] = {
+    "transformers": (f"{_PACKAGE}.transformers_sd:TransformersSpeculativeSampling", "transformers"),
+    "vllm": (f"{_PACKAGE}.vllm_v1:VLLMRejectionSampler", "vllm"),
+    "vllm-no-draft-probs": (f"{_PACKAGE}.vllm_v1:VLLMRejectionSamplerNoDraftProbs", "vllm"),
+    "lmdeploy": (f"{_PACKAGE}.lmdeploy_rs:LMDeployRejectionSampler", "lmdeploy"),
+    "lmdeploy-no-draft-probs": (f"{_PACKAGE}.lmdeploy_rs:LMDeployRejectionSamplerNoDraftProbs", "lmdeploy"),
+    "keras-hub": (f"{_PACKAGE}.keras_hub_sd:KerasHubSpeculativeSampler", "keras-hub"),
+    "sglang": (f"{_PACKAGE}.sglang_chain:SGLangChainVerifier", "sglang"),
+    "sglang-block": (f"{_PACKAGE}.sglang_chain:SGLangBlockVerifier", "sglang"),
+}
+
+
+def engine_names() -> list[str]:
+    """Short names of the engine adapters."""
+    return list(ENGINES)
+
+
+def load_engine(name: str, **kwargs) -> Verifier:
+    """Build the adapter called ``name`` (keyword arguments go to its constructor).
+
+    Raises
+    ------
+    InvalidArgument
+        For an unknown name, or when the engine is not installed (the message names the extra).
+    """
+    if name not in ENGINES:
+        raise InvalidArgument(f"name: unknown engine {name!r}; known: {', '.join(ENGINES)}")
+    spec, extra = ENGINES[name]
+    module, _, attr = spec.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+        return cls(**kwargs)
+    except ImportError as exc:
+        raise InvalidArgument(
+            f"name: engine {name!r} needs the optional extra: pip install 'spectr-audit[{extra}]' ({exc})"
+        ) from exc

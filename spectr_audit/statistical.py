@@ -1,0 +1,613 @@
+"""The statistical audit: black-box verifiers judged by their emitted strings.
+
+:func:`statistical_audit` runs a verifier on many drafted batches, completes each emitted
+string with target samples to N tokens, and tests the counts against the exact target law
+(DESIGN.md, "What the audit measures", item 4).  One audit is one *family* of sub-tests of
+the null hypothesis "the verifier is exact":
+
+``pearson``, ``g-test``
+    Chi-square and likelihood-ratio tests of the completed strings over a prefix-tree
+    partition of V^N (:mod:`spectr_audit.montecarlo`), sparse cells pooled.  The sample size is
+    planned for these: power ``power`` against every law at TV >= ``min_detectable_tv``
+    (:mod:`spectr_audit.power`).
+``stratified-pearson``
+    When the draft space is small, a second sample drawn per draft tuple (strata of known
+    probability); the draft-sampling noise drops out of its null distribution.
+``acceptance<=optimal``
+    P(first emitted token is among the drafts' first tokens) significantly above the
+    optimal-transport bound alpha* proves inexactness (exact binomial test).
+``block-efficiency<=bound``
+    For L >= 2: the mean emitted length significantly above ``1 + sum_i alpha*(p^i, q^i, K)``
+    proves inexactness: the first i emitted tokens of an exact verifier are a q-distributed
+    string, and they coincide with a draft prefix when more than i tokens are emitted.
+``e-process``
+    An anytime-valid likelihood-ratio e-process, checked after every chunk, that stops the
+    audit early on blatant bugs.
+``support``
+    Not a statistical test: a completed string of target probability 0 proves inexactness.
+
+The family's p-value is Holm's (the smallest Holm-adjusted p-value), so an exact verifier
+gets ``pvalue <= alpha`` with probability at most ``alpha`` (up to the chi-square
+approximation).  Stopping early is safe: it happens only when the e-process's anytime-valid
+p-value is below ``alpha / m``, where Holm rejects whatever the other sub-tests say.
+
+Optimality is reported apart (it is not about exactness): acceptance below a claimed value
+(the SpecTr guarantee for verifiers that declare ``"spectr"``, or ``claimed_acceptance``) and
+block efficiency below ``claimed_block_efficiency``, by exact binomial and z tests.
+
+:func:`sampler_law_agreement` (in :mod:`spectr_audit.law_agreement`, re-exported here) checks
+a verifier that has ``output_probs`` against its own law.
+
+When an audit fails: rerun with another ``seed``.  An exact verifier fails at rate ``alpha``
+(1e-3 by default), so a failure that repeats is a finding; ``worst_cells`` names the strings
+whose counts are furthest from the target law.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from typing import Optional, Sequence, Union
+
+import torch
+
+from spectr_audit import power as sizing
+from spectr_audit._statistical_common import (
+    check_models,
+    check_positive_int,
+    check_prefix,
+    check_prob,
+    check_seconds,
+    chunk_schedule,
+    root_laws,
+)
+from spectr_audit.bounds import optimal_acceptance, optimal_acceptance_lp_from_sets, spectr_guarantee
+from spectr_audit.contract import as_verifier
+from spectr_audit.errors import InvalidArgument, SpectrAuditError
+from spectr_audit.exact import DraftEnumeration, enumerate_drafts
+from spectr_audit.gof import (
+    MIN_EXPECTED,
+    PlugInEProcess,
+    TestResult,
+    binomial_above,
+    binomial_below,
+    g_test,
+    holm,
+    mean_above,
+    mean_below,
+    pearson_test,
+    stratified_pearson_test,
+)
+from spectr_audit.models import Model, contexts_from
+from spectr_audit.montecarlo import (
+    PrefixPartition,
+    build_partition,
+    default_chunk_size,
+    sample_chunk,
+    sample_stratified_chunk,
+)
+from spectr_audit.power import DEFAULT_ALPHA, DEFAULT_MIN_DETECTABLE_TV, DEFAULT_POWER
+from spectr_audit.statistical_result import LawAgreementResult, StatisticalAuditResult, WorstCell, worst_cells
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_MIN_DETECTABLE_TV",
+    "DEFAULT_POWER",
+    "LawAgreementResult",
+    "StatisticalAuditResult",
+    "TestResult",
+    "WorstCell",
+    "plan_sample_size",
+    "sampler_law_agreement",
+    "statistical_audit",
+]
+
+#: The stratified test runs (with ``stratify="auto"``) only when strata average this many samples.
+MIN_PER_STRATUM = 32
+
+
+def __getattr__(name: str):
+    # sampler_law_agreement lives in its own module, which imports this one's neighbours.
+    if name == "sampler_law_agreement":
+        from spectr_audit.law_agreement import sampler_law_agreement
+
+        return sampler_law_agreement
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds for the exactness sub-tests
+# ---------------------------------------------------------------------------------------------
+
+
+def _optimal_acceptance(draft_root: torch.Tensor, target_root: torch.Tensor, num_drafts: int, scheme: str) -> Optional[float]:
+    """alpha* at the first position for the drafting scheme; None when too large to compute."""
+    if scheme == "iid":
+        return optimal_acceptance(draft_root, target_root, num_drafts).item()
+    # Without replacement: the transport LP over the law of the set of distinct drafts.
+    support = [t for t in range(draft_root.numel()) if draft_root[t] > 0]
+    if len(support) < num_drafts or math.perm(len(support), num_drafts) > 50_000:
+        return None
+    sets: dict = {}
+    for tup in itertools.permutations(support, num_drafts):
+        prob, removed = 1.0, 0.0
+        for t in tup:
+            prob *= float(draft_root[t]) / (1.0 - removed)
+            removed += float(draft_root[t])
+        sets[frozenset(tup)] = sets.get(frozenset(tup), 0.0) + prob
+    try:
+        return optimal_acceptance_lp_from_sets(sets, target_root, max_variables=50_000).value
+    except SpectrAuditError:
+        return None
+
+
+def _block_efficiency_bound(draft_model, target_model, prefix, num_drafts, draft_len, device,
+                            max_strings: int = 4096) -> Optional[float]:
+    """``1 + sum_{i=1..L} alpha*(p^i, q^i, K)`` over joint i-token laws (None when V^L is too large)."""
+    vocab_size = target_model.vocab_size
+    if vocab_size**draft_len > max_strings:
+        return None
+    bound = 1.0
+    draft_joint = torch.ones(1, dtype=torch.float64)
+    target_joint = torch.ones(1, dtype=torch.float64)
+    strings = torch.zeros(1, 0, dtype=torch.int64)
+    for _ in range(draft_len):
+        ctx = contexts_from(prefix, strings.to(device))
+        draft_joint = (draft_joint.unsqueeze(1) * draft_model(ctx).double().cpu()).reshape(-1)
+        target_joint = (target_joint.unsqueeze(1) * target_model(ctx).double().cpu()).reshape(-1)
+        tokens = torch.arange(vocab_size).repeat(strings.shape[0]).unsqueeze(1)
+        strings = torch.cat([strings.repeat_interleave(vocab_size, 0), tokens], 1)
+        bound += optimal_acceptance(draft_joint, target_joint, num_drafts).item()
+    return bound
+
+
+def _draft_enumeration(draft_model, target_model, num_drafts, draft_len, scheme, prefix, draft_root,
+                       stratify, max_strata) -> Optional[DraftEnumeration]:
+    """Every draft tuple with its probability, when the stratified design applies."""
+    if not stratify:
+        return None
+    support = int((draft_root > 0).sum())
+    if stratify == "auto" and support ** (draft_len * num_drafts) > max_strata:
+        return None
+    try:
+        enumeration = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, scheme, prefix)
+    except InvalidArgument:
+        if stratify is True:
+            raise
+        return None
+    if stratify == "auto" and enumeration.weights.numel() > max_strata:
+        return None
+    return enumeration
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning
+# ---------------------------------------------------------------------------------------------
+
+
+def plan_sample_size(
+    target_model: Model,
+    num_tokens: int,
+    *,
+    prefix: Sequence[int] = (),
+    alpha: float = DEFAULT_ALPHA,
+    min_detectable_tv: float = DEFAULT_MIN_DETECTABLE_TV,
+    power: float = DEFAULT_POWER,
+    num_tests: int = 1,
+    min_expected: float = MIN_EXPECTED,
+    max_cells: int = 1 << 20,
+    device: Union[str, torch.device] = "cpu",
+) -> tuple[int, PrefixPartition]:
+    """The sample size of the Pearson test, and the partition it is counted on.
+
+    Parameters
+    ----------
+    target_model : Model
+    num_tokens : int
+        N, the length of the completed strings.
+    prefix : sequence of int
+    alpha, min_detectable_tv, power : float
+        The Pearson test runs at level ``alpha / num_tests`` (its Bonferroni share of the Holm
+        family, which Holm never lowers) and must detect every law at TV >= ``min_detectable_tv``
+        with probability ``power``.
+    num_tests : int
+        Size of the Holm family.
+    min_expected : float
+        Cells with expected count below it are pooled.
+    max_cells : int
+        Cap on the partition's cells.
+    device : str or torch.device
+
+    Returns
+    -------
+    num_samples : int
+    partition : PrefixPartition
+
+    Notes
+    -----
+    ``n = lambda / (2 TV)^2`` with ``lambda`` the non-centrality giving the power for ``C - 1``
+    degrees of freedom (:func:`spectr_audit.power.required_samples`).  C, the number of cells
+    after pooling, depends on n, so n and the partition are iterated to a fixed point (two or
+    three rounds).
+
+    Examples
+    --------
+    >>> from spectr_audit.models import ContextFreeModel
+    >>> n, part = plan_sample_size(ContextFreeModel([0.5, 0.5]), 2, num_tests=4)
+    >>> part.num_cells, n
+    (4, 425058)
+    """
+    num_tests = check_positive_int("num_tests", num_tests, allow_none=False)
+    test_alpha = check_prob("alpha", alpha) / num_tests
+    vocab_size = target_model.vocab_size
+    cells = max(2, min(vocab_size**num_tokens, max_cells))
+    num_samples = sizing.required_samples(min_detectable_tv, cells, test_alpha, power)
+    partition = None
+    for _ in range(6):
+        partition = build_partition(target_model, num_tokens, num_samples, prefix=prefix, min_expected=min_expected,
+                                    max_cells=max_cells, device=device)
+        probs = partition.cell_probs
+        kept = int(((probs > 0) & (num_samples * probs >= min_expected)).sum())
+        pooled = float(probs[(probs > 0) & (num_samples * probs < min_expected)].sum())
+        cells = max(2, kept + (1 if num_samples * pooled >= min_expected else 0))
+        updated = sizing.required_samples(min_detectable_tv, cells, test_alpha, power)
+        if updated == num_samples:
+            break
+        num_samples = updated
+    return num_samples, partition
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling loops
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _MainTally:
+    """Running counts of the main (i.i.d.-draft) design."""
+
+    counts: torch.Tensor
+    num_samples: int = 0
+    acceptance_count: int = 0
+    length_sum: float = 0.0
+    length_sq_sum: float = 0.0
+    stop_reason: str = "planned"
+
+
+def _run_main(verifier, draft_model, target_model, num_drafts, draft_len, num_tokens, total, partition, generator,
+              chunk_size, prefix, device, eprocess, stop_pvalue, deadline) -> _MainTally:
+    """Stream chunks of the i.i.d.-draft design into counts; stop early on certainty or a budget."""
+    tally = _MainTally(torch.zeros(partition.num_cells, dtype=torch.float64))
+    impossible = partition.cell_probs == 0
+    for size in chunk_schedule(total, chunk_size):
+        chunk = sample_chunk(verifier, draft_model, target_model, num_drafts, draft_len, num_tokens, size, generator,
+                             prefix=prefix, device=device, validate_inputs=tally.num_samples == 0)
+        chunk_counts = torch.bincount(partition.cells_of(chunk.strings), minlength=partition.num_cells).double().cpu()
+        tally.counts += chunk_counts
+        tally.num_samples += size
+        if chunk.membership is not None:
+            tally.acceptance_count += int(chunk.membership.sum())
+            lengths = chunk.lengths.double()
+            tally.length_sum += float(lengths.sum())
+            tally.length_sq_sum += float((lengths * lengths).sum())
+        if bool((chunk_counts[impossible] > 0).any()):
+            tally.stop_reason = "support"
+            break
+        if eprocess is not None:
+            eprocess.update(chunk_counts)
+            if eprocess.pvalue <= stop_pvalue:
+                tally.stop_reason = "e-process"
+                break
+        if deadline is not None and time.perf_counter() >= deadline and tally.num_samples < total:
+            tally.stop_reason = "max_seconds"
+            break
+    return tally
+
+
+def _run_stratified(verifier, enumeration, draft_model, target_model, partition, num_tokens, total, generator,
+                    chunk_size, prefix, device, deadline) -> tuple[torch.Tensor, bool]:
+    """Counts ``[num_strata, num_cells]`` of a sample allocated to draft tuples in proportion to P(t) (>= 2 each).
+
+    Returns the counts and whether the whole allocation ran (a deadline can cut it short).
+    """
+    weights = enumeration.weights
+    allocation = torch.clamp(torch.round(weights / weights.sum() * total), min=2).to(torch.int64)
+    rows = torch.repeat_interleave(torch.arange(weights.numel()), allocation)
+    # A random order, so that every chunk mixes tuples as an engine's batch would.
+    rows = rows[torch.randperm(rows.numel(), generator=generator, device=generator.device).cpu()]
+    num_strata, num_cells = weights.numel(), partition.num_cells
+    flat = torch.zeros(num_strata * num_cells, dtype=torch.float64)
+    done = 0
+    for size in chunk_schedule(rows.numel(), chunk_size):
+        strata = rows[done : done + size]
+        chunk = sample_stratified_chunk(verifier, enumeration, strata, draft_model, target_model, num_tokens,
+                                        generator, prefix=prefix, device=device, validate_inputs=done == 0)
+        cells = partition.cells_of(chunk.strings).cpu()
+        flat += torch.bincount(strata * num_cells + cells, minlength=num_strata * num_cells).double()
+        done += size
+        if deadline is not None and time.perf_counter() >= deadline and done < rows.numel():
+            break
+    return flat.reshape(num_strata, num_cells), done == rows.numel()
+
+
+# ---------------------------------------------------------------------------------------------
+# The audit
+# ---------------------------------------------------------------------------------------------
+
+
+def statistical_audit(
+    verifier,
+    draft_model: Model,
+    target_model: Model,
+    num_drafts: int,
+    draft_len: int = 1,
+    *,
+    num_tokens: Optional[int] = None,
+    prefix: Sequence[int] = (),
+    alpha: float = DEFAULT_ALPHA,
+    min_detectable_tv: float = DEFAULT_MIN_DETECTABLE_TV,
+    power: float = DEFAULT_POWER,
+    num_samples: Optional[int] = None,
+    max_samples: Optional[int] = None,
+    max_seconds: Optional[float] = None,
+    seed: int = 0,
+    device: Union[str, torch.device] = "cpu",
+    chunk_size: Optional[int] = None,
+    stratify: Union[bool, str] = "auto",
+    sequential: bool = True,
+    claimed_acceptance: Optional[float] = None,
+    claimed_block_efficiency: Optional[float] = None,
+    min_expected: float = MIN_EXPECTED,
+    max_cells: int = 1 << 20,
+    max_strata: int = 4096,
+) -> StatisticalAuditResult:
+    """Audit a (black-box) verifier's exactness from its emitted strings.
+
+    Parameters
+    ----------
+    verifier : Verifier, class, object with ``verify``, or function
+        Converted with :func:`spectr_audit.contract.as_verifier`; only ``verify`` is used.
+    draft_model, target_model : Model
+        Draft and target next-token models (context-free, Markov, or any
+        :class:`~spectr_audit.models.Model`).
+    num_drafts : int
+        K.
+    draft_len : int
+        L.
+    num_tokens : int, optional
+        N, the length the emitted strings are completed to; default ``L + 1`` (one
+        iteration).  Larger values run the decoding loop (:func:`spectr_audit.decoding.decode`)
+        for as many iterations as N tokens take.
+    prefix : sequence of int
+        The context before the audited step.
+    alpha : float
+        False-alarm rate of the whole audit (Holm over its sub-tests).  Default 1e-3.
+    min_detectable_tv : float
+        The TV distance the sample size is planned to detect.  Default 0.005.
+    power : float
+        Probability of flagging a verifier at that TV.  Default 0.99.
+    num_samples : int, optional
+        Run exactly this many samples in the main design instead of the planned number.
+    max_samples : int, optional
+        Budget: cap the main design's samples (the result reports the power that remains).
+    max_seconds : float, optional
+        Budget: stop sampling after this much wall time (half of it for the main design when
+        the stratified design runs too).
+    seed : int
+        Seeds the one ``torch.Generator`` used for drafts, verdicts and completions.
+    device : str or torch.device
+    chunk_size : int, optional
+        Rows per verifier call; default about 2^25 / (K (L + 1) V), at most 2^18.
+    stratify : bool or "auto"
+        Run the per-draft-tuple stratified test; ``"auto"``: when the draft tuples number at
+        most ``max_strata`` and each gets 32 samples on average.  Its sample has the main
+        design's size.
+    sequential : bool
+        Include the e-process and stop early when it alone already rejects.
+    claimed_acceptance : float, optional
+        Acceptance the verifier claims; defaults to the SpecTr guarantee
+        ``(1 - (1 - 1/K)^K) alpha*`` for verifiers that declare ``"spectr"``.
+    claimed_block_efficiency : float, optional
+        Block efficiency (mean emitted length) the verifier claims.
+    min_expected : float
+        Cells with a smaller expected count are pooled.
+    max_cells : int
+        Cap on the partition's cells (a coarser prefix partition beyond it).
+    max_strata : int
+        Largest number of draft tuples for the stratified test.
+
+    Returns
+    -------
+    StatisticalAuditResult
+
+    Raises
+    ------
+    InvalidArgument
+        On bad arguments, or a verifier that does not support (K, L).
+    VerifierError
+        When the verifier breaks the output contract.
+
+    Notes
+    -----
+    Validity: the Pearson and G tests are asymptotic (every pooled cell has an expected count
+    of at least ``min_expected``); the binomial tests are exact; the stratified test is
+    asymptotic in the per-tuple counts; the e-process is exact at any stopping time.
+    ``min_detectable_tv`` refers to TV on the audited partition: when it is not the full V^N
+    (``full_partition`` False) deviations inside a cell are not seen.  Acceptance and block
+    efficiency are measured for one iteration only (``num_tokens = L + 1``).
+
+    A verifier that returns a carried correction (:mod:`spectr_audit.correction`) is judged
+    together with it: completions follow the corrected target, as the decoding loop would.
+
+    Examples
+    --------
+    >>> from spectr_audit.models import ContextFreeModel
+    >>> from spectr_audit.registry import load_verifier
+    >>> result = statistical_audit(load_verifier("speculative"), ContextFreeModel([0.6, 0.4]),
+    ...                            ContextFreeModel([0.3, 0.7]), num_drafts=1, num_samples=20_000)
+    >>> result.rejects(), result.num_tests
+    (False, 5)
+    """
+    # --- validation, at the boundary, once -----------------------------------------------------
+    verifier = as_verifier(verifier)
+    vocab_size = check_models(draft_model, target_model)
+    num_drafts = check_positive_int("num_drafts", num_drafts, allow_none=False)
+    draft_len = check_positive_int("draft_len", draft_len, allow_none=False)
+    verifier.check_supports(num_drafts, draft_len)
+    num_tokens = draft_len + 1 if num_tokens is None else check_positive_int("num_tokens", num_tokens, False)
+    if num_tokens < draft_len + 1:
+        raise InvalidArgument(f"num_tokens: must be >= draft_len + 1 = {draft_len + 1}, got {num_tokens}")
+    prefix = check_prefix(prefix, vocab_size)
+    alpha = check_prob("alpha", alpha)
+    power = check_prob("power", power)
+    sizing.effect_size_for_tv(min_detectable_tv)
+    num_samples = check_positive_int("num_samples", num_samples)
+    max_samples = check_positive_int("max_samples", max_samples)
+    max_seconds = check_seconds(max_seconds)
+    if stratify not in (True, False, "auto"):
+        raise InvalidArgument(f"stratify: expected True, False or 'auto', got {stratify!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
+    if claimed_acceptance is not None and not 0 <= claimed_acceptance <= 1:
+        raise InvalidArgument(f"claimed_acceptance: expected a number in [0, 1], got {claimed_acceptance!r}")
+    if claimed_block_efficiency is not None and not 1 <= claimed_block_efficiency <= draft_len + 1:
+        raise InvalidArgument(
+            f"claimed_block_efficiency: expected a number in [1, {draft_len + 1}], got {claimed_block_efficiency!r}")
+    device = torch.device(device)
+    chunk_size = check_positive_int("chunk_size", chunk_size) or default_chunk_size(num_drafts, draft_len, vocab_size)
+    scheme = verifier.draft_scheme
+    one_iteration = num_tokens == draft_len + 1
+
+    # --- the family of sub-tests and the sample size -------------------------------------------
+    draft_root, target_root = root_laws(draft_model, target_model, prefix, device)
+    alpha_star = _optimal_acceptance(draft_root, target_root, num_drafts, scheme) if one_iteration else None
+    length_bound = (_block_efficiency_bound(draft_model, target_model, prefix, num_drafts, draft_len, device)
+                    if one_iteration and draft_len >= 2 and scheme == "iid" else None)
+    enumeration = (_draft_enumeration(draft_model, target_model, num_drafts, draft_len, scheme, prefix, draft_root,
+                                      stratify, max_strata) if one_iteration else None)
+    names = ["pearson", "g-test"]
+    names += ["acceptance<=optimal"] if alpha_star is not None else []
+    names += ["block-efficiency<=bound"] if length_bound is not None else []
+    names += ["e-process"] if sequential else []
+    planned, partition = plan_sample_size(
+        target_model, num_tokens, prefix=prefix, alpha=alpha, min_detectable_tv=min_detectable_tv, power=power,
+        num_tests=len(names) + (enumeration is not None), min_expected=min_expected, max_cells=max_cells,
+        device=device,
+    )
+    total = num_samples if num_samples is not None else planned
+    stop_reason = "planned"
+    if max_samples is not None and max_samples < total:
+        total, stop_reason = max_samples, "max_samples"
+    if total != planned:
+        partition = build_partition(target_model, num_tokens, total, prefix=prefix, min_expected=min_expected,
+                                    max_cells=max_cells, device=device)
+    if stratify == "auto" and enumeration is not None and total < MIN_PER_STRATUM * enumeration.weights.numel():
+        enumeration = None
+    names += ["stratified-pearson"] if enumeration is not None else []
+    test_alpha = alpha / len(names)
+
+    # --- sampling ----------------------------------------------------------------------------
+    generator = torch.Generator(device=device).manual_seed(seed)
+    eprocess = PlugInEProcess(partition.cell_probs) if sequential else None
+    start = time.perf_counter()
+    deadline = None if max_seconds is None else start + (max_seconds / 2 if enumeration is not None else max_seconds)
+    main = _run_main(verifier, draft_model, target_model, num_drafts, draft_len, num_tokens, total, partition,
+                     generator, chunk_size, prefix, device, eprocess, test_alpha, deadline)
+    if main.stop_reason != "planned":
+        stop_reason = main.stop_reason
+    strat_counts = None
+    if enumeration is not None and stop_reason not in ("support", "e-process"):
+        strat_counts, complete = _run_stratified(
+            verifier, enumeration, draft_model, target_model, partition, num_tokens, total, generator, chunk_size,
+            prefix, device, None if max_seconds is None else start + max_seconds)
+        if not complete:
+            stop_reason = "max_seconds"
+    seconds = time.perf_counter() - start
+
+    # --- exactness family ----------------------------------------------------------------------
+    probs = partition.cell_probs
+    results: dict[str, TestResult] = {}
+    for name, test in (("pearson", pearson_test), ("g-test", g_test)):
+        r = test(main.counts, probs, min_expected)
+        mde = sizing.min_detectable_tv(main.num_samples, r.num_cells, test_alpha, power) if r.num_cells >= 2 else math.inf
+        results[name] = dataclasses.replace(r, min_detectable_tv=mde)
+    if alpha_star is not None:
+        results["acceptance<=optimal"] = binomial_above(
+            main.acceptance_count, main.num_samples, alpha_star, "acceptance<=optimal",
+            f"P(first emitted token among the drafts' first tokens) vs alpha* = {alpha_star:.6g}")
+    if length_bound is not None:
+        results["block-efficiency<=bound"] = mean_above(
+            main.length_sum, main.length_sq_sum, main.num_samples, length_bound, "block-efficiency<=bound",
+            f"mean emitted length vs 1 + sum_i alpha*(p^i, q^i, K) = {length_bound:.6g} (z statistic)")
+    if eprocess is not None:
+        results["e-process"] = eprocess.result()
+    strat_samples = int(strat_counts.sum()) if strat_counts is not None else 0
+    if enumeration is not None:
+        if strat_counts is not None and bool((strat_counts.sum(1) >= 2).all()):
+            results["stratified-pearson"] = stratified_pearson_test(strat_counts, enumeration.weights, probs, min_expected)
+        else:
+            results["stratified-pearson"] = TestResult(
+                "stratified-pearson", math.nan, 1.0, None, strat_samples,
+                detail="not run: stopped before every draft tuple had 2 samples")
+    ordered = [results[name] for name in names]
+    family = tuple(dataclasses.replace(t, pvalue_adjusted=a) for t, a in zip(ordered, holm([t.pvalue for t in ordered])))
+    impossible = probs == 0
+    violations = float(main.counts[impossible].sum())
+    if strat_counts is not None:
+        violations += float(strat_counts.sum(0)[impossible].sum())
+    if violations:
+        stop_reason = "support" if stop_reason in ("planned", "support") else stop_reason
+    family += (TestResult("support", violations, 0.0 if violations else 1.0, None, main.num_samples + strat_samples,
+                          pvalue_adjusted=0.0 if violations else 1.0,
+                          detail="completed strings of target probability 0 (any one proves inexactness)"),)
+    deciding = family[-1] if violations else min(family[:-1], key=lambda t: t.pvalue_adjusted)  # first on ties
+
+    # --- optimality family ---------------------------------------------------------------------
+    optimality = []
+    if claimed_acceptance is None and alpha_star is not None and "spectr" in verifier.guarantees and scheme == "iid":
+        claimed_acceptance = spectr_guarantee(num_drafts) * alpha_star
+    if claimed_acceptance is not None and one_iteration:
+        optimality.append(binomial_below(main.acceptance_count, main.num_samples, claimed_acceptance,
+                                         "acceptance>=claimed", f"acceptance vs the claimed {claimed_acceptance:.6g}"))
+    if claimed_block_efficiency is not None and one_iteration:
+        optimality.append(mean_below(main.length_sum, main.length_sq_sum, main.num_samples, claimed_block_efficiency,
+                                     "block-efficiency>=claimed",
+                                     f"mean emitted length vs the claimed {claimed_block_efficiency:.6g} (z statistic)"))
+    optimality = tuple(dataclasses.replace(t, pvalue_adjusted=a)
+                       for t, a in zip(optimality, holm([t.pvalue for t in optimality])))
+
+    pearson = results["pearson"]
+    power_left = (sizing.chi2_power(main.num_samples * sizing.effect_size_for_tv(min_detectable_tv) ** 2,
+                                    pearson.num_cells, test_alpha) if pearson.num_cells >= 2 else 0.0)
+    return StatisticalAuditResult(
+        verifier=verifier.name,
+        test=deciding.name,
+        statistic=deciding.statistic,
+        pvalue=float(deciding.pvalue_adjusted),
+        alpha=alpha,
+        num_samples=main.num_samples + strat_samples,
+        seed=seed,
+        min_detectable_tv=pearson.min_detectable_tv,
+        power=power,
+        requested_tv=float(min_detectable_tv),
+        power_at_requested_tv=power_left,
+        num_tests=len(names),
+        num_tokens=num_tokens,
+        num_cells=partition.num_cells,
+        pooled_mass=pearson.pooled_mass,
+        full_partition=partition.is_full,
+        subtests=family,
+        optimality=optimality,
+        acceptance_count=main.acceptance_count if one_iteration else 0,
+        acceptance_samples=main.num_samples if one_iteration else 0,
+        optimal_acceptance=alpha_star,
+        claimed_acceptance=claimed_acceptance,
+        length_sum=main.length_sum if one_iteration else 0.0,
+        length_sq_sum=main.length_sq_sum if one_iteration else 0.0,
+        block_efficiency_bound=length_bound,
+        worst_cells=worst_cells(main.counts, main.num_samples * probs, partition.describe),
+        stop_reason=stop_reason,
+        seconds=seconds,
+    )

@@ -1,0 +1,297 @@
+"""Result objects of the statistical audit and of the sampler-vs-law check.
+
+Frozen dataclasses that report numbers; follow-ups (confidence intervals, a verdict at a
+given alpha) are methods.  Only the caller decides pass or fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+from scipy import stats
+
+from spectr_audit.errors import InvalidArgument
+
+__all__ = ["LawAgreementResult", "StatisticalAuditResult", "WorstCell", "worst_cells"]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorstCell:
+    """A cell whose count is far from the target law: ``(observed - expected) / sqrt(expected)``."""
+
+    cell: str
+    observed: float
+    expected: float
+    residual: float
+
+    def to_dict(self) -> dict:
+        """Plain JSON values."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class StatisticalAuditResult:
+    """What a statistical audit measured.  Numbers only: the caller decides.
+
+    Attributes
+    ----------
+    verifier : str
+    test : str
+        The sub-test with the smallest Holm-adjusted p-value (the one that decides).
+    statistic : float
+        That sub-test's statistic.
+    pvalue : float
+        Familywise p-value of "the verifier is exact" (Holm over ``subtests``; 0 on a support
+        violation).
+    alpha : float
+        The false-alarm rate the sample size was planned for.
+    num_samples : int
+        Verifications run in total (main and stratified samples).
+    seed : int
+    min_detectable_tv : float
+        Smallest TV (on the audited partition) that the Pearson test detects with probability
+        ``power`` at the samples actually run, at level ``alpha / num_tests``.
+    power : float
+        The planned power.
+    requested_tv : float
+        The ``min_detectable_tv`` asked for.
+    power_at_requested_tv : float
+        Power at ``requested_tv`` with the samples actually run (below ``power`` when a budget
+        cut the sample short).
+    num_tests : int
+        Sub-tests in the Holm family.
+    num_tokens : int
+        N, the length of the completed strings.
+    num_cells : int
+        Cells of the partition before pooling; ``pooled_mass`` is the target mass pooled.
+    pooled_mass : float
+    full_partition : bool
+        Whether every string of V^N was its own cell.
+    subtests : tuple of TestResult
+        The exactness family, with Holm-adjusted p-values.
+    optimality : tuple of TestResult
+        Acceptance / block efficiency below a claimed value (Holm within this family).
+    acceptance_count, acceptance_samples : int
+        Samples whose first emitted token is among the drafts' first tokens, out of how many.
+    optimal_acceptance : float or None
+        alpha* for the drafting scheme at the first position (None when unknown).
+    claimed_acceptance : float or None
+    length_sum, length_sq_sum : float
+        Sum and sum of squares of emitted lengths (block efficiency = mean length).
+    block_efficiency_bound : float or None
+    worst_cells : tuple of WorstCell
+    stop_reason : str
+        ``"planned"``, ``"e-process"``, ``"support"``, ``"max_samples"`` or ``"max_seconds"``.
+    seconds : float
+        Wall time of the sampling.
+    """
+
+    verifier: str
+    test: str
+    statistic: float
+    pvalue: float
+    alpha: float
+    num_samples: int
+    seed: int
+    min_detectable_tv: float
+    power: float
+    requested_tv: float
+    power_at_requested_tv: float
+    num_tests: int
+    num_tokens: int
+    num_cells: int
+    pooled_mass: float
+    full_partition: bool
+    subtests: tuple
+    optimality: tuple
+    acceptance_count: int
+    acceptance_samples: int
+    optimal_acceptance: Optional[float]
+    claimed_acceptance: Optional[float]
+    length_sum: float
+    length_sq_sum: float
+    block_efficiency_bound: Optional[float]
+    worst_cells: tuple
+    stop_reason: str
+    seconds: float
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether the e-process or a support violation ended the audit before the planned size."""
+        return self.stop_reason in ("e-process", "support")
+
+    @property
+    def acceptance(self) -> float:
+        """Membership acceptance measured from emitted strings (NaN when not measured)."""
+        return self.acceptance_count / self.acceptance_samples if self.acceptance_samples else math.nan
+
+    @property
+    def block_efficiency(self) -> float:
+        """Mean emitted length (NaN when not measured)."""
+        return self.length_sum / self.acceptance_samples if self.acceptance_samples else math.nan
+
+    @property
+    def verifications_per_second(self) -> float:
+        """Throughput of the sampling loop."""
+        return self.num_samples / self.seconds if self.seconds > 0 else math.inf
+
+    @property
+    def optimality_pvalue(self) -> float:
+        """Smallest Holm-adjusted p-value of the optimality family (1 when empty)."""
+        return min((t.pvalue_adjusted for t in self.optimality), default=1.0)
+
+    def rejects(self, alpha: Optional[float] = None) -> bool:
+        """Whether exactness is rejected at ``alpha`` (default: the planned ``alpha``)."""
+        return self.pvalue <= (self.alpha if alpha is None else alpha)
+
+    def acceptance_ci(self, confidence: float = 0.95, method: str = "clopper-pearson") -> tuple[float, float]:
+        """Two-sided interval for the acceptance: ``"clopper-pearson"`` (exact) or ``"wilson"``."""
+        return _proportion_ci(self.acceptance_count, self.acceptance_samples, confidence, method)
+
+    def block_efficiency_ci(self, confidence: float = 0.95) -> tuple[float, float]:
+        """Two-sided normal interval for the block efficiency (sample variance; n is large)."""
+        return _mean_ci(self.length_sum, self.length_sq_sum, self.acceptance_samples, confidence)
+
+    def to_dict(self) -> dict:
+        """The JSON contract: ``pvalue``, ``test``, ``num_samples``, ``seed``, ``min_detectable_tv``, ..."""
+        out = {
+            "verifier": self.verifier,
+            "test": self.test,
+            "statistic": _finite(self.statistic),
+            "pvalue": self.pvalue,
+            "alpha": self.alpha,
+            "rejects": self.rejects(),
+            "num_samples": self.num_samples,
+            "seed": self.seed,
+            "min_detectable_tv": _finite(self.min_detectable_tv),
+            "power": self.power,
+            "requested_tv": self.requested_tv,
+            "power_at_requested_tv": self.power_at_requested_tv,
+            "num_tests": self.num_tests,
+            "num_tokens": self.num_tokens,
+            "num_cells": self.num_cells,
+            "pooled_mass": self.pooled_mass,
+            "full_partition": self.full_partition,
+            "stop_reason": self.stop_reason,
+            "seconds": self.seconds,
+            "verifications_per_second": _finite(self.verifications_per_second),
+            "subtests": [t.to_dict() for t in self.subtests],
+            "optimality": [t.to_dict() for t in self.optimality],
+            "worst_cells": [c.to_dict() for c in self.worst_cells],
+        }
+        if self.acceptance_samples:
+            out.update(
+                acceptance=self.acceptance,
+                acceptance_ci=list(self.acceptance_ci()),
+                optimal_acceptance=self.optimal_acceptance,
+                claimed_acceptance=self.claimed_acceptance,
+                block_efficiency=self.block_efficiency,
+                block_efficiency_ci=[_finite(x) for x in self.block_efficiency_ci()],
+                block_efficiency_bound=self.block_efficiency_bound,
+            )
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LawAgreementResult:
+    """A sampler checked against its own exact law (:func:`sampler_law_agreement`).
+
+    Attributes
+    ----------
+    verifier, test : str
+    statistic, pvalue : float
+        Of the deciding sub-test; ``pvalue`` is the Holm familywise p-value (0 when the sampler
+        emitted a string its own law gives probability 0).
+    alpha : float
+    num_samples, seed : int
+    min_detectable_tv : float
+        Smallest TV between the sampler's and the formula's (draft-averaged) output law over
+        (draft index, accepted count, next token) detected with ``power``.
+    power : float
+    num_strata : int
+        Draft tuples seen (0 when the per-tuple test did not run).
+    subtests : tuple of TestResult
+    worst_cells : tuple of WorstCell
+    seconds : float
+    """
+
+    verifier: str
+    test: str
+    statistic: float
+    pvalue: float
+    alpha: float
+    num_samples: int
+    seed: int
+    min_detectable_tv: float
+    power: float
+    num_strata: int
+    subtests: tuple
+    worst_cells: tuple
+    seconds: float
+
+    def rejects(self, alpha: Optional[float] = None) -> bool:
+        """Whether agreement is rejected at ``alpha`` (default: the planned ``alpha``)."""
+        return self.pvalue <= (self.alpha if alpha is None else alpha)
+
+    def to_dict(self) -> dict:
+        """Plain JSON values."""
+        return {
+            "verifier": self.verifier, "test": self.test, "statistic": _finite(self.statistic), "pvalue": self.pvalue,
+            "alpha": self.alpha, "rejects": self.rejects(), "num_samples": self.num_samples, "seed": self.seed,
+            "min_detectable_tv": _finite(self.min_detectable_tv), "power": self.power, "num_strata": self.num_strata,
+            "subtests": [t.to_dict() for t in self.subtests], "worst_cells": [c.to_dict() for c in self.worst_cells],
+            "seconds": self.seconds,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _finite(value):
+    return value if value is None or math.isfinite(value) else None
+
+
+def _proportion_ci(count: int, nobs: int, confidence: float, method: str) -> tuple[float, float]:
+    from statsmodels.stats.proportion import proportion_confint
+
+    methods = {"clopper-pearson": "beta", "wilson": "wilson"}
+    if method not in methods:
+        raise InvalidArgument(f"method: expected 'clopper-pearson' or 'wilson', got {method!r}")
+    if not 0 < confidence < 1:
+        raise InvalidArgument(f"confidence: expected a number in (0, 1), got {confidence!r}")
+    if nobs == 0:
+        return (math.nan, math.nan)
+    low, high = proportion_confint(count, nobs, alpha=1 - confidence, method=methods[method])
+    return float(low), float(high)
+
+
+def _mean_ci(total: float, total_sq: float, nobs: int, confidence: float) -> tuple[float, float]:
+    if not 0 < confidence < 1:
+        raise InvalidArgument(f"confidence: expected a number in (0, 1), got {confidence!r}")
+    if nobs < 2:
+        return (math.nan, math.nan)
+    mean = total / nobs
+    var = max(total_sq / nobs - mean * mean, 0.0) * nobs / (nobs - 1)
+    half = stats.norm.isf((1 - confidence) / 2) * math.sqrt(var / nobs)
+    return float(mean - half), float(mean + half)
+
+
+def worst_cells(observed: torch.Tensor, expected: torch.Tensor, describe, count: int = 5) -> tuple:
+    """Cells with the largest standardised residuals (cells of expected count >= 1, or impossible ones)."""
+    observed = observed.double()
+    expected = expected.double()
+    impossible = (expected == 0) & (observed > 0)
+    residual = torch.where(expected >= 1, (observed - expected) / expected.clamp(min=1e-300).sqrt(),
+                           torch.zeros_like(expected))
+    residual = torch.where(impossible, torch.full_like(residual, math.inf), residual)
+    order = torch.argsort(residual.abs(), descending=True)[:count]
+    return tuple(
+        WorstCell(describe(int(c)), float(observed[c]), float(expected[c]), float(residual[c]))
+        for c in order.tolist()
+        if residual[c] != 0
+    )

@@ -1,0 +1,143 @@
+"""Block verification (Sun et al., ICLR 2025; ALGORITHMS.md section 4).
+
+Block verification and greedy block verification (section 5) share one shape.
+Along the single draft ``x_1..x_L`` each prefix ``x^i`` carries a weight
+``w_i`` (``w_0 = 1``), and with
+
+    r_i = sum_x (w_i q(x | x^i) - p(x | x^i))_+        (mass the target wants more of)
+    s_i = sum_x (p(x | x^i) - w_i q(x | x^i))_+        (mass the draft has too much of)
+
+level ``i < L`` passes with ``h_i = min(r_i, s_i) / s_i`` (1 when ``s_i = 0``),
+level ``L`` with ``h_L = min(1, w_L)``; ``tau`` is the LAST passing level (a
+backward scan, 0 if none).  The step emits ``x^tau`` plus a bonus from
+``q(. | x^L)`` if ``tau = L``, else a correction from ``(w_tau q(. | x^tau) -
+p(. | x^tau))_+`` normalised.  Then ``P(tau >= i | x^i) = min(1, w_i)``.
+
+* Block verification clamps the weights, ``w_i = min(1, w_{i-1} q(x_i|x^{i-1}) /
+  p(x_i|x^{i-1}))``, so ``s_i = r_i + 1 - w_i`` and ``h_i = r_i / (r_i + 1 - w_i)``,
+  the paper's rule.
+* Greedy block verification uses the raw joint ratio ``w_i = q(x^i) / p(x^i)``;
+  ``h_i = (A - D_+) / (A - D)`` of section 5 is the same expression divided by
+  ``p(x^i)``.  Computing ``s_i`` directly (not as ``r_i + 1 - w_i``) avoids a
+  cancellation when ``w_i > 1``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectr_audit.contract import Verifier, VerifyOutput
+from spectr_audit.correction import has_carried_correction
+from spectr_audit.randomness import sample_categorical, uniform
+from spectr_audit.verifiers._tree import normalise
+
+__all__ = ["BlockVerification", "LastPassingVerifier"]
+
+
+class LastPassingVerifier(Verifier):
+    """Single-draft verifiers that emit up to the last passing level (see the module docstring).
+
+    Subclasses implement ``_weights``.  Randomness: one call to
+    :func:`spectr_audit.randomness.uniform` of shape ``[batch_size, draft_len + 1]``:
+    ``draft_len`` level uniforms, then the correction/bonus token's uniform.
+    """
+
+    min_drafts = 1
+    max_drafts = 1
+
+    def _weights(
+        self,
+        token_ratio: torch.Tensor,  # [batch_size, draft_len], q(x_i | x^{i-1}) / p(x_i | x^{i-1})
+    ) -> torch.Tensor:  # [batch_size, draft_len + 1], w_0 = 1 .. w_L
+        raise NotImplementedError
+
+    def _levels(self, draft_tokens, draft_probs, target_probs):
+        """Pass probabilities ``[B, L]`` (levels 1..L) and unnormalised residuals ``[B, L, V]`` (levels 0..L-1)."""
+        draft_len = draft_tokens.shape[-1]
+        draft = draft_probs[:, 0].double()  # [batch_size, draft_len, vocab_size]
+        target = target_probs[:, 0].double()  # [batch_size, draft_len + 1, vocab_size]
+        path = draft_tokens[:, 0].unsqueeze(-1)  # [batch_size, draft_len, 1]
+        # The contract guarantees p(x_i | x^{i-1}) > 0 for drafted tokens.
+        token_ratio = (target[:, :draft_len].gather(-1, path) / draft.gather(-1, path)).squeeze(-1)
+        weights = self._weights(token_ratio)
+        diff = weights[:, :draft_len].unsqueeze(-1) * target[:, :draft_len] - draft  # [B, L, V]
+        residual = diff.clamp(min=0)
+        wanted = residual.sum(-1)[:, 1:]  # r_i, i = 1 .. L-1
+        surplus = (-diff).clamp(min=0).sum(-1)[:, 1:]  # s_i
+        inner = torch.where(
+            surplus > 0,
+            torch.minimum(wanted, surplus) / torch.where(surplus > 0, surplus, torch.ones_like(surplus)),
+            torch.ones_like(surplus),
+        )
+        pass_probs = torch.cat([inner, weights[:, draft_len:].clamp(max=1.0)], dim=1)
+        return pass_probs, residual
+
+    def _next_token_law(self, residual, target, tau):
+        """Law of the token emitted after ``x^tau``: ``[B, V]``."""
+        draft_len = residual.shape[1]
+        rows = torch.arange(residual.shape[0], device=residual.device)
+        level = tau.clamp(max=draft_len - 1)
+        correction = normalise(residual[rows, level], target[rows, level])
+        return torch.where((tau < draft_len).unsqueeze(-1), correction, target[rows, tau])
+
+    def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
+        batch_size, _, draft_len = draft_tokens.shape
+        device = draft_tokens.device
+        pass_probs, residual = self._levels(draft_tokens, draft_probs, target_probs)
+        u = uniform(generator, (batch_size, draft_len + 1), device)
+        passed = u[:, :draft_len] < pass_probs
+        levels = torch.arange(1, draft_len + 1, device=device)
+        tau = (passed * levels).amax(-1)  # the last passing level, 0 if none
+        law = self._next_token_law(residual, target_probs[:, 0].double(), tau)
+        next_token = sample_categorical(law, u[:, draft_len])
+        draft_index = torch.zeros_like(tau)
+        correction = None
+        if has_carried_correction(self):
+            correction = self.carried_correction(draft_tokens, draft_probs, target_probs, tau, draft_index, next_token)
+        return VerifyOutput(tau, draft_index, next_token, correction=correction)
+
+    def _output_probs(self, draft_tokens, draft_probs, target_probs) -> torch.Tensor:
+        batch_size, _, draft_len = draft_tokens.shape
+        pass_probs, residual = self._levels(draft_tokens, draft_probs, target_probs)
+        target = target_probs[:, 0].double()
+        # P(tau = i) = h_i prod_{j > i} (1 - h_j), with h_0 = 1.
+        fail = 1 - pass_probs
+        after = torch.cat([fail.flip(-1).cumprod(-1).flip(-1), torch.ones_like(fail[:, :1])], dim=1)  # [B, L + 1]
+        stop = torch.cat([torch.ones_like(pass_probs[:, :1]), pass_probs], dim=1) * after
+        # normalise works on [n, V]: flatten the levels into rows
+        vocab_size = residual.shape[-1]
+        corrections = normalise(residual.reshape(-1, vocab_size), target[:, :draft_len].reshape(-1, vocab_size))
+        laws = torch.cat([corrections.reshape(residual.shape), target[:, draft_len:]], dim=1)  # [B, L + 1, V]
+        return (stop.unsqueeze(-1) * laws).unsqueeze(1)
+
+
+class BlockVerification(LastPassingVerifier):
+    """Block verification (Sun et al., "Block Verification Accelerates Speculative Decoding").
+
+    One draft of length L.  Weights ``p_i = min(1, p_{i-1} q(x_i|x^{i-1}) / p(x_i|x^{i-1}))``;
+    level ``i < L`` passes with ``h_i = r_i / (r_i + 1 - p_i)``,
+    ``r_i = sum_x (p_i q(x|x^i) - p(x|x^i))_+``, level L with ``h_L = p_L``; ``tau`` is the
+    last passing level; the correction comes from ``(p_tau q(.|x^tau) - p(.|x^tau))_+``.
+    Exact in one iteration with the plain target; ``E[tau] = sum_i E[p_i]``, the optimum
+    over single-draft verifiers (the block LP at K = 1).  For L = 1 it is speculative sampling.
+
+    Examples
+    --------
+    >>> import torch
+    >>> v = BlockVerification()
+    >>> draft_probs = torch.tensor([[[[2/3, 1/3], [2/3, 1/3]]]], dtype=torch.float64)
+    >>> target_probs = torch.tensor([[[[1/3, 2/3]] * 3]], dtype=torch.float64)
+    >>> law = v.output_probs(torch.tensor([[[0, 1]]]), draft_probs, target_probs)
+    >>> round(float(law[0, 0, 2].sum()), 6)   # the draft (0, 1) is always accepted in full
+    1.0
+    """
+
+    name = "block"
+    description = "block verification (Sun et al.): last passing level, clamped weights"
+    expected = "exact"
+
+    def _weights(self, token_ratio):
+        weights = [torch.ones_like(token_ratio[:, 0])]
+        for level in range(token_ratio.shape[1]):
+            weights.append((weights[-1] * token_ratio[:, level]).clamp(max=1.0))
+        return torch.stack(weights, dim=1)

@@ -1,0 +1,361 @@
+"""A library of broken verifiers: each one a small, realistic slip that breaks exactness.
+
+The statistical audit must flag every one of them (``tests/test_broken_verifiers.py``); each
+has an exact law (``output_probs``), so its true TV distance to the target can be computed
+with :func:`spectr_audit.exact.exact_iteration` and compared with what the audit needed to see
+it.  Every class declares ``expected = "inexact"``.  They reuse the reference verifiers' node
+rules with one thing changed, so the bug is the only difference.
+
+========================  ====  ====  ==========================================================
+name                      K     L     the slip
+========================  ====  ====  ==========================================================
+independent-accept        >= 2  1     each draft copy accepted with min(1, q/p), residual (q-p)+
+                                      (seed 000's naive rule; p=(1,0), q=(.5,.5), K=2 gives 3/4)
+kseq-low-rho              any   1     K-SEQ with rho = 0.97 rho* (residual clipped at 0)
+kseq-dedup                >= 2  1     K-SEQ over the *distinct* drafts only (k = #distinct)
+rrs-skip-duplicates       >= 2  1     recursive rejection that skips repeated i.i.d. drafts
+resample-target           1     >= 1  on rejection, resample from q instead of (q - p)+
+                                      (Spec-RL #14; HISTORIC_BUGS' "residual = p" in vLLM letters)
+inflated-ratio            1     >= 1  acceptance min(1, 1.03 q/p)
+bonus-from-draft          1     >= 1  the bonus token drawn from the draft's last conditional
+block-first-failure       1     >= 2  block verification stopping at the first failing level
+                                      (a forward scan instead of the last passing level)
+residual-drop-rejected    1     >= 1  residual = q with the rejected token removed (EAGLE #20)
+always-accept             any   any   every draft token accepted (u = 0; vllm-ascend #13730)
+========================  ====  ====  ==========================================================
+
+:data:`INCONSISTENT_VERIFIERS` holds verifiers whose sampler is exact but disagrees with their
+own ``output_probs`` (a fast sampler that drifted from its formula); only
+:func:`spectr_audit.statistical.sampler_law_agreement` can see those.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from spectr_audit.contract import Verifier
+from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, normalise
+from spectr_audit.verifiers.block import BlockVerification
+from spectr_audit.verifiers.kseq import KSeqRule
+from spectr_audit.verifiers.speculative import MaximalCouplingRule, SpeculativeSampling
+
+__all__ = [
+    "BROKEN_VERIFIERS",
+    "INCONSISTENT_VERIFIERS",
+    "AlwaysAccept",
+    "BlockFirstFailure",
+    "BonusFromDraft",
+    "IndependentAccept",
+    "InflatedRatio",
+    "KSeqDedup",
+    "KSeqLowRho",
+    "KSeqSamplerDrift",
+    "ResampleTarget",
+    "ResidualDropRejected",
+    "RRSSkipDuplicates",
+    "broken_names",
+    "broken_verifiers",
+    "load_broken",
+]
+
+_MODULE = "spectr_audit.verifiers.broken"
+
+#: Short name -> "module:Class" of every broken verifier (each declares ``expected = "inexact"``).
+BROKEN_VERIFIERS: dict[str, str] = {
+    "independent-accept": f"{_MODULE}:IndependentAccept",
+    "kseq-low-rho": f"{_MODULE}:KSeqLowRho",
+    "kseq-dedup": f"{_MODULE}:KSeqDedup",
+    "rrs-skip-duplicates": f"{_MODULE}:RRSSkipDuplicates",
+    "resample-target": f"{_MODULE}:ResampleTarget",
+    "inflated-ratio": f"{_MODULE}:InflatedRatio",
+    "bonus-from-draft": f"{_MODULE}:BonusFromDraft",
+    "block-first-failure": f"{_MODULE}:BlockFirstFailure",
+    "residual-drop-rejected": f"{_MODULE}:ResidualDropRejected",
+    "always-accept": f"{_MODULE}:AlwaysAccept",
+}
+
+#: Verifiers whose sampler disagrees with their own exact law (the sampler itself is exact).
+INCONSISTENT_VERIFIERS: dict[str, str] = {
+    "kseq-sampler-drift": f"{_MODULE}:KSeqSamplerDrift",
+}
+
+
+def broken_names() -> list[str]:
+    """Short names of the broken verifiers, in library order."""
+    return list(BROKEN_VERIFIERS)
+
+
+def load_broken(name: str) -> Verifier:
+    """A fresh instance of the broken (or inconsistent) verifier called ``name``."""
+    spec = BROKEN_VERIFIERS.get(name) or INCONSISTENT_VERIFIERS.get(name)
+    if spec is None:
+        from spectr_audit.errors import InvalidArgument
+
+        known = ", ".join(list(BROKEN_VERIFIERS) + list(INCONSISTENT_VERIFIERS))
+        raise InvalidArgument(f"name: unknown broken verifier {name!r}; known: {known}")
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)()
+
+
+def broken_verifiers() -> list[Verifier]:
+    """A fresh instance of every broken verifier."""
+    return [load_broken(name) for name in BROKEN_VERIFIERS]
+
+
+# ---------------------------------------------------------------------------------------------
+# Node rules with one slip each
+# ---------------------------------------------------------------------------------------------
+
+
+def _first_occurrence(tokens: torch.Tensor, survivors: torch.Tensor) -> torch.Tensor:
+    """``[n, K]`` bool: surviving drafts whose token no earlier surviving draft carries."""
+    num_drafts = tokens.shape[1]
+    earlier = torch.ones(num_drafts, num_drafts, dtype=torch.bool, device=tokens.device).tril(-1)  # [i, j]: j < i
+    same = (tokens.unsqueeze(2) == tokens.unsqueeze(1)) & survivors.unsqueeze(1) & earlier
+    return survivors & ~same.any(-1)
+
+
+class _IndependentAcceptRule(NodeRule):
+    """Every draft copy accepted with min(1, q/p); residual (q - p)_+ (the K = 1 rule reused for K > 1)."""
+
+    def __call__(self, tokens, survivors, draft_dist, target_dist):
+        drafted = gather_tokens(draft_dist, tokens)
+        ratio = gather_tokens(target_dist, tokens) / torch.where(drafted > 0, drafted, torch.ones_like(drafted))
+        accept_probs = torch.where(drafted > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
+        return accept_probs, normalise((target_dist - draft_dist).clamp(min=0), target_dist)
+
+
+class _DedupRule(NodeRule):
+    """Run ``inner`` over the distinct surviving tokens only (duplicates get acceptance 0)."""
+
+    def __init__(self, inner: NodeRule):
+        self.inner = inner
+
+    def __call__(self, tokens, survivors, draft_dist, target_dist):
+        distinct = _first_occurrence(tokens, survivors)
+        accept_probs, residual = self.inner(tokens, distinct, draft_dist, target_dist)
+        return torch.where(distinct, accept_probs, torch.zeros_like(accept_probs)), residual
+
+
+class _SkipDuplicatesRRSRule(NodeRule):
+    """Recursive rejection over i.i.d. drafts, but a token already tried is skipped (no trial, no update)."""
+
+    def __call__(self, tokens, survivors, draft_dist, target_dist):
+        distinct = _first_occurrence(tokens, survivors)
+        residual = target_dist
+        accept = []
+        for i in range(tokens.shape[1]):
+            token = tokens[:, i : i + 1]
+            active = distinct[:, i : i + 1]
+            drafted = gather_tokens(draft_dist, token)
+            ratio = gather_tokens(residual, token) / torch.where(drafted > 0, drafted, torch.ones_like(drafted))
+            accept.append(torch.where(active & (drafted > 0), ratio.clamp(max=1.0), torch.zeros_like(ratio)))
+            residual = torch.where(active, normalise((residual - draft_dist).clamp(min=0), residual), residual)
+        return torch.cat(accept, dim=1), residual
+
+
+class _ResampleTargetRule(NodeRule):
+    """Accept with min(1, q/p); on rejection draw from q itself instead of (q - p)_+."""
+
+    def __call__(self, tokens, survivors, draft_dist, target_dist):
+        accept_probs, _ = MaximalCouplingRule()(tokens, survivors, draft_dist, target_dist)
+        return accept_probs, target_dist
+
+
+class _InflatedRatioRule(NodeRule):
+    """Accept with min(1, factor * q/p); residual (q - p)_+."""
+
+    def __init__(self, factor: float):
+        self.factor = factor
+
+    def __call__(self, tokens, survivors, draft_dist, target_dist):
+        drafted = gather_tokens(draft_dist, tokens)
+        ratio = self.factor * gather_tokens(target_dist, tokens) / torch.where(drafted > 0, drafted, torch.ones_like(drafted))
+        accept_probs = torch.where(drafted > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
+        return accept_probs, normalise((target_dist - draft_dist).clamp(min=0), target_dist)
+
+
+class _DropRejectedRule(NodeRule):
+    """Accept with min(1, q/p); on rejection draw from q with the rejected token zeroed (EAGLE #20)."""
+
+    def __call__(self, tokens, survivors, draft_dist, target_dist):
+        accept_probs, _ = MaximalCouplingRule()(tokens, survivors, draft_dist, target_dist)
+        dropped = target_dist.scatter(1, tokens[:, :1], 0.0)
+        return accept_probs, normalise(dropped, target_dist)
+
+
+class _AlwaysAcceptRule(NodeRule):
+    """Every draft token accepted (an acceptance uniform stuck at 0 with a ``<=`` test)."""
+
+    def __call__(self, tokens, survivors, draft_dist, target_dist):
+        drafted = gather_tokens(draft_dist, tokens)
+        return (drafted > 0).to(draft_dist.dtype), target_dist
+
+
+# ---------------------------------------------------------------------------------------------
+# The broken verifiers
+# ---------------------------------------------------------------------------------------------
+
+
+class IndependentAccept(TreeVerifier):
+    """Each of K i.i.d. drafts accepted independently with min(1, q/p); residual (q - p)_+.
+
+    Seed 000's naive multi-draft rule: with p = (1, 0), q = (1/2, 1/2), K = 2 it emits token 0
+    with probability 3/4.
+    """
+
+    name = "independent-accept"
+    description = "BROKEN: each draft copy accepted independently with min(1, q/p)"
+    expected = "inexact"
+    min_drafts = 2
+    max_draft_len = 1
+    rule = _IndependentAcceptRule()
+
+
+class KSeqLowRho(TreeVerifier):
+    """K-SEQ with rho = 0.97 rho*: the residual q - A goes negative and is clipped."""
+
+    name = "kseq-low-rho"
+    description = "BROKEN: K-SEQ with rho 3% below rho*"
+    expected = "inexact"
+    max_draft_len = 1
+    rule = KSeqRule(rho_scale=0.97)
+
+
+class KSeqDedup(TreeVerifier):
+    """K-SEQ run over the distinct draft tokens only (k = number of distinct tokens)."""
+
+    name = "kseq-dedup"
+    description = "BROKEN: K-SEQ that deduplicates the i.i.d. drafts"
+    expected = "inexact"
+    min_drafts = 2
+    max_draft_len = 1
+    rule = _DedupRule(KSeqRule())
+
+
+class RRSSkipDuplicates(TreeVerifier):
+    """Recursive rejection sampling over i.i.d. drafts that skips a token it has already tried."""
+
+    name = "rrs-skip-duplicates"
+    description = "BROKEN: recursive rejection skipping duplicate i.i.d. drafts"
+    expected = "inexact"
+    min_drafts = 2
+    max_draft_len = 1
+    rule = _SkipDuplicatesRRSRule()
+
+
+class ResampleTarget(TreeVerifier):
+    """Speculative sampling that resamples from the target q, not the residual (q - p)_+, on rejection."""
+
+    name = "resample-target"
+    description = "BROKEN: on rejection, resample from the target instead of the residual"
+    expected = "inexact"
+    max_drafts = 1
+    rule = _ResampleTargetRule()
+
+
+class InflatedRatio(TreeVerifier):
+    """Speculative sampling with the acceptance ratio inflated by 3%: min(1, 1.03 q/p)."""
+
+    name = "inflated-ratio"
+    description = "BROKEN: acceptance ratio q/p inflated by 3%"
+    expected = "inexact"
+    max_drafts = 1
+    rule = _InflatedRatioRule(1.03)
+
+
+class ResidualDropRejected(TreeVerifier):
+    """Speculative sampling whose residual is q with the rejected token removed (EAGLE #20)."""
+
+    name = "residual-drop-rejected"
+    description = "BROKEN: residual = target minus the rejected token, not (target - draft)_+"
+    expected = "inexact"
+    max_drafts = 1
+    rule = _DropRejectedRule()
+
+
+class AlwaysAccept(TreeVerifier):
+    """Every draft token is accepted (the output follows the draft); acceptance 1 > alpha*."""
+
+    name = "always-accept"
+    description = "BROKEN: acceptance uniform stuck at 0, every draft accepted"
+    expected = "inexact"
+    rule = _AlwaysAcceptRule()
+
+
+class BonusFromDraft(SpeculativeSampling):
+    """Speculative sampling whose bonus token is drawn from the draft's last conditional, not from q."""
+
+    name = "bonus-from-draft"
+    description = "BROKEN: bonus token drawn from the draft instead of the target"
+    expected = "inexact"
+
+    @staticmethod
+    def _swap_bonus(draft_probs, target_probs):
+        swapped = target_probs.clone()
+        swapped[:, :, -1] = draft_probs[:, :, -1]
+        return swapped
+
+    def _verify(self, draft_tokens, draft_probs, target_probs, generator):
+        return super()._verify(draft_tokens, draft_probs, self._swap_bonus(draft_probs, target_probs), generator)
+
+    def _output_probs(self, draft_tokens, draft_probs, target_probs):
+        return super()._output_probs(draft_tokens, draft_probs, self._swap_bonus(draft_probs, target_probs))
+
+
+class BlockFirstFailure(BlockVerification):
+    """Block verification that stops at the first failing level (forward scan) instead of the last passing one.
+
+    ``tau`` = the number of leading levels that pass, so ``P(tau = i) = h_1 .. h_i (1 - h_{i+1})``;
+    corrections and bonus as in block verification.
+    """
+
+    name = "block-first-failure"
+    description = "BROKEN: block verification stopping at the first failure"
+    expected = "inexact"
+    min_draft_len = 2
+
+    def _verify(self, draft_tokens, draft_probs, target_probs, generator):
+        from spectr_audit.contract import VerifyOutput
+        from spectr_audit.randomness import sample_categorical, uniform
+
+        batch_size, _, draft_len = draft_tokens.shape
+        pass_probs, residual = self._levels(draft_tokens, draft_probs, target_probs)
+        u = uniform(generator, (batch_size, draft_len + 1), draft_tokens.device)
+        passed = u[:, :draft_len] < pass_probs
+        tau = passed.to(torch.int64).cumprod(-1).sum(-1)  # leading passes
+        law = self._next_token_law(residual, target_probs[:, 0].double(), tau)
+        next_token = sample_categorical(law, u[:, draft_len])
+        return VerifyOutput(tau, torch.zeros_like(tau), next_token)
+
+    def _output_probs(self, draft_tokens, draft_probs, target_probs):
+        batch_size, _, draft_len = draft_tokens.shape
+        pass_probs, residual = self._levels(draft_tokens, draft_probs, target_probs)
+        target = target_probs[:, 0].double()
+        leading = torch.cat([torch.ones_like(pass_probs[:, :1]), pass_probs.cumprod(-1)], dim=1)  # P(tau >= i)
+        fail_next = torch.cat([1 - pass_probs, torch.ones_like(pass_probs[:, :1])], dim=1)
+        stop = leading * fail_next  # [B, L + 1]
+        vocab_size = residual.shape[-1]
+        corrections = normalise(residual.reshape(-1, vocab_size), target[:, :draft_len].reshape(-1, vocab_size))
+        laws = torch.cat([corrections.reshape(residual.shape), target[:, draft_len:]], dim=1)
+        return (stop.unsqueeze(-1) * laws).unsqueeze(1)
+
+
+class KSeqSamplerDrift(TreeVerifier):
+    """K-SEQ whose fast sampler uses rho = 1.05 rho* while ``output_probs`` reports the rho* law.
+
+    Any rho >= rho* is valid, so the *sampler* is exact (the black-box audit passes it); it
+    simply is not the law the verifier claims.  Only a sampler-vs-own-law check catches it.
+    """
+
+    name = "kseq-sampler-drift"
+    description = "INCONSISTENT: sampler uses 1.05 rho*, output_probs uses rho*"
+    max_draft_len = 1
+    rule = KSeqRule()
+
+    def _verify(self, draft_tokens, draft_probs, target_probs, generator):
+        sampler = TreeVerifier()
+        sampler.rule = KSeqRule(rho_scale=1.05)
+        return sampler._verify(draft_tokens, draft_probs, target_probs, generator)

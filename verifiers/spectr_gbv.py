@@ -1,0 +1,340 @@
+"""SpecTr-GBV (Lin, Sheng, Cai, Zhou, 2026): the PUBLISHED rule, under audit.
+
+Sources: the paper's body was not available.  The seed note summarising it
+(``seeds/003_*.txt`` in the shared folder; ALGORITHMS.md calls it 002) describes
+Algorithm 1 (iterate over the K drafts, skip sub-blocks already rejected,
+acceptance h_ik by Eq. 2, residual Eq. 4) and Algorithm 2 (modify the target at
+unaccepted positions before the next iteration).  The public implementation (repository junemily/SpecTr-GBV,
+``src/engine.py``) computes, with joint prefix probabilities ``p(y), q(y)`` and
+``c(y) = q(y) [1 - (1 - min(1, p(y)/q(y)))^K]``::
+
+    tau = 0; sel = 0; H = {}
+    for j = 1..K:
+        for i = tau+1 .. L-1:
+            y = x_j[1..i]
+            h = (c(y) - sum_x c(yx)) / (1 - (1 - p(y))^K - sum_x c(yx))
+            if y in H: skip
+            if U < h: tau = i; sel = j          (no break: a later, longer acceptance wins)
+            else: add y to H
+        y = x_j[1..L]
+        if U < c(y) / (1 - (1 - p(y))^K): tau = L; sel = j; stop     (no H check)
+    tau < L: next ~ q(yx) (1 - min(1, p(yx)/q(yx))^K) normalised, y = x_sel[1..tau]
+    tau = L: next ~ q(. | x_sel[1..L])
+
+This module implements exactly that, including what may look like slips: the
+test of draft j at length i does not check that x_j shares the already
+accepted prefix; the residual uses ``1 - min(1, ratio)^K`` (the code's operator
+precedence), not ``(1 - min(1, ratio))^K`` as in ``c``.  Numerics: the code's
+guards are replaced by their limits (``x / (d + 1e-20)`` by ``x / d`` for
+``d > 0`` and 0 for ``d = 0``; a residual with no mass, which the code cannot
+sample, by the target ``q(. | x_sel[1..tau])``), and ``1 - (1 - x)^K`` and
+``1 - x^K`` are evaluated with ``expm1``/``log1p`` (same values, without the
+cancellation that the literal formulas suffer for joint probabilities near 0 or 1).  For K = 1 the rule is greedy
+block verification (``c(y) = min(p(y), q(y))``).
+
+What the audit found (ALGORITHMS.md section 4's example: context-free
+p = (2/3, 1/3), q = (1/3, 2/3), L = 2; single iteration by
+``spectr_audit.exact.exact_iteration``, the loop by
+``spectr_audit.multi_iteration.exact_multi_iteration``, optima by
+``spectr_audit.block_lp.block_lp``):
+
+* K = 1 (greedy block verification): TV 1/9 with the unmodified target, prefix
+  cap respected, block efficiency 21/9 (the repair-allowed optimum; the exact
+  optimum is block verification's 20/9).  The loop stays off by TV 1/9 (N = 3, 4).
+* K = 2: TV 0.0646, prefix-cap excess 0.0238 at u = (1,), block efficiency
+  2.4034, below the exact SpecTr tree's 2.4055 and the optima 212/81 = 2.6173
+  (exact) and 215/81 = 2.6543 (repair allowed).  Loop TV 0.0586 (N = 3), 0.0608 (N = 4).
+* K = 3: TV 0.0582, excess 0.0137 at (1,), efficiency 2.4995 (tree 2.5933, both
+  optima 2080/729 = 2.8532).  Loop TV 0.0552 (N = 3), 0.0556 (N = 4).
+
+For K >= 2 the prefix cap ``B(u) <= q(u)`` is exceeded, so no correction of
+later iterations (Algorithm 2 or any other) can make the rule exact.  One
+mechanism, hand-derived on p = (1, 0), q = (1/2, 1/2), L = 2: with identical
+drafts each copy gets the full-draft test ``c(y) / (1 - (1 - p(y))^K) = q(y)``
+independently, so the full draft is emitted with probability
+``1 - (1 - q(y))^K`` instead of ``q(y)`` (excess 3/16 at K = 2): SpecTr's
+"naive independent acceptance" of each copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from spectr_audit.contract import Verifier, VerifyOutput
+from spectr_audit.correction import JointResidualCorrection, has_carried_correction
+from spectr_audit.errors import InvalidArgument
+from spectr_audit.randomness import sample_categorical, uniform
+from spectr_audit.verifiers._tree import normalise
+
+__all__ = ["PublishedSpecTrGBV", "PublishedSpecTrGBVWithCorrection", "MAX_EXACT_TESTS"]
+
+#: The exact law enumerates the verifier's coin outcomes: at most K * L tests.
+MAX_EXACT_TESTS = 12
+
+#: Rows (batch rows times coin paths) processed at once by the exact law.
+_LAW_CHUNK_ROWS = 1 << 18
+
+
+@dataclasses.dataclass(frozen=True)
+class _Quantities:
+    """Everything the published rule reads from one draft tree."""
+
+    # [batch_size, num_drafts, draft_len - 1]: h at lengths 1 .. L-1
+    inner_pass: torch.Tensor
+    # [batch_size, num_drafts]: the full-draft test
+    final_pass: torch.Tensor
+    # [batch_size, num_drafts, draft_len, vocab_size]: unnormalised residual after x_k[1..tau], tau < L
+    residual: torch.Tensor
+    # [batch_size, num_drafts, num_drafts, draft_len + 1]: x_j[1..i] == x_k[1..i]
+    same_prefix: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScanState:
+    """The scan's variables on a set of rows (batch rows, or batch rows times coin paths)."""
+
+    # [n]: batch row of each scan row
+    row: torch.Tensor
+    # [n]
+    tau: torch.Tensor
+    # [n]
+    sel: torch.Tensor
+    # [n]: a full draft was accepted (the scan stopped)
+    done: torch.Tensor
+    # [n, num_drafts, draft_len - 1]: x_j[1..i] was tested and rejected (the set H)
+    rejected: torch.Tensor
+    # [n]: probability of the coin path (exact law only)
+    weight: torch.Tensor
+
+    def take(self, index: torch.Tensor) -> "_ScanState":
+        return _ScanState(*(getattr(self, f.name)[index] for f in dataclasses.fields(self)))
+
+
+def _min_ratio(draft_joint: torch.Tensor, target_joint: torch.Tensor) -> torch.Tensor:
+    """min(1, p / q); where q = 0 the value is multiplied by q = 0 afterwards, so 1 is as good as any."""
+    safe = torch.where(target_joint > 0, target_joint, torch.ones_like(target_joint))
+    return torch.where(target_joint > 0, (draft_joint / safe).clamp(max=1.0), torch.ones_like(draft_joint))
+
+
+def _one_minus_power(base_complement: torch.Tensor, num_drafts: int) -> torch.Tensor:
+    """1 - (1 - x)^K for x = ``base_complement`` in [0, 1], without the cancellation of the literal
+    formula when x is tiny (joint probabilities of long prefixes are)."""
+    return -torch.expm1(num_drafts * torch.log1p(-base_complement))
+
+
+def _covered(draft_joint: torch.Tensor, target_joint: torch.Tensor, num_drafts: int) -> torch.Tensor:
+    """c(y) = q(y) [1 - (1 - min(1, p(y)/q(y)))^K]."""
+    return target_joint * _one_minus_power(_min_ratio(draft_joint, target_joint), num_drafts)
+
+
+def _divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """numerator / denominator, 0 where the denominator is 0 (the limit of the code's + 1e-20 guard at 0/0)."""
+    safe = torch.where(denominator != 0, denominator, torch.ones_like(denominator))
+    return torch.where(denominator != 0, numerator / safe, torch.zeros_like(numerator))
+
+
+def _quantities(draft_tokens, draft_probs, target_probs) -> _Quantities:
+    _, num_drafts, draft_len = draft_tokens.shape
+    draft = draft_probs.double()
+    target = target_probs.double()
+    drafted = draft.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, K, L]
+    targeted = target[:, :, :draft_len].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    ones = torch.ones_like(drafted[..., :1])
+    draft_joint = torch.cat([ones, drafted], -1).cumprod(-1)  # [B, K, L + 1]: p(x_k[1..i]), i = 0..L
+    target_joint = torch.cat([ones, targeted], -1).cumprod(-1)
+    # Children of every non-leaf node x_k[1..i], i = 0..L-1: joint p(yx), q(yx).
+    child_draft = draft_joint[..., :draft_len, None] * draft  # [B, K, L, V]
+    child_target = target_joint[..., :draft_len, None] * target[:, :, :draft_len]
+    child_cover = _covered(child_draft, child_target, num_drafts).sum(-1)  # [B, K, L]
+    cover = _covered(draft_joint, target_joint, num_drafts)  # [B, K, L + 1]
+    none_drafted = _one_minus_power(draft_joint, num_drafts)  # 1 - (1 - p(y))^K
+    inner = _divide(cover[..., 1:draft_len] - child_cover[..., 1:], none_drafted[..., 1:draft_len] - child_cover[..., 1:])
+    final = _divide(cover[..., draft_len], none_drafted[..., draft_len])
+    # 1 - m^K = -expm1(K log m): accurate when m is near 1
+    residual = child_target * -torch.expm1(num_drafts * torch.log(_min_ratio(child_draft, child_target)))
+    residual = torch.where(child_target > 0, residual, torch.zeros_like(residual))
+    agree = draft_tokens.unsqueeze(2) == draft_tokens.unsqueeze(1)  # [B, K, K, L]
+    # x_j[1..i] == x_k[1..i] for i = 0..L: all of the first i positions agree
+    mismatch_before = torch.cat([torch.zeros_like(agree[..., :1]), (~agree).cumsum(-1) > 0], -1)
+    same_prefix = ~mismatch_before
+    return _Quantities(inner, final, residual, same_prefix)
+
+
+def _inner_active(state: _ScanState, quantities: _Quantities, draft: int, length: int) -> torch.Tensor:
+    """Whether draft ``draft`` is tested at ``length``: not stopped, beyond tau, and not in H."""
+    if draft > 0:
+        # x_draft[1..length] is in H iff an earlier draft with the same prefix was rejected there.
+        same = quantities.same_prefix[state.row, draft, :draft, length]  # [n, draft]
+        in_rejected = (state.rejected[:, :draft, length - 1] & same).any(-1)
+    else:
+        in_rejected = torch.zeros_like(state.done)
+    return ~state.done & (length > state.tau) & ~in_rejected
+
+
+def _after_test(state: _ScanState, draft: int, length: int, final: bool, active, passed) -> _ScanState:
+    """The scan's variables after one test (``length`` = L for the full-draft test)."""
+    rejected = state.rejected
+    if not final:
+        rejected = rejected.clone()
+        rejected[:, draft, length - 1] = active & ~passed
+    return dataclasses.replace(
+        state,
+        tau=torch.where(passed, length, state.tau),
+        sel=torch.where(passed, draft, state.sel),
+        done=state.done | (passed & final),
+        rejected=rejected,
+    )
+
+
+def _tests(num_drafts: int, draft_len: int):
+    """The published scan's tests in order: (draft, length, is_final)."""
+    for draft in range(num_drafts):
+        for length in range(1, draft_len):
+            yield draft, length, False
+        yield draft, draft_len, True
+
+
+def _initial_state(rows: torch.Tensor, num_drafts: int, draft_len: int) -> _ScanState:
+    n = rows.shape[0]
+    zeros = torch.zeros(n, dtype=torch.int64, device=rows.device)
+    return _ScanState(
+        row=rows,
+        tau=zeros,
+        sel=zeros.clone(),
+        done=torch.zeros(n, dtype=torch.bool, device=rows.device),
+        rejected=torch.zeros(n, num_drafts, max(draft_len - 1, 0), dtype=torch.bool, device=rows.device),
+        weight=torch.ones(n, dtype=torch.float64, device=rows.device),
+    )
+
+
+def _pass_prob(quantities: _Quantities, state: _ScanState, draft: int, length: int, final: bool) -> torch.Tensor:
+    if final:
+        return quantities.final_pass[state.row, draft]
+    return quantities.inner_pass[state.row, draft, length - 1]
+
+
+def _canonical_index(quantities: _Quantities, rows, tau, sel) -> torch.Tensor:
+    """Smallest draft index sharing x_sel[1..tau] (the contract's convention)."""
+    return quantities.same_prefix[rows, sel, :, tau].to(torch.int8).argmax(-1)
+
+
+def _next_token_law(quantities: _Quantities, target_probs, rows, tau, sel) -> torch.Tensor:  # [n, V]
+    draft_len = quantities.residual.shape[2]
+    target = target_probs.double()
+    level = tau.clamp(max=draft_len - 1)
+    correction = normalise(quantities.residual[rows, sel, level], target[rows, sel, level])
+    return torch.where((tau < draft_len).unsqueeze(-1), correction, target[rows, sel, tau])
+
+
+class PublishedSpecTrGBV(Verifier):
+    """SpecTr-GBV as published (public code, Algorithm 1): K i.i.d. drafts, any L.
+
+    See the module docstring for the rule, transcribed from the public implementation.
+    No carried correction.  Randomness: one call to
+    :func:`spectr_audit.randomness.uniform` of shape ``[batch_size, K * L + 1]``: one
+    uniform per test in scan order (draft 1 lengths 1..L, draft 2, ...), then the
+    correction/bonus token's uniform.  The exact law enumerates the coin outcomes of
+    the tests actually performed (at most ``2^(K L)`` paths; K * L <= 12).
+
+    Audit findings (paper example p = (2/3, 1/3), q = (1/3, 2/3), L = 2): exact in one
+    iteration only for K = 1... see ``expected`` and the issue-3 closing note.
+    """
+
+    name = "spectr-gbv-published"
+    description = "SpecTr-GBV, the published rule (public code): multi-draft greedy block verification"
+    expected = "inexact"
+    # A block rule.  At L = 1 only the full-draft tests remain: each copy is accepted on its own
+    # (the module docstring's "naive independent acceptance"), inexact for K >= 2, exact at K = 1.
+    min_draft_len = 2
+
+    def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
+        batch_size, num_drafts, draft_len = draft_tokens.shape
+        device = draft_tokens.device
+        quantities = _quantities(draft_tokens, draft_probs, target_probs)
+        u = uniform(generator, (batch_size, num_drafts * draft_len + 1), device)
+        state = _initial_state(torch.arange(batch_size, device=device), num_drafts, draft_len)
+        for index, (draft, length, final) in enumerate(_tests(num_drafts, draft_len)):
+            active = ~state.done if final else _inner_active(state, quantities, draft, length)
+            passed = active & (u[:, index] < _pass_prob(quantities, state, draft, length, final))
+            state = _after_test(state, draft, length, final, active, passed)
+        law = _next_token_law(quantities, target_probs, state.row, state.tau, state.sel)
+        next_token = sample_categorical(law, u[:, -1])
+        draft_index = _canonical_index(quantities, state.row, state.tau, state.sel)
+        correction = None
+        if has_carried_correction(self):
+            correction = self.carried_correction(draft_tokens, draft_probs, target_probs, state.tau, draft_index, next_token)
+        return VerifyOutput(state.tau, draft_index, next_token, correction=correction)
+
+    def _output_probs(self, draft_tokens, draft_probs, target_probs) -> torch.Tensor:
+        batch_size, num_drafts, draft_len = draft_tokens.shape
+        if num_drafts * draft_len > MAX_EXACT_TESTS:
+            raise InvalidArgument(
+                f"draft_tokens: the exact law of {self.name!r} enumerates up to 2^(K L) coin paths; "
+                f"K * L = {num_drafts * draft_len} exceeds {MAX_EXACT_TESTS}"
+            )
+        quantities = _quantities(draft_tokens, draft_probs, target_probs)
+        vocab_size = draft_probs.shape[-1]
+        out = torch.zeros(batch_size, num_drafts, draft_len + 1, vocab_size, dtype=torch.float64, device=draft_tokens.device)
+        chunk = max(1, _LAW_CHUNK_ROWS >> (num_drafts * draft_len))
+        for start in range(0, batch_size, chunk):
+            rows = torch.arange(start, min(start + chunk, batch_size), device=draft_tokens.device)
+            state = _initial_state(rows, num_drafts, draft_len)
+            for draft, length, final in _tests(num_drafts, draft_len):
+                state = self._branch(state, quantities, draft, length, final)
+            law = _next_token_law(quantities, target_probs, state.row, state.tau, state.sel)
+            index = _canonical_index(quantities, state.row, state.tau, state.sel)
+            out.index_put_((state.row, index, state.tau), state.weight.unsqueeze(-1) * law, accumulate=True)
+        return out
+
+    @staticmethod
+    def _branch(state: _ScanState, quantities: _Quantities, draft: int, length: int, final: bool) -> _ScanState:
+        """Split every path on one test: a pass copy (weight h) and a fail-or-skip copy (1 - h, or 1 if skipped)."""
+        active = ~state.done if final else _inner_active(state, quantities, draft, length)
+        # A test passes when U < h with U uniform in [0, 1): probability h clamped to [0, 1].
+        pass_prob = _pass_prob(quantities, state, draft, length, final).clamp(0.0, 1.0)
+        fail = _after_test(state, draft, length, final, active, torch.zeros_like(active))
+        fail = dataclasses.replace(fail, weight=state.weight * torch.where(active, 1 - pass_prob, torch.ones_like(pass_prob)))
+        passing = state.take(active & (pass_prob > 0))
+        passing_prob = pass_prob[active & (pass_prob > 0)]
+        all_true = torch.ones_like(passing.done)
+        passing = _after_test(passing, draft, length, final, all_true, all_true)
+        passing = dataclasses.replace(passing, weight=passing.weight * passing_prob)
+        fail = fail.take(fail.weight > 0)
+        return _ScanState(*(torch.cat([getattr(fail, f.name), getattr(passing, f.name)]) for f in dataclasses.fields(state)))
+
+
+class PublishedSpecTrGBVWithCorrection(PublishedSpecTrGBV):
+    """The published rule plus a carried correction standing in for Algorithm 2.
+
+    The sources say only that Algorithm 2 modifies the target distribution at the
+    unaccepted positions before the next iteration; neither the seed note nor the
+    public code gives the formula.  ASSUMPTION: the modification continues the
+    published residual below the emitted string: at every node ``u`` that extends the
+    emitted string and lies fewer than L tokens below the iteration start, the next
+    target is ``q(ux) (1 - min(1, p(ux)/q(ux))^K)`` normalised (joint probabilities
+    from the iteration start; the target is left unchanged where that has no mass).
+    For K = 1 this is exactly the repair that makes greedy block verification exact
+    (``greedy-block-repaired``), which is the one case where the sources pin it down, so
+    this variant starts at K = 2.
+
+    ``expected = "inexact"``, as measured by the multi-iteration audit on the paper example
+    (L = 2): loop TV 0.0505 (N = 3) and 0.0527 (N = 4) at K = 2, 0.0544 and 0.0555 at K = 3,
+    against 0.0586 / 0.0608 and 0.0552 / 0.0556 without the correction; the verdicts'
+    prefix cap is exceeded (by 0.0238 at K = 2, up to 0.0192 at K = 3 in later iterations),
+    so no correction could have repaired it.
+    """
+
+    name = "spectr-gbv-published-alg2"
+    description = "published SpecTr-GBV + assumed Algorithm 2 (published residual carried below the emitted string)"
+    expected = "inexact"
+    # K = 1 is greedy-block-repaired exactly (same verdicts, same correction).
+    min_drafts = 2
+
+    def carried_correction(self, draft_tokens, draft_probs, target_probs, num_accepted, draft_index, next_token):
+        """The assumed Algorithm 2 correction after these verdicts (None if no row has one)."""
+        return JointResidualCorrection.after_emission(
+            draft_tokens, draft_probs, target_probs, num_accepted, draft_index, next_token,
+            horizon=draft_tokens.shape[-1], exponent=draft_tokens.shape[1],
+        )
