@@ -36,6 +36,11 @@ DRAFT8 = ContextFreeModel(np.random.default_rng(1).dirichlet(np.ones(8)))
 TARGET8 = ContextFreeModel(np.random.default_rng(2).dirichlet(np.ones(8)))
 
 
+#: Correct verifiers audited at the default budget: (name, K, L).
+CORRECT_CASES = [("speculative", 1, 1), ("kseq", 4, 1), ("rrs", 4, 1), ("rrs-wor", 4, 1), ("block", 1, 2),
+                 ("spectr-tree", 2, 2)]
+
+
 def standard_case(verifier: Verifier) -> tuple[int, int]:
     """(K, L) of the library's standard case (same rule as tests/test_broken_verifiers.py)."""
     num_drafts = 4 if verifier.supports(4, 1) or verifier.supports(4, 2) else 1
@@ -82,21 +87,41 @@ def throughput(args) -> dict:
     return out
 
 
-def samples_to_flag(verifier, num_drafts, draft_len, seed=0, start=1 << 10, stop=1 << 22) -> dict:
-    """Doubling search for the smallest main-design size at which the default audit rejects."""
-    n = start
+def samples_to_flag(verifier, num_drafts, draft_len, seed=0, start=1 << 7, stop=1 << 22, refine=3) -> dict:
+    """Smallest main-design size at which the default audit (seed ``seed``) rejects.
+
+    Doubling from ``start``, then ``refine`` bisection steps between the last size that passed
+    (or half the first size) and the first that rejected (resolution 1/8 of that interval).  One seed: the number is
+    itself random, of the order of the size the test needs for power ~1/2.
+    """
+
+    def audit(n):
+        return statistical_audit(verifier, DRAFT8, TARGET8, num_drafts, draft_len, num_samples=n, seed=seed)
+
+    low, n = 0, start
     while n <= stop:
-        result = statistical_audit(verifier, DRAFT8, TARGET8, num_drafts, draft_len, num_samples=n, seed=seed)
+        result = audit(n)
         if result.rejects():
-            return {"num_samples": result.num_samples, "main_design": n, "pvalue": result.pvalue, "test": result.test}
-        n *= 2
-    return {"num_samples": None}
+            break
+        low, n = n, n * 2
+    else:
+        return {"num_samples": None}
+    high, best = n, result
+    low = low or n // 2
+    for _ in range(refine):
+        mid = (low + high) // 2
+        result = audit(mid)
+        if result.rejects():
+            high, best = mid, result
+        else:
+            low = mid
+    return {"num_samples": best.num_samples, "main_design": high, "pvalue": best.pvalue, "test": best.test}
 
 
 def library(args) -> list:
     torch.set_num_threads(args.threads)
     rows = []
-    for name in broken_names():
+    for name in args.only or broken_names():
         verifier = load_broken(name)
         num_drafts, draft_len = standard_case(verifier)
         exact = exact_iteration(verifier, DRAFT8, TARGET8, num_drafts, draft_len)
@@ -111,9 +136,8 @@ def library(args) -> list:
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    for name in ("speculative", "kseq", "rrs", "rrs-wor", "block"):
+    for name, num_drafts, draft_len in ([] if args.only else CORRECT_CASES):
         verifier = load_verifier(name)
-        num_drafts, draft_len = standard_case(verifier)
         result = statistical_audit(verifier, DRAFT8, TARGET8, num_drafts, draft_len, seed=0)
         row = {"verifier": name, "K": num_drafts, "L": draft_len, "exact_tv": 0.0,
                "default_pvalue": result.pvalue, "default_test": result.test, "default_samples": result.num_samples,
@@ -154,6 +178,7 @@ def main() -> None:
     p = sub.add_parser("library")
     p.add_argument("--json")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--only", nargs="*", help="broken verifiers to run (default: all, and the correct ones)")
     p = sub.add_parser("false-alarms")
     p.add_argument("--runs", type=int, default=1000)
     p.add_argument("--samples", type=int, default=4096)

@@ -70,6 +70,21 @@ def render_markdown(report: AuditReport) -> str:
             lines.append("|---|---|---|")
             for w in worst:
                 lines.append(f"| {w['string']} | {_fmt(w['implied'], 6)} | {_fmt(w['target'], 6)} |")
+        cells = r.details.get("worst_cells") or []
+        if cells:
+            lines.append("")
+            lines.append("| cell | observed | expected |")
+            lines.append("|---|---|---|")
+            for c in cells:
+                lines.append(f"| {c.get('cell')} | {_fmt(c.get('observed'), 6)} | {_fmt(c.get('expected'), 6)} |")
+        lines.append("")
+    gate = report.meta.get("gate")
+    if gate:
+        lines += ["## Gate", "", f"**{'held' if gate.get('passed') else 'FAILED'}**", ""]
+        for v in gate.get("violations", []):
+            t = v.get("threshold", {})
+            lines.append(f"- {v.get('verifier')} on {v.get('case')}: {t.get('metric')} = {_fmt(v.get('value'), 6)} "
+                         f"violates {t.get('op')} {t.get('limit')}")
         lines.append("")
     return "\n".join(lines) + "\n"
 

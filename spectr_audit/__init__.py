@@ -35,6 +35,8 @@ _LAZY = {
     "run_suite": "spectr_audit.runner",
     "audit_case": "spectr_audit.runner",
     "InjectedUniforms": "spectr_audit.randomness",
+    "check_verifier": "spectr_audit.conformance",
+    "statistical_audit": "spectr_audit.statistical",
 }
 
 __all__ = ["__version__", "SpectrAuditError", "InvalidArgument", "VerifierError", *_LAZY]

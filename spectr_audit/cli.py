@@ -138,49 +138,27 @@ def _print_result_text(result) -> None:
         print(f"  {key} = {value}")
 
 
-def _count_jobs(suite, verifiers) -> int:
-    """How many audits ``run_suite`` will make (for the progress bar's total)."""
-    from spectr_audit.errors import SpectrAuditError
-    from spectr_audit.registry import builtin_verifiers, load_verifier
-    from spectr_audit.runner import _scheme_fits
-
-    builtins = None
-    total = 0
-    for case in suite.cases:
-        if verifiers is not None:
-            candidates = verifiers
-        elif case.verifiers is None:
-            builtins = builtins if builtins is not None else builtin_verifiers()
-            candidates = builtins
-        else:
-            candidates = []
-            for spec in case.verifiers:
-                try:
-                    candidates.append(load_verifier(spec))
-                except SpectrAuditError:
-                    pass
-        total += sum(1 for v in candidates if v.supports(case.num_drafts, case.draft_len) and _scheme_fits(v, case))
-    return total
-
-
 class _Progress:
     """Progress on stderr: a rich bar, one line per audit, or nothing."""
 
-    def __init__(self, mode: str, total_fn):
+    def __init__(self, mode: str):
         if mode == "auto":
             mode = "bar" if sys.stderr.isatty() else "lines"
         self.mode = mode
         self._bar = None
         self._task = None
-        if mode == "bar":
+        self._started = False
+
+    def start(self, total: int) -> None:
+        """Called by ``run_suite`` with the number of audits it will make."""
+        if self.mode == "bar":
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._bar = Progress(TextColumn("[bold]auditing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
-            self._task = self._bar.add_task("", total=total_fn())
+            self._task = self._bar.add_task("", total=total)
             self._bar.start()
-            self._started = False
 
     def __call__(self, verifier: str, case: str) -> None:
         if self.mode == "lines":
@@ -206,7 +184,7 @@ def _cmd_run(args) -> int:
     verifiers = select_verifiers(args.verifier)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    progress = _Progress(args.progress, lambda: _count_jobs(suite, verifiers))
+    progress = _Progress(args.progress)
     options = AuditOptions(seed=args.seed, alpha=args.alpha, max_samples=args.max_samples)
     start = time.perf_counter()
     try:

@@ -487,7 +487,7 @@ def check_verifier(
     True
     """
     from spectr_audit.results import AuditReport
-    from spectr_audit.runner import AuditOptions, audit_case, _scheme_fits
+    from spectr_audit.runner import AuditOptions, audit_case, scheme_fits
     from spectr_audit.suite import Suite, load_suite
 
     ks = None if num_drafts is None else _as_ints(num_drafts, "num_drafts")
@@ -517,7 +517,7 @@ def check_verifier(
         suite = standard_suite(ks, ls)
     elif isinstance(suite, str):
         suite = load_suite(suite)
-    cases = [c for c in suite.cases if verifier.supports(c.num_drafts, c.draft_len) and _scheme_fits(verifier, c)]
+    cases = [c for c in suite.cases if verifier.supports(c.num_drafts, c.draft_len) and scheme_fits(verifier, c)]
     if not cases:
         raise InvalidArgument(f"suite: no case of {suite.name!r} fits verifier {verifier.name!r}")
     combos = [(k, length) for k in ks for length in ls

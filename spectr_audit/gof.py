@@ -11,7 +11,8 @@ Every function here takes counts and exact probabilities and returns a :class:`T
   distribution is the weighted sum of chi-squares given by the estimated within-stratum
   covariance (Rao-Scott), evaluated by Imhof's integral.  The draft-sampling noise drops out.
 * :func:`conditional_pearson_test`: per-stratum multinomial tests against known per-stratum
-  laws (a sampler against its own exact law), summed.
+  laws (a sampler against its own exact law), summed; :func:`independent_sum_test` for counts
+  of samples that each have their own known law.
 * :func:`binomial_above`, :func:`binomial_below`: exact one-sided binomial tests of a rate
   against a bound or a claim.
 * :class:`PlugInEProcess`: an anytime-valid likelihood-ratio e-process for early stopping.
@@ -39,6 +40,7 @@ __all__ = [
     "conditional_pearson_test",
     "g_test",
     "holm",
+    "independent_sum_test",
     "pearson_test",
     "pool_sparse",
     "stratified_pearson_test",
@@ -153,7 +155,11 @@ def _chi2_result(name, statistic, df, num_samples, num_cells, pooled_mass, detai
                       detail=detail)
 
 
-def pearson_test(observed, cell_probs, min_expected: float = MIN_EXPECTED) -> TestResult:
+def pearson_test(
+    observed,  # [num_cells] counts of i.i.d. samples
+    cell_probs,  # [num_cells] exact probabilities
+    min_expected: float = MIN_EXPECTED,
+) -> TestResult:
     """Pearson's chi-square of i.i.d. counts against exact cell probabilities, sparse cells pooled.
 
     Examples
@@ -171,7 +177,11 @@ def pearson_test(observed, cell_probs, min_expected: float = MIN_EXPECTED) -> Te
                         "Pearson chi-square of completed strings vs the target law")
 
 
-def g_test(observed, cell_probs, min_expected: float = MIN_EXPECTED) -> TestResult:
+def g_test(
+    observed,  # [num_cells] counts of i.i.d. samples
+    cell_probs,  # [num_cells] exact probabilities
+    min_expected: float = MIN_EXPECTED,
+) -> TestResult:
     """The G-test (likelihood ratio) of i.i.d. counts against exact cell probabilities, sparse cells pooled.
 
     Examples
@@ -207,17 +217,25 @@ def _imhof_sf(x: float, weights: np.ndarray) -> Optional[float]:
     def phase(u: float) -> float:
         return 0.5 * float(np.arctan(weights * u).sum())
 
-    def damping(u: float) -> float:
-        return u * math.exp(0.25 * float(np.log1p((weights * u) ** 2).sum()))
+    def amplitude(u: float) -> float:  # 1 / (u rho(u)), in log space: rho overflows far out
+        return math.exp(-math.log(u) - 0.25 * float(np.log1p((weights * u) ** 2).sum()))
 
     split = 8.0 * math.pi / x
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", integrate.IntegrationWarning)
-        head, _ = integrate.quad(lambda u: math.sin(phase(u) - 0.5 * x * u) / damping(u), 0.0, split,
-                                 limit=200, epsabs=1e-12)
-        tail_cos, _ = integrate.quad(lambda u: math.sin(phase(u)) / damping(u), split, np.inf,
+        # [0, split] in pieces at 1/w_max, 10/w_max, ...: the integrand lives on the scale 1/w_max
+        # while a small x makes `split` huge.
+        edges = [0.0]
+        edge = 1.0 / float(weights.max())
+        while edge < split:
+            edges.append(edge)
+            edge *= 10.0
+        edges.append(split)
+        head = sum(integrate.quad(lambda u: math.sin(phase(u) - 0.5 * x * u) * amplitude(u), a, b,
+                                  limit=200, epsabs=1e-13)[0] for a, b in zip(edges, edges[1:]))
+        tail_cos, _ = integrate.quad(lambda u: math.sin(phase(u)) * amplitude(u), split, np.inf,
                                      weight="cos", wvar=0.5 * x, limlst=100)
-        tail_sin, _ = integrate.quad(lambda u: math.cos(phase(u)) / damping(u), split, np.inf,
+        tail_sin, _ = integrate.quad(lambda u: math.cos(phase(u)) * amplitude(u), split, np.inf,
                                      weight="sin", wvar=0.5 * x, limlst=100)
     if any(issubclass(w.category, integrate.IntegrationWarning) for w in caught):
         return None
@@ -249,7 +267,10 @@ def _saddlepoint_sf(x: float, weights: np.ndarray) -> float:
     return float(min(1.0, max(0.0, stats.norm.sf(w) + stats.norm.pdf(w) * (1.0 / u - 1.0 / w))))
 
 
-def weighted_chi2_sf(x: float, weights) -> float:
+def weighted_chi2_sf(
+    x: float,
+    weights,  # [num_weights], non-negative
+) -> float:
     """``P(sum_j weights_j Z_j^2 > x)`` for i.i.d. standard normal Z_j and weights >= 0.
 
     Equal weights: the scaled chi-square, exactly.  Otherwise Imhof's integral (absolute
@@ -386,6 +407,47 @@ def conditional_pearson_test(
     num_samples = float(totals.sum())
     return _chi2_result(name, statistic, df, num_samples, cells, pooled / max(num_samples, 1.0),
                         "sum over draft tuples of Pearson statistics vs the exact conditional law")
+
+
+def independent_sum_test(
+    observed: torch.Tensor,  # [num_cells] counts
+    expected: torch.Tensor,  # [num_cells] sum over samples of their cell laws
+    second_moment: torch.Tensor,  # [num_cells, num_cells] sum over samples of law law^T
+    min_expected: float = MIN_EXPECTED,
+    name: str = "aggregated-pearson",
+) -> TestResult:
+    """Pearson's statistic for counts that are a sum of independent, non-identical categoricals.
+
+    Sample r falls in cell c with known probability ``l_r(c)`` (a sampler against its own law,
+    given its drafts).  The counts have mean ``E = sum_r l_r`` and covariance
+    ``diag(E) - sum_r l_r l_r^T``, at most the multinomial one; the statistic
+    ``sum_c (O_c - E_c)^2 / E_c`` is then asymptotically ``sum_j lambda_j Z_j^2`` with ``lambda``
+    the eigenvalues of ``E^-1/2 Cov E^-1/2``, and the p-value comes from
+    :func:`weighted_chi2_sf`.  Sparse cells are pooled as in :func:`pool_sparse`.
+    """
+    observed = observed.detach().cpu().double()
+    expected = expected.detach().cpu().double()
+    second_moment = second_moment.detach().cpu().double()
+    num_samples = float(observed.sum())
+    _, _, pooled_mass, mapping = pool_sparse(observed, expected / max(num_samples, 1.0), min_expected)
+    mapping = torch.as_tensor(mapping)
+    keep = mapping >= 0
+    size = int(mapping.max()) + 1 if bool(keep.any()) else 0
+    if size < 2:
+        return TestResult(name, 0.0, 1.0, 0.0, int(num_samples), size, pooled_mass)
+    project = torch.zeros(observed.numel(), size, dtype=torch.float64)
+    project[keep.nonzero().squeeze(1), mapping[keep]] = 1.0
+    obs, exp = observed @ project, expected @ project
+    moment = project.T @ second_moment @ project
+    statistic = float(((obs - exp) ** 2 / exp).sum())
+    scale = exp.rsqrt()
+    matrix = (torch.diag(exp) - moment) * scale.unsqueeze(0) * scale.unsqueeze(1)
+    eigenvalues = torch.linalg.eigvalsh(matrix).clamp(min=0).numpy()
+    trace, trace_sq = eigenvalues.sum(), (eigenvalues**2).sum()
+    df = float(trace**2 / trace_sq) if trace_sq > 0 else 0.0
+    return TestResult(name, statistic, weighted_chi2_sf(statistic, eigenvalues), df, int(num_samples), size,
+                      float(pooled_mass),
+                      detail="Pearson statistic of counts vs the summed exact laws, null from their exact covariance")
 
 
 # ---------------------------------------------------------------------------------------------

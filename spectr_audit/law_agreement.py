@@ -20,7 +20,7 @@ import torch
 from spectr_audit import power as sizing
 from spectr_audit.contract import as_verifier, check_output_probs
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.gof import MIN_EXPECTED, TestResult, conditional_pearson_test, holm
+from spectr_audit.gof import MIN_EXPECTED, TestResult, conditional_pearson_test, holm, independent_sum_test
 from spectr_audit.models import Model
 from spectr_audit.montecarlo import default_chunk_size, draw_drafts, verify_batch
 from spectr_audit.power import DEFAULT_ALPHA, DEFAULT_MIN_DETECTABLE_TV, DEFAULT_POWER
@@ -35,6 +35,9 @@ from spectr_audit._statistical_common import (
 from spectr_audit.statistical_result import LawAgreementResult, worst_cells
 
 __all__ = ["sampler_law_agreement"]
+
+#: Up to this many cells (K (L + 1) V), the aggregated test uses the counts' exact covariance.
+MAX_COVARIANCE_CELLS = 2048
 
 
 def _canonical_index(draft_tokens: torch.Tensor) -> torch.Tensor:  # [B, K, L + 1]
@@ -97,8 +100,9 @@ def sampler_law_agreement(
     cell probabilities.  Two tests (Holm):
 
     * ``aggregated-pearson``: total counts against the summed per-sample laws.  Given the drafts
-      the counts are sums of independent categoricals, whose covariance is at most the
-      multinomial one, so the chi-square p-value is valid (conservative);
+      the counts are sums of independent categoricals with a known covariance, and the null is
+      the weighted chi-square it implies (:func:`spectr_audit.gof.independent_sum_test`); above
+      ``MAX_COVARIANCE_CELLS`` cells, the multinomial chi-square, which bounds it (conservative);
     * ``per-tuple-pearson`` (small draft spaces): counts per draft tuple against that tuple's
       law, one multinomial test per tuple, summed (:func:`spectr_audit.gof.conditional_pearson_test`);
       it sees a drift confined to a few tuples.
@@ -134,6 +138,8 @@ def sampler_law_agreement(
     generator = torch.Generator(device=device).manual_seed(seed)
     observed = torch.zeros(num_strata, num_cells, dtype=torch.float64)
     expected = torch.zeros(num_strata, num_cells, dtype=torch.float64)
+    exact_covariance = num_cells <= MAX_COVARIANCE_CELLS
+    second_moment = torch.zeros(num_cells, num_cells, dtype=torch.float64) if exact_covariance else None
     violations, done = 0, 0
     start = time.perf_counter()
     for size in chunk_schedule(total, chunk_size):
@@ -157,6 +163,8 @@ def sampler_law_agreement(
         observed += torch.bincount(strata * num_cells + sample_cells, minlength=num_strata * num_cells).double().cpu(
         ).reshape(num_strata, num_cells)
         expected.index_add_(0, strata.cpu(), folded.cpu())
+        if exact_covariance:
+            second_moment += (folded.T @ folded).cpu()
         done += size
         if violations:
             break
@@ -164,11 +172,13 @@ def sampler_law_agreement(
             break
     seconds = time.perf_counter() - start
 
-    aggregated = conditional_pearson_test(observed.sum(0, keepdim=True), expected.sum(0, keepdim=True), min_expected,
-                                          name="aggregated-pearson")
+    if exact_covariance:
+        aggregated = independent_sum_test(observed.sum(0), expected.sum(0), second_moment, min_expected)
+    else:  # the multinomial null bounds the true covariance: valid, conservative
+        aggregated = conditional_pearson_test(observed.sum(0, keepdim=True), expected.sum(0, keepdim=True),
+                                              min_expected, name="aggregated-pearson")
     mde = sizing.min_detectable_tv(done, aggregated.num_cells, test_alpha, power) if (aggregated.num_cells or 0) >= 2 else math.inf
-    tests = [dataclasses.replace(aggregated, min_detectable_tv=mde,
-                                 detail="counts over (draft index, accepted, next token) vs the summed exact laws")]
+    tests = [dataclasses.replace(aggregated, min_detectable_tv=mde)]
     if per_tuple:
         tests.append(conditional_pearson_test(observed, expected, min_expected, name="per-tuple-pearson"))
     adjusted = holm([t.pvalue for t in tests])

@@ -8,11 +8,12 @@ verifier is exact, the completed strings are i.i.d. draws from the target law q 
 cell probabilities.
 
 Counting uses a :class:`PrefixPartition` of V^N: a prefix tree grown from the root, where a
-node u is split into its V children only while ``num_samples * q(u)`` is large enough.  When
-V^N is small and the sample large, every string is its own cell (the full V^N partition);
-otherwise a string's cell is its deepest tree node, i.e. "all strings that start with u".  The
-tree needs target calls only at split nodes, so it also serves Markov and other
-context-dependent targets and large vocabularies.
+node u is split into its children only while their expected counts are large enough, and a
+node's rare children share one cell.  When V^N is small and the sample large, every string is
+its own cell (the full V^N partition); otherwise a string's cell is "all strings that start
+with u" for its deepest tree node u (or "u followed by a rare token").  The tree needs target
+calls only at candidate nodes, so it also serves Markov and other context-dependent targets and
+large vocabularies.
 
 Everything is batched torch code on any device, seeded by one ``torch.Generator``, and run in
 chunks so memory stays bounded.
@@ -27,7 +28,7 @@ from typing import Optional, Sequence
 import torch
 
 from spectr_audit.contract import Verifier, VerifyOutput, check_verify_output
-from spectr_audit.decoding import complete, decode
+from spectr_audit.decoding import complete, decode, emitted_tokens
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.exact import DraftEnumeration
 from spectr_audit.harness import DraftBatch, draft
@@ -35,7 +36,10 @@ from spectr_audit.models import PAD, ContextFreeModel, Model, contexts_from
 from spectr_audit.randomness import RandomSource, sample_categorical, uniform
 
 __all__ = [
+    "IMPOSSIBLE",
+    "PREFIX",
     "PrefixPartition",
+    "RARE",
     "SampleChunk",
     "build_partition",
     "complete_with_target",
@@ -56,9 +60,19 @@ _MODEL_BATCH = 65536
 # ---------------------------------------------------------------------------------------------
 
 
+#: Kinds of cells: all strings starting with a prefix u; u followed by any of its rare next
+#: tokens; u followed by any token the target never emits there.
+PREFIX, RARE, IMPOSSIBLE = 0, 1, 2
+
+
 @dataclasses.dataclass(frozen=True)
 class PrefixPartition:
-    """A partition of the strings of length N into cells "every string that starts with u".
+    """A partition of the strings of length N by a prefix tree.
+
+    A cell is one of: every string that starts with a prefix u (``PREFIX``; a single string
+    when ``len(u) = N``); every string that continues u with one of its *rare* next tokens
+    (``RARE``: tokens whose expected count is too small for a cell of their own); every string
+    that continues u with a token of target probability 0 there (``IMPOSSIBLE``).
 
     Attributes
     ----------
@@ -67,15 +81,18 @@ class PrefixPartition:
     expanded_row : torch.Tensor
         ``[num_nodes]`` int64: the row of ``children`` of a split node, -1 for a leaf.
     children : torch.Tensor
-        ``[num_split, vocab_size]`` int64: node ids of the children of each split node.
+        ``[num_split, vocab_size]`` int64: the child node of each split node for each token
+        (rare tokens share one leaf, impossible tokens another).
     leaf_cell : torch.Tensor
         ``[num_nodes]`` int64: the cell index of a leaf, -1 for a split node.
     cell_probs : torch.Tensor
         ``[num_cells]`` float64: target probability of each cell.
     cell_strings : torch.Tensor
-        ``[num_cells, num_tokens]`` int64: the prefix u of each cell, ``PAD`` after its depth.
+        ``[num_cells, num_tokens]`` int64: the prefix u of each cell, ``PAD`` after it.
     cell_depth : torch.Tensor
-        ``[num_cells]`` int64: ``len(u)``; ``num_tokens`` for a cell holding a single string.
+        ``[num_cells]`` int64: ``len(u)``.
+    cell_kind : torch.Tensor
+        ``[num_cells]`` int64: ``PREFIX``, ``RARE`` or ``IMPOSSIBLE``.
     """
 
     vocab_size: int
@@ -92,6 +109,8 @@ class PrefixPartition:
     cell_strings: torch.Tensor
     # [num_cells]
     cell_depth: torch.Tensor
+    # [num_cells]
+    cell_kind: torch.Tensor
 
     @property
     def num_cells(self) -> int:
@@ -100,8 +119,9 @@ class PrefixPartition:
 
     @property
     def is_full(self) -> bool:
-        """Whether every cell is a single string of length N (the full V^N partition)."""
-        return bool((self.cell_depth == self.num_tokens).all())
+        """Whether every string of positive probability is its own cell (the full V^N partition)."""
+        positive = self.cell_kind != IMPOSSIBLE
+        return bool(((self.cell_depth == self.num_tokens) & (self.cell_kind == PREFIX))[positive].all())
 
     def cells_of(self, strings: torch.Tensor) -> torch.Tensor:  # [n]
         """Cell index of each completed string ``strings [n, num_tokens]`` (a walk down the tree)."""
@@ -116,10 +136,13 @@ class PrefixPartition:
         return self.leaf_cell.to(strings.device)[node]
 
     def describe(self, cell: int) -> str:
-        """A readable cell name: ``"3 1 4"`` for one string, ``"3 1 *"`` for all strings starting 3 1."""
+        """A readable cell name: ``"3 1 4"``, ``"3 1 *"`` (strings starting 3 1), ``"3 (rare) *"``."""
         depth = int(self.cell_depth[cell])
+        kind = int(self.cell_kind[cell])
         tokens = [str(t) for t in self.cell_strings[cell, :depth].tolist()]
-        return " ".join(tokens + (["*"] if depth < self.num_tokens else []))
+        if kind != PREFIX:
+            tokens.append("(rare)" if kind == RARE else "(impossible)")
+        return " ".join(tokens + (["*"] if len(tokens) < self.num_tokens else []))
 
 
 def build_partition(
@@ -137,7 +160,7 @@ def build_partition(
     Parameters
     ----------
     target_model : Model
-        The target; called on ``prefix + u`` for every split node u.
+        The target; called on ``prefix + u`` for every candidate node u.
     num_tokens : int
         N, the length of the completed strings.
     num_samples : int
@@ -145,9 +168,9 @@ def build_partition(
     prefix : sequence of int
         The context before the audited step.
     min_expected : float
-        A node u of depth < N is split when ``num_samples * q(u) >= 2 * min_expected`` (the
-        root always is), so that a split can yield cells with the usual chi-square minimum of
-        ``min_expected`` expected counts; smaller cells are pooled later by the tests.
+        A child of expected count ``num_samples * q(ux)`` below this is *rare*: the rare
+        children of a node share one cell.  A node u of depth < N is split when that yields at
+        least two cells of at least ``min_expected`` expected samples (the root always is).
     max_cells : int
         Cap on the number of cells; when a level would exceed it, only its most probable nodes
         are split.
@@ -159,86 +182,106 @@ def build_partition(
 
     Notes
     -----
-    Strings of target probability 0 stay in cells of probability 0; a sample landing there
-    proves the verifier inexact (the audit's ``support`` check).
+    Strings of target probability 0 land in ``IMPOSSIBLE`` cells of probability 0: a sample
+    there proves the verifier inexact (the audit's ``support`` check).  When V^N is small
+    and the sample large, the result is the full V^N partition.
     """
     if num_tokens < 1:
         raise InvalidArgument(f"num_tokens: expected >= 1, got {num_tokens}")
     vocab_size = target_model.vocab_size
-    if max_cells < vocab_size:
-        raise InvalidArgument(f"max_cells: must be at least vocab_size = {vocab_size}, got {max_cells}")
+    if max_cells < vocab_size + 2:
+        raise InvalidArgument(f"max_cells: must be at least vocab_size + 2 = {vocab_size + 2}, got {max_cells}")
     device = torch.device(device)
-    threshold = 2.0 * min_expected / max(num_samples, 1)
-    # Nodes are numbered depth by depth; `level_*` hold the current depth's nodes.
+    num_samples = max(int(num_samples), 1)
+    # Nodes are numbered in creation order; `level_*` describe the current depth's open nodes.
     level_ids = torch.zeros(1, dtype=torch.int64)
     level_probs = torch.ones(1, dtype=torch.float64)
     level_strings = torch.zeros(1, 0, dtype=torch.int64)
-    num_nodes = 1
-    num_leaves = 1
+    num_nodes, num_cells = 1, 1
     split_ids, split_children = [], []
-    leaf_ids, leaf_probs, leaf_strings, leaf_depths = [], [], [], []
-
-    def add_leaves(ids, probs, strings, depth):
-        leaf_ids.append(ids)
-        leaf_probs.append(probs)
-        padded = torch.full((ids.numel(), num_tokens), PAD, dtype=torch.int64)
-        padded[:, :depth] = strings
-        leaf_strings.append(padded)
-        leaf_depths.append(torch.full((ids.numel(),), depth, dtype=torch.int64))
+    leaves = []  # (ids, probs, strings [m, depth], depth, kind)
 
     for depth in range(num_tokens):
-        split = (level_probs > 0) & (level_probs >= threshold)
-        if depth == 0:
-            split = torch.ones_like(split)
-        budget = (max_cells - num_leaves) // max(vocab_size - 1, 1) if vocab_size > 1 else level_ids.numel()
-        if int(split.sum()) > budget:
-            order = torch.argsort(torch.where(split, level_probs, torch.full_like(level_probs, -1.0)), descending=True)
-            keep = torch.zeros_like(split)
-            keep[order[: max(budget, 0)]] = True
-            split = split & keep
-        add_leaves(level_ids[~split], level_probs[~split], level_strings[~split], depth)
-        ids, probs, strings = level_ids[split], level_probs[split], level_strings[split]
-        num_split = ids.numel()
-        if num_split == 0:
-            level_ids = torch.zeros(0, dtype=torch.int64)
-            break
-        cond = torch.cat(
-            [
+        candidate = level_probs > 0
+        if depth > 0:
+            candidate &= num_samples * level_probs >= 2 * min_expected
+        cand_index = candidate.nonzero().squeeze(1)
+        split = torch.zeros_like(candidate)
+        if cand_index.numel():
+            strings = level_strings[cand_index]
+            cond = torch.cat([
                 target_model(contexts_from(prefix, strings[i : i + _MODEL_BATCH].to(device))).double().cpu()
-                for i in range(0, num_split, _MODEL_BATCH)
-            ]
-        )  # [num_split, vocab_size]
-        child_ids = num_nodes + torch.arange(num_split * vocab_size, dtype=torch.int64).reshape(num_split, vocab_size)
-        split_ids.append(ids)
-        split_children.append(child_ids)
-        num_nodes += num_split * vocab_size
-        num_leaves += num_split * (vocab_size - 1)
-        level_ids = child_ids.reshape(-1)
-        level_probs = (probs.unsqueeze(1) * cond).reshape(-1)
-        tokens = torch.arange(vocab_size, dtype=torch.int64).repeat(num_split).unsqueeze(1)
-        level_strings = torch.cat([strings.repeat_interleave(vocab_size, dim=0), tokens], dim=1)
-    if level_ids.numel():
-        add_leaves(level_ids, level_probs, level_strings, num_tokens)
+                for i in range(0, strings.shape[0], _MODEL_BATCH)
+            ])  # [num_candidates, vocab_size]
+            child_probs = level_probs[cand_index].unsqueeze(1) * cond
+            big = num_samples * child_probs >= min_expected
+            zero = child_probs <= 0
+            rare = ~big & ~zero
+            num_big = big.sum(1)
+            rare_mass = (child_probs * rare).sum(1)
+            worth = (num_big >= 2) | ((num_big == 1) & (num_samples * rare_mass >= min_expected))
+            if depth == 0:
+                worth = torch.ones_like(worth)
+            # Each split turns one cell into (#big + rare lump + impossible lump) cells.
+            new_cells = num_big + rare.any(1).long() + zero.any(1).long() - 1
+            order = torch.argsort(torch.where(worth, level_probs[cand_index], torch.full_like(rare_mass, -1.0)),
+                                  descending=True)
+            budget_ok = torch.zeros_like(worth)
+            budget_ok[order] = (num_cells + new_cells[order].cumsum(0)) <= max_cells
+            worth &= budget_ok | (depth == 0)
+            split[cand_index[worth]] = True
+            keep = worth.nonzero().squeeze(1)
+            big, zero, rare = big[keep], zero[keep], rare[keep]
+            child_probs, strings = child_probs[keep], strings[keep]
+            num_split = keep.numel()
+            num_cells += int(new_cells[keep].sum())
+            # Child ids: one per big child, then one rare lump and one impossible lump per node that has them.
+            big_ids = num_nodes + big.reshape(-1).long().cumsum(0).reshape(num_split, vocab_size) - 1
+            num_nodes += int(big.sum())
+            has_rare, has_zero = rare.any(1), zero.any(1)
+            rare_ids = num_nodes + has_rare.long().cumsum(0) - 1
+            num_nodes += int(has_rare.sum())
+            zero_ids = num_nodes + has_zero.long().cumsum(0) - 1
+            num_nodes += int(has_zero.sum())
+            children = torch.where(big, big_ids, torch.where(zero, zero_ids.unsqueeze(1), rare_ids.unsqueeze(1)))
+            split_ids.append(level_ids[cand_index[worth]])
+            split_children.append(children)
+            leaves.append((rare_ids[has_rare], (child_probs * rare).sum(1)[has_rare], strings[has_rare], depth, RARE))
+            leaves.append((zero_ids[has_zero], torch.zeros(int(has_zero.sum()), dtype=torch.float64),
+                           strings[has_zero], depth, IMPOSSIBLE))
+            tokens = torch.arange(vocab_size).expand(num_split, vocab_size)
+            next_ids = big_ids[big]
+            next_probs = child_probs[big]
+            next_strings = torch.cat([strings.unsqueeze(1).expand(-1, vocab_size, -1)[big], tokens[big].unsqueeze(1)], 1)
+        else:
+            next_ids = torch.zeros(0, dtype=torch.int64)
+            next_probs = torch.zeros(0, dtype=torch.float64)
+            next_strings = torch.zeros(0, depth + 1, dtype=torch.int64)
+        leaves.append((level_ids[~split], level_probs[~split], level_strings[~split], depth, PREFIX))
+        level_ids, level_probs, level_strings = next_ids, next_probs, next_strings
+    leaves.append((level_ids, level_probs, level_strings, num_tokens, PREFIX))
 
     expanded_row = torch.full((num_nodes,), -1, dtype=torch.int64)
-    if split_ids:
-        all_split = torch.cat(split_ids)
-        expanded_row[all_split] = torch.arange(all_split.numel(), dtype=torch.int64)
-        children = torch.cat(split_children)
-    else:
-        children = torch.zeros(0, vocab_size, dtype=torch.int64)
-    ids = torch.cat(leaf_ids)
+    all_split = torch.cat(split_ids)
+    expanded_row[all_split] = torch.arange(all_split.numel(), dtype=torch.int64)
+    leaf_ids = torch.cat([ids for ids, *_ in leaves])
     leaf_cell = torch.full((num_nodes,), -1, dtype=torch.int64)
-    leaf_cell[ids] = torch.arange(ids.numel(), dtype=torch.int64)
+    leaf_cell[leaf_ids] = torch.arange(leaf_ids.numel(), dtype=torch.int64)
+    cell_strings = []
+    for ids, _, strings, depth, _ in leaves:
+        padded = torch.full((ids.numel(), num_tokens), PAD, dtype=torch.int64)
+        padded[:, :depth] = strings
+        cell_strings.append(padded)
     return PrefixPartition(
         vocab_size=vocab_size,
         num_tokens=num_tokens,
         expanded_row=expanded_row.to(device),
-        children=children.to(device),
+        children=torch.cat(split_children).to(device),
         leaf_cell=leaf_cell.to(device),
-        cell_probs=torch.cat(leaf_probs),
-        cell_strings=torch.cat(leaf_strings),
-        cell_depth=torch.cat(leaf_depths),
+        cell_probs=torch.cat([probs for _, probs, *_ in leaves]),
+        cell_strings=torch.cat(cell_strings),
+        cell_depth=torch.cat([torch.full((ids.numel(),), depth, dtype=torch.int64) for ids, _, _, depth, _ in leaves]),
+        cell_kind=torch.cat([torch.full((ids.numel(),), kind, dtype=torch.int64) for ids, _, _, _, kind in leaves]),
     )
 
 
@@ -318,17 +361,17 @@ def emitted_strings(
     output: VerifyOutput,
     num_tokens: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([batch_size, num_tokens], [batch_size])
-    """The emitted strings, left-aligned in ``[batch_size, num_tokens]`` with ``PAD`` after them, and their lengths."""
+    """The emitted strings, left-aligned in ``[batch_size, num_tokens]`` with ``PAD`` after them, and their lengths.
+
+    :func:`spectr_audit.decoding.emitted_tokens`, widened to ``num_tokens`` columns.
+    """
     batch_size, _, draft_len = draft_tokens.shape
     if num_tokens < draft_len + 1:
         raise InvalidArgument(f"num_tokens: must be >= draft_len + 1 = {draft_len + 1}, got {num_tokens}")
-    rows = torch.arange(batch_size, device=draft_tokens.device)
-    chosen = draft_tokens[rows, output.draft_index]  # [batch_size, draft_len]
-    positions = torch.arange(num_tokens, device=draft_tokens.device)
+    tokens, lengths = emitted_tokens(draft_tokens, output)
     strings = torch.full((batch_size, num_tokens), PAD, dtype=torch.int64, device=draft_tokens.device)
-    strings[:, :draft_len] = torch.where(positions[:draft_len] < output.num_accepted.unsqueeze(1), chosen, PAD)
-    strings.scatter_(1, output.num_accepted.unsqueeze(1), output.next_token.unsqueeze(1))
-    return strings, output.num_accepted + 1
+    strings[:, : draft_len + 1] = tokens
+    return strings, lengths
 
 
 def complete_with_target(

@@ -29,12 +29,14 @@ from spectr_audit.registry import builtin_verifiers, load_verifier
 from spectr_audit.results import AuditReport, AuditResult, Check
 from spectr_audit.suite import Case, Suite
 
-__all__ = ["AuditOptions", "audit_case", "run_suite", "select_verifiers", "EXACT_TOL", "BOUND_TOL"]
+__all__ = ["AuditOptions", "audit_case", "plan_jobs", "run_suite", "scheme_fits", "select_verifiers", "EXACT_TOL", "BOUND_TOL"]
 
 #: Exact laws must match the target to this absolute error (float64 enumeration).
 EXACT_TOL = 1e-12
 #: Slack for comparisons with LP / closed-form optima.
 BOUND_TOL = 1e-9
+#: Slack for block efficiencies against the block LP (CLARABEL's tolerance, see block_lp).
+LP_TOL = 1e-6
 #: Run the alpha* LP next to the closed form when it has at most this many variables.
 LP_MAX_VARIABLES = 20_000
 
@@ -50,6 +52,8 @@ class AuditOptions:
     max_seconds: Optional[float] = None
     min_detectable_tv: float = 0.005
     power: float = 0.99
+    #: Sample cap of the sampler-versus-exact-law check of verifiers with ``output_probs``.
+    sampler_max_samples: Optional[int] = 200_000
     device: str = "cpu"
 
 
@@ -63,7 +67,8 @@ def _first_position(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     return case.draft_model(ctx)[0].double(), case.target_model(ctx)[0].double()
 
 
-def _scheme_fits(verifier: Verifier, case: Case) -> bool:
+def scheme_fits(verifier: Verifier, case: Case) -> bool:
+    """Whether the case allows the verifier's drafting scheme (without replacement: L = 1, K <= support)."""
     if verifier.draft_scheme != "without_replacement":
         return True
     draft_first, _ = _first_position(case)
@@ -117,47 +122,151 @@ def _optimality(case: Case, draft_scheme: str, metrics: dict, details: dict) -> 
     return alpha_star
 
 
+def _exact_checks(verifier, case, alpha_star, carries, checks, metrics, details) -> None:
+    """Single-iteration exact law: exactness (the judge unless a repair is carried), prefix cap, acceptance."""
+    audit = exact_iteration(
+        verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, prefix=case.prefix
+    )
+    metrics.update(
+        tv_distance=audit.tv_distance,
+        max_abs_error=audit.max_abs_error,
+        token_tv_distance=audit.token_tv_distance,
+        prefix_cap_excess=audit.prefix_cap_excess,
+        acceptance=audit.membership_acceptance,
+        block_efficiency=audit.block_efficiency,
+        num_draft_tuples=audit.num_draft_tuples,
+    )
+    details["worst_strings"] = audit.worst_strings()
+    details["first_token_law"] = audit.first_token_law.tolist()
+    details["target_first_token_law"] = audit.target_law[0].tolist()
+    if audit.prefix_cap_excess > 0:
+        details["worst_prefix"] = list(audit.worst_prefix)
+    if carries:
+        # With a carried repair one iteration alone is not meant to be exact: the multi-iteration
+        # law is the judge; its single-iteration TV is reported for information only.
+        metrics["single_iteration_tv_distance"] = metrics.pop("tv_distance")
+        metrics["single_iteration_max_abs_error"] = metrics.pop("max_abs_error")
+    else:
+        checks.append(Check("exact", audit.max_abs_error <= EXACT_TOL, audit.max_abs_error, EXACT_TOL,
+                            "max |F(w) - q(w)| over strings of length L + 1 (single iteration, unmodified continuation)"))
+    checks.append(Check("prefix-cap", audit.prefix_cap_excess <= EXACT_TOL, audit.prefix_cap_excess, EXACT_TOL,
+                        "max over prefixes u of B(u) - q(u); above 0 no later correction can repair the step"))
+    if alpha_star is not None:
+        acceptance = audit.membership_acceptance
+        metrics["acceptance_ratio"] = acceptance / alpha_star if alpha_star > 0 else None
+        checks.append(Check("acceptance<=optimal", acceptance <= alpha_star + BOUND_TOL, acceptance, alpha_star,
+                            "P(first emitted token in the drafts' first tokens) <= alpha*"))
+        if "spectr" in verifier.guarantees and "spectr_bound" in metrics:
+            floor = metrics["spectr_bound"]
+            checks.append(Check("spectr-guarantee", acceptance >= floor - BOUND_TOL, acceptance, floor,
+                                "acceptance >= (1 - (1 - 1/K)^K) alpha*"))
+
+
+def _multi_iteration_check(verifier, case, checks, metrics, details) -> None:
+    from spectr_audit.multi_iteration import exact_multi_iteration
+
+    num_tokens = case.num_tokens or case.draft_len + 2
+    audit = exact_multi_iteration(
+        verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, num_tokens, prefix=case.prefix
+    )
+    metrics.update(tv_distance=audit.tv_distance, max_abs_error=audit.max_abs_error,
+                   multi_iteration_tokens=num_tokens, multi_iteration_prefix_cap_excess=audit.prefix_cap_excess)
+    details["multi_iteration"] = {"num_tokens": num_tokens, "num_histories": audit.num_histories,
+                                  "expected_iterations": audit.expected_iterations}
+    checks.append(Check("exact-multi-iteration", audit.max_abs_error <= EXACT_TOL, audit.max_abs_error, EXACT_TOL,
+                        f"max |P(first {num_tokens} tokens = w) - q(w)| over the whole decoding loop, corrections applied"))
+
+
+def _block_lp_check(case, carries, checks, metrics, details) -> None:
+    from spectr_audit.block_lp import block_lp
+
+    lp = block_lp(case.draft_model, case.target_model, case.num_drafts, case.draft_len, prefix=case.prefix)
+    metrics.update(block_lp_optimum=lp.unmodified_value, block_lp_repair_optimum=lp.repair_value)
+    details["block_lp"] = {"unmodified_status": lp.unmodified_status, "repair_status": lp.repair_status,
+                           "solver": lp.solver, "num_variables": lp.num_variables,
+                           "num_draft_tuples": lp.num_draft_tuples}
+    efficiency = metrics.get("block_efficiency")
+    if efficiency is None or not lp.solved:
+        return
+    bound = lp.repair_value if carries else lp.unmodified_value
+    metrics["block_efficiency_ratio"] = efficiency / bound if bound > 0 else None
+    if metrics.get("max_abs_error", 1.0) <= EXACT_TOL or carries:
+        # Only an exact verifier is bound by the LP; an inexact one can "beat" it by losing fidelity.
+        checks.append(Check("block-efficiency<=optimal", efficiency <= bound + LP_TOL, efficiency, bound,
+                            "E[len(s)] <= the block LP optimum" + (" with repair" if carries else "")))
+
+
+def _statistical_check(verifier, case, options, checks, metrics, details) -> None:
+    from spectr_audit.statistical import statistical_audit
+
+    result = statistical_audit(
+        verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len,
+        prefix=case.prefix, alpha=options.alpha, min_detectable_tv=options.min_detectable_tv, power=options.power,
+        max_samples=options.max_samples, max_seconds=options.max_seconds, seed=options.seed, device=options.device,
+    )
+    summary = result.to_dict()
+    metrics.update(pvalue=result.pvalue, test=result.test, num_samples=result.num_samples, seed=result.seed,
+                   min_detectable_tv=result.min_detectable_tv, alpha=result.alpha)
+    if result.acceptance_samples:
+        metrics.update(acceptance=result.acceptance, block_efficiency=result.block_efficiency,
+                       acceptance_ci=list(result.acceptance_ci()))
+        if metrics.get("optimal_acceptance"):
+            metrics["acceptance_ratio"] = result.acceptance / metrics["optimal_acceptance"]
+    details["statistical"] = summary
+    details["worst_cells"] = summary.get("worst_cells", [])
+    checks.append(Check("statistical", not result.rejects(), result.pvalue, result.alpha,
+                        f"{result.test}: exactness not rejected at the stated false-alarm rate "
+                        f"(minimum detectable TV {result.min_detectable_tv:.3g} at power {result.power:.2f}, "
+                        f"{result.num_samples} samples)"))
+
+
+def _sampler_check(verifier, case, options, checks, metrics, details) -> None:
+    from spectr_audit.law_agreement import sampler_law_agreement
+
+    result = sampler_law_agreement(
+        verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, prefix=case.prefix,
+        alpha=options.alpha, min_detectable_tv=options.min_detectable_tv, power=options.power,
+        max_samples=options.sampler_max_samples, seed=options.seed, device=options.device,
+    )
+    metrics.update(sampler_pvalue=result.pvalue, sampler_samples=result.num_samples,
+                   sampler_min_detectable_tv=result.min_detectable_tv)
+    checks.append(Check("sampler-law", result.pvalue > result.alpha, result.pvalue, result.alpha,
+                        f"{result.test}: the sampler follows the verifier's own output_probs "
+                        f"({result.num_samples} samples, minimum detectable TV {result.min_detectable_tv:.3g})"))
+
+
 def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOptions()) -> AuditResult:
-    """Audit ``verifier`` on ``case``; never raises for a verifier's own failure."""
+    """Audit ``verifier`` on ``case``; never raises for a verifier's own failure.
+
+    Exact verifiers (with ``output_probs``) get the exact single-iteration audit, the
+    multi-iteration audit when they carry a next-iteration repair, the block LP for
+    L > 1, and optionally a sampler-versus-law check; black boxes get the statistical
+    audit.  Every number lands in ``metrics``; only ``checks`` decide.
+    """
+    from spectr_audit.correction import has_carried_correction
+
     checks: list[Check] = []
     metrics: dict = {}
     details: dict = {}
+    metrics: dict = {"num_drafts": case.num_drafts, "draft_len": case.draft_len, "vocab_size": case.vocab_size}
     start = time.perf_counter()
     try:
         alpha_star = _optimality(case, verifier.draft_scheme, metrics, details) if "optimality" in case.checks else None
-        if verifier.has_exact_law and "exact" in case.checks:
-            audit = exact_iteration(
-                verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, prefix=case.prefix
-            )
-            metrics.update(
-                tv_distance=audit.tv_distance,
-                max_abs_error=audit.max_abs_error,
-                token_tv_distance=audit.token_tv_distance,
-                prefix_cap_excess=audit.prefix_cap_excess,
-                acceptance=audit.membership_acceptance,
-                block_efficiency=audit.block_efficiency,
-                num_draft_tuples=audit.num_draft_tuples,
-            )
-            details["worst_strings"] = audit.worst_strings()
-            details["first_token_law"] = audit.first_token_law.tolist()
-            details["target_first_token_law"] = audit.target_law[0].tolist()
-            if audit.prefix_cap_excess > 0:
-                details["worst_prefix"] = list(audit.worst_prefix)
-            checks.append(Check("exact", audit.max_abs_error <= EXACT_TOL, audit.max_abs_error, EXACT_TOL,
-                                "max |F(w) - q(w)| over strings of length L + 1"))
-            checks.append(Check("prefix-cap", audit.prefix_cap_excess <= EXACT_TOL, audit.prefix_cap_excess, EXACT_TOL,
-                                "max over prefixes u of B(u) - q(u)"))
-            if alpha_star is not None:
-                acceptance = audit.membership_acceptance
-                metrics["acceptance_ratio"] = acceptance / alpha_star if alpha_star > 0 else None
-                checks.append(Check("acceptance<=optimal", acceptance <= alpha_star + BOUND_TOL, acceptance, alpha_star,
-                                    "P(first emitted token in the drafts' first tokens) <= alpha*"))
-                if "spectr" in verifier.guarantees and "spectr_bound" in metrics:
-                    floor = metrics["spectr_bound"]
-                    checks.append(Check("spectr-guarantee", acceptance >= floor - BOUND_TOL, acceptance, floor,
-                                        "acceptance >= (1 - (1 - 1/K)^K) alpha*"))
-        elif not verifier.has_exact_law:
-            details["note"] = "no exact law: statistical audit not run"
+        carries = has_carried_correction(verifier)
+        if verifier.has_exact_law:
+            if "exact" in case.checks:
+                _exact_checks(verifier, case, alpha_star, carries, checks, metrics, details)
+            if carries and ("multi-iteration" in case.checks or "exact" in case.checks):
+                _multi_iteration_check(verifier, case, checks, metrics, details)
+            if "sampler" in case.checks:
+                _sampler_check(verifier, case, options, checks, metrics, details)
+        elif "statistical" in case.checks:
+            _statistical_check(verifier, case, options, checks, metrics, details)
+        if "block-lp" in case.checks and case.draft_len > 1 and verifier.draft_scheme == "iid":
+            try:
+                _block_lp_check(case, carries, checks, metrics, details)
+            except InvalidArgument as exc:
+                details["block_lp"] = f"skipped: {exc}"
         if not checks:
             checks.append(Check("ran", True, None, None, "no applicable check"))
     except Exception as exc:  # one bad verifier or case must never lose the other results
@@ -173,23 +282,17 @@ def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOpti
     )
 
 
-def select_verifiers(specs: Optional[Sequence[str]]) -> list[Verifier]:
-    """Built-ins when ``specs`` is empty, else each short name or import string loaded."""
-    return builtin_verifiers() if not specs else [load_verifier(s) for s in specs]
+def select_verifiers(specs: Optional[Sequence[str]]) -> Optional[list[Verifier]]:
+    """``None`` (each case's own list, else the built-ins) when ``specs`` is empty, else each spec loaded."""
+    return None if not specs else [load_verifier(s) for s in specs]
 
 
-def run_suite(
-    suite: Suite,
-    verifiers: Optional[Iterable[Verifier]] = None,
-    options: AuditOptions = AuditOptions(),
-    progress: Optional[Callable[[str, str], None]] = None,
-) -> AuditReport:
-    """Audit every verifier on every case of ``suite`` that it supports.
+def plan_jobs(suite: Suite, verifiers: Optional[Iterable[Verifier]] = None) -> tuple[list, list]:
+    """The (verifier, case) pairs ``run_suite`` audits, and error results for unloadable verifiers.
 
     With ``verifiers`` given, exactly those run on every case they support.  Without it,
     a case that names its verifiers (``verifiers = [...]`` in the suite file: short names
-    or import strings) runs those, and other cases run every built-in verifier.  A
-    verifier that cannot be loaded becomes an error result; the other results are kept.
+    or import strings) runs those, and other cases run every built-in verifier.
     """
     explicit = list(verifiers) if verifiers is not None else None
     builtins: Optional[list] = None
@@ -214,10 +317,25 @@ def run_suite(
                     errors.append(AuditResult(verifier=spec, case=case.name, error=f"{type(loaded[spec]).__name__}: {loaded[spec]}"))
                 else:
                     candidates.append(loaded[spec])
-        for verifier in candidates:
-            if verifier.supports(case.num_drafts, case.draft_len) and _scheme_fits(verifier, case):
-                jobs.append((verifier, case))
-    results = list(errors)
+        jobs.extend((v, case) for v in candidates if v.supports(case.num_drafts, case.draft_len) and scheme_fits(v, case))
+    return jobs, errors
+
+
+def run_suite(
+    suite: Suite,
+    verifiers: Optional[Iterable[Verifier]] = None,
+    options: AuditOptions = AuditOptions(),
+    progress: Optional[Callable[[str, str], None]] = None,
+) -> AuditReport:
+    """Audit every verifier on every case of ``suite`` that it supports (see :func:`plan_jobs`).
+
+    A verifier that cannot be loaded becomes an error result; the other results are kept.
+    ``progress(verifier_name, case_name)`` is called before each audit, after
+    ``progress.start(total)`` when the callback has a ``start`` method.
+    """
+    jobs, results = plan_jobs(suite, verifiers)
+    if progress is not None and hasattr(progress, "start"):
+        progress.start(len(jobs))
     for verifier, case in jobs:
         if progress is not None:
             progress(verifier.name, case.name)

@@ -104,8 +104,10 @@ __all__ = [
     "statistical_audit",
 ]
 
-#: The stratified test runs (with ``stratify="auto"``) only when strata average this many samples.
+#: The stratified test runs (with ``stratify="auto"``) only when strata average this many samples...
 MIN_PER_STRATUM = 32
+#: ...and the partition has at most this many cells (its null needs an eigen-decomposition).
+MAX_STRATIFIED_CELLS = 2048
 
 
 def __getattr__(name: str):
@@ -503,7 +505,9 @@ def statistical_audit(
     if total != planned:
         partition = build_partition(target_model, num_tokens, total, prefix=prefix, min_expected=min_expected,
                                     max_cells=max_cells, device=device)
-    if stratify == "auto" and enumeration is not None and total < MIN_PER_STRATUM * enumeration.weights.numel():
+    if stratify == "auto" and enumeration is not None and (
+        total < MIN_PER_STRATUM * enumeration.weights.numel() or partition.num_cells > MAX_STRATIFIED_CELLS
+    ):
         enumeration = None
     names += ["stratified-pearson"] if enumeration is not None else []
     test_alpha = alpha / len(names)
@@ -546,7 +550,8 @@ def statistical_audit(
     strat_samples = int(strat_counts.sum()) if strat_counts is not None else 0
     if enumeration is not None:
         if strat_counts is not None and bool((strat_counts.sum(1) >= 2).all()):
-            results["stratified-pearson"] = stratified_pearson_test(strat_counts, enumeration.weights, probs, min_expected)
+            results["stratified-pearson"] = stratified_pearson_test(strat_counts, enumeration.weights, probs, min_expected,
+                                                                    max_cells=max(MAX_STRATIFIED_CELLS, partition.num_cells))
         else:
             results["stratified-pearson"] = TestResult(
                 "stratified-pearson", math.nan, 1.0, None, strat_samples,

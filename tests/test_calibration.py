@@ -18,7 +18,7 @@ from scipy import stats
 
 from spectr_audit.models import ContextFreeModel, random_markov
 from spectr_audit.registry import load_verifier
-from spectr_audit.statistical import statistical_audit
+from spectr_audit.statistical import sampler_law_agreement, statistical_audit
 
 META_ALPHA = 1e-3
 
@@ -96,6 +96,19 @@ def test_acceptance_bound_is_tight_for_single_draft():
     pvalues = np.array(raw["acceptance<=optimal"])
     assert (pvalues <= 0.05).sum() <= stats.binom.isf(META_ALPHA, pvalues.size, 0.05)
     assert 0.3 < np.mean(pvalues) < 0.7
+
+
+@pytest.mark.parametrize("name,num_drafts", [("rrs", 3), ("kseq", 2)])
+def test_sampler_law_agreement_is_calibrated(name, num_drafts):
+    # 80 checks of correct verifiers (sampler = law): aggregated and per-tuple p-values uniform.
+    raw: dict[str, list[float]] = {}
+    for seed in range(80):
+        result = sampler_law_agreement(load_verifier(name), DRAFT8, TARGET8, num_drafts, num_samples=4096,
+                                       seed=7000 + seed)
+        for test in result.subtests:
+            raw.setdefault(test.name, []).append(test.pvalue)
+    for test in ("aggregated-pearson", "per-tuple-pearson"):
+        assert stats.kstest(raw[test], "uniform").pvalue > META_ALPHA, test
 
 
 @pytest.mark.slow

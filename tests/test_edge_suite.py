@@ -48,7 +48,7 @@ def test_every_exact_builtin_stays_exact(report):
     assert {r.case for r in report.results} == {c.name for c in load_suite("edge-cases").cases}
 
 
-@pytest.mark.parametrize("key", sorted(KNOWN_FINDINGS))
+@pytest.mark.parametrize("key", sorted(KNOWN_FINDINGS), ids=lambda key: f"{key[0]}@{key[1]}")
 def test_known_findings(report, key):
     results = [r for r in report.results if (r.verifier, r.case) == key]
     assert results, f"{key}: not in the run any more"

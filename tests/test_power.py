@@ -132,15 +132,24 @@ def test_plan_sample_size_coarsens_large_markov_spaces():
     assert not partition.is_full
     assert partition.num_cells <= 4096
     assert float(partition.cell_probs.sum()) == pytest.approx(1.0, abs=1e-12)
-    # each cell's probability is the target probability of its prefix (chain rule, slow oracle)
-    for cell in range(0, partition.num_cells, 97):
+    # a prefix cell's probability is the target probability of its prefix (chain rule, slow
+    # oracle); a rare-token cell holds part of its prefix's mass
+    from spectr_audit.montecarlo import PREFIX
+
+    checked = 0
+    for cell in range(0, partition.num_cells, 37):
         depth = int(partition.cell_depth[cell])
         tokens = partition.cell_strings[cell, :depth].tolist()
         prob = 1.0
         for i, token in enumerate(tokens):
             context = torch.tensor([tokens[:i]], dtype=torch.int64).reshape(1, i)
             prob *= float(target(context)[0, token])
-        assert float(partition.cell_probs[cell]) == pytest.approx(prob, rel=1e-10)
+        if int(partition.cell_kind[cell]) == PREFIX:
+            assert float(partition.cell_probs[cell]) == pytest.approx(prob, rel=1e-10)
+            checked += 1
+        else:
+            assert float(partition.cell_probs[cell]) < prob
+    assert checked > 10
 
 
 BAD_SIZING_ARGS = [

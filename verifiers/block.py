@@ -47,8 +47,8 @@ class LastPassingVerifier(Verifier):
 
     def _weights(
         self,
-        token_ratio: torch.Tensor,  # [batch_size, draft_len], q(x_i | x^{i-1}) / p(x_i | x^{i-1})
-    ) -> torch.Tensor:  # [batch_size, draft_len + 1], w_0 = 1 .. w_L
+        log_token_ratio: torch.Tensor,  # [batch_size, draft_len], log q(x_i | x^{i-1}) - log p(x_i | x^{i-1})
+    ) -> torch.Tensor:  # [batch_size, draft_len + 1], w_0 = 1 .. w_L, in [0, inf]
         raise NotImplementedError
 
     def _levels(self, draft_tokens, draft_probs, target_probs):
@@ -57,13 +57,17 @@ class LastPassingVerifier(Verifier):
         draft = draft_probs[:, 0].double()  # [batch_size, draft_len, vocab_size]
         target = target_probs[:, 0].double()  # [batch_size, draft_len + 1, vocab_size]
         path = draft_tokens[:, 0].unsqueeze(-1)  # [batch_size, draft_len, 1]
-        # The contract guarantees p(x_i | x^{i-1}) > 0 for drafted tokens.
-        token_ratio = (target[:, :draft_len].gather(-1, path) / draft.gather(-1, path)).squeeze(-1)
-        weights = self._weights(token_ratio)
-        diff = weights[:, :draft_len].unsqueeze(-1) * target[:, :draft_len] - draft  # [B, L, V]
+        # In logs, so that a near-zero draft probability cannot overflow a product into inf * 0.
+        # The contract guarantees p(x_i | x^{i-1}) > 0 for drafted tokens; log q may be -inf.
+        log_token_ratio = (target[:, :draft_len].gather(-1, path).log() - draft.gather(-1, path).log()).squeeze(-1)
+        weights = self._weights(log_token_ratio)
+        # (w q - p)_+ and (p - w q)_+ divided by max(w, 1): h and the normalised residual are unchanged, and a
+        # weight of inf (greedy block verification after a near-impossible draft) stays finite.
+        level_weight = weights[:, :draft_len].unsqueeze(-1)
+        diff = level_weight.clamp(max=1.0) * target[:, :draft_len] - draft / level_weight.clamp(min=1.0)
         residual = diff.clamp(min=0)
-        wanted = residual.sum(-1)[:, 1:]  # r_i, i = 1 .. L-1
-        surplus = (-diff).clamp(min=0).sum(-1)[:, 1:]  # s_i
+        wanted = residual.sum(-1)[:, 1:]  # r_i, i = 1 .. L-1 (scaled)
+        surplus = (-diff).clamp(min=0).sum(-1)[:, 1:]  # s_i (scaled)
         inner = torch.where(
             surplus > 0,
             torch.minimum(wanted, surplus) / torch.where(surplus > 0, surplus, torch.ones_like(surplus)),
@@ -136,8 +140,8 @@ class BlockVerification(LastPassingVerifier):
     description = "block verification (Sun et al.): last passing level, clamped weights"
     expected = "exact"
 
-    def _weights(self, token_ratio):
-        weights = [torch.ones_like(token_ratio[:, 0])]
-        for level in range(token_ratio.shape[1]):
-            weights.append((weights[-1] * token_ratio[:, level]).clamp(max=1.0))
-        return torch.stack(weights, dim=1)
+    def _weights(self, log_token_ratio):
+        log_weights = [torch.zeros_like(log_token_ratio[:, 0])]
+        for level in range(log_token_ratio.shape[1]):
+            log_weights.append((log_weights[-1] + log_token_ratio[:, level]).clamp(max=0.0))
+        return torch.stack(log_weights, dim=1).exp()

@@ -57,10 +57,10 @@ class GreedyBlockVerification(LastPassingVerifier):
     # At L = 1 the rule is speculative sampling (exact): block rules start at L = 2.
     min_draft_len = 2
 
-    def _weights(self, token_ratio):
-        # The raw joint ratio q(x^i) / p(x^i), not clamped at 1.
-        ones = torch.ones_like(token_ratio[:, :1])
-        return torch.cat([ones, token_ratio.cumprod(-1)], dim=1)
+    def _weights(self, log_token_ratio):
+        # The raw joint ratio q(x^i) / p(x^i), not clamped at 1 (inf when it overflows).
+        zeros = torch.zeros_like(log_token_ratio[:, :1])
+        return torch.cat([zeros, log_token_ratio.cumsum(-1)], dim=1).exp()
 
 
 class RepairedGreedyBlockVerification(GreedyBlockVerification):
