@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a built-in short name, package.module:attr or path/file.py:attr (repeatable; default: all built-ins)")
     run.add_argument("--out", default="spectr-audit-report", help="output directory (default ./spectr-audit-report)")
     run.add_argument("--json", action="store_true", help="print the JSON report to stdout")
+    run.add_argument("--quick", action="store_true", help="real-lm suite only: a small preset (a minute or so)")
     run.add_argument("--html", action="store_true",
                      help="also write report.html (self-contained, with figures) to the output directory")
     run.add_argument("--junit", metavar="PATH", default=None, help="also write a JUnit XML report to PATH")
@@ -173,6 +174,27 @@ class _Progress:
             self._bar.stop()
 
 
+#: The real-language-model suite: not a TOML file but SmolLM2-135M in the loop (an optional extra).
+REAL_LM_SUITE = "real-lm"
+
+
+def _run_real_lm(args, out: Path):
+    """``run --suite real-lm``: SmolLM2-135M with a layer-skipping self-speculative draft."""
+    from spectr_audit.lm.real_suite import RealLMOptions, run_real_lm_suite
+    from spectr_audit.lm.smollm import LMUnavailable
+
+    if args.verifier:
+        raise _UsageError("--verifier: the real-lm suite runs its own verifier grid; drop --verifier")
+    options = RealLMOptions.quick(seed=args.seed) if args.quick else RealLMOptions(seed=args.seed)
+    try:
+        run = run_real_lm_suite(options, progress=lambda line: print(f"  {line}", file=sys.stderr))
+    except LMUnavailable as exc:
+        raise _UsageError(str(exc)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "real-lm-tables.md").write_text(run.tables.to_markdown())
+    return run.report()
+
+
 def _cmd_run(args) -> int:
     from spectr_audit.gate import evaluate_gate
     from spectr_audit.reports.json_report import render_json, write_json
@@ -180,17 +202,20 @@ def _cmd_run(args) -> int:
     from spectr_audit.runner import AuditOptions, run_suite, select_verifiers
     from spectr_audit.suite import load_suite
 
-    suite = load_suite(args.suite)
-    verifiers = select_verifiers(args.verifier)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    progress = _Progress(args.progress)
-    options = AuditOptions(seed=args.seed, alpha=args.alpha, max_samples=args.max_samples)
     start = time.perf_counter()
-    try:
-        report = run_suite(suite, verifiers, options, progress=progress)
-    finally:
-        progress.close()
+    if args.suite == REAL_LM_SUITE:
+        report = _run_real_lm(args, out)
+    else:
+        suite = load_suite(args.suite)
+        verifiers = select_verifiers(args.verifier)
+        out.mkdir(parents=True, exist_ok=True)
+        progress = _Progress(args.progress)
+        options = AuditOptions(seed=args.seed, alpha=args.alpha, max_samples=args.max_samples)
+        try:
+            report = run_suite(suite, verifiers, options, progress=progress)
+        finally:
+            progress.close()
     thresholds = args.gate or []
     gate = evaluate_gate(report.results, thresholds) if thresholds else None
     if gate is not None:
@@ -316,7 +341,7 @@ def _cmd_list(args) -> int:
         for v in builtin_verifiers()
     ]
     if args.json:
-        print(json.dumps({"verifiers": rows, "suites": builtin_suites()}, indent=2))
+        print(json.dumps({"verifiers": rows, "suites": builtin_suites() + [REAL_LM_SUITE]}, indent=2))
         return 0
     print("verifiers:")
     for r in rows:
@@ -326,6 +351,7 @@ def _cmd_list(args) -> int:
     print("suites:")
     for s in builtin_suites():
         print(f"  {s}")
+    print(f"  {REAL_LM_SUITE:<16} (SmolLM2-135M in the loop; needs the lm extra, see README)")
     return 0
 
 

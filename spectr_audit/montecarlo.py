@@ -290,10 +290,13 @@ def build_partition(
 # ---------------------------------------------------------------------------------------------
 
 
-def default_chunk_size(num_drafts: int, draft_len: int, vocab_size: int) -> int:
-    """Rows per chunk: about 2^25 float64 entries in ``target_probs``, between 2^6 and 2^18."""
+def default_chunk_size(num_drafts: int, draft_len: int, vocab_size: int, device: torch.device | str = "cpu") -> int:
+    """Rows per chunk: ``target_probs`` of about 8 MB on a CPU (the working set then stays in
+    cache, which measured 2x faster than 256 MB chunks), 256 MB on an accelerator; a power of
+    two between 2^6 and 2^18."""
     per_row = num_drafts * (draft_len + 1) * vocab_size
-    size = 1 << max(0, int(math.floor(math.log2(max(1, (1 << 25) // per_row)))))
+    budget = 1 << 20 if torch.device(device).type == "cpu" else 1 << 25  # float64 entries
+    size = 1 << max(0, int(math.floor(math.log2(max(1, budget // per_row)))))
     return int(min(1 << 18, max(1 << 6, size)))
 
 

@@ -401,7 +401,8 @@ def statistical_audit(
         Seeds the one ``torch.Generator`` used for drafts, verdicts and completions.
     device : str or torch.device
     chunk_size : int, optional
-        Rows per verifier call; default about 2^25 / (K (L + 1) V), at most 2^18.
+        Rows per verifier call; default ``target_probs`` of about 8 MB on a CPU (256 MB on an
+        accelerator), at most 2^18 rows (:func:`spectr_audit.montecarlo.default_chunk_size`).
     stratify : bool or "auto"
         Run the per-draft-tuple stratified test; ``"auto"``: when the draft tuples number at
         most ``max_strata`` and each gets 32 samples on average.  Its sample has the main
@@ -478,7 +479,7 @@ def statistical_audit(
         raise InvalidArgument(
             f"claimed_block_efficiency: expected a number in [1, {draft_len + 1}], got {claimed_block_efficiency!r}")
     device = torch.device(device)
-    chunk_size = check_positive_int("chunk_size", chunk_size) or default_chunk_size(num_drafts, draft_len, vocab_size)
+    chunk_size = check_positive_int("chunk_size", chunk_size) or default_chunk_size(num_drafts, draft_len, vocab_size, device)
     scheme = verifier.draft_scheme
     one_iteration = num_tokens == draft_len + 1
 
