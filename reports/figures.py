@@ -15,6 +15,12 @@ Each figure reads result objects only and uses whatever metrics are present:
   when the results carry them.
 
 :func:`report_figures` groups a report's results into these figures.
+
+The real-LM suite's tables (``meta["real_lm"]``) have their own two figures, drawn from the
+table rows rather than from results: :func:`real_lm_acceptance_figure` (acceptance against
+K with the bounds, measured K-SEQ and RRS with whiskers) and
+:func:`real_lm_block_efficiency_figure` (block efficiency against L per method and K, with
+95% whiskers); :func:`real_lm_figures` draws both.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ __all__ = [
     "acceptance_figure",
     "block_efficiency_figure",
     "report_figures",
+    "real_lm_block_grid",
+    "real_lm_acceptance_figure",
+    "real_lm_block_efficiency_figure",
+    "real_lm_figures",
 ]
 
 #: z for the two-sided 95% intervals drawn on sampled laws.
@@ -386,4 +396,165 @@ def report_figures(report: Any, max_law_figures: int = 48) -> list[Figure]:
             findings = [r.verifier for r in report.results if r.case == case and not r.passed]
             caption = "findings: " + ", ".join(findings) if findings else "every verifier exact on this case"
             figures.append(Figure("law", case, caption, png))
+    return figures
+
+
+# ---------------------------------------------------------------------------------------------
+# The real-LM suite's tables (``meta["real_lm"]``, i.e. ``RealLMTables.to_dict()``)
+# ---------------------------------------------------------------------------------------------
+
+
+def _row(row: Any) -> dict:
+    """A table row as a dict (rows come as dicts from ``to_dict``; dataclass rows are accepted too)."""
+    if dataclasses.is_dataclass(row) and not isinstance(row, type):
+        return dataclasses.asdict(row)
+    return row if isinstance(row, dict) else {}
+
+
+def _count(value: Any) -> Optional[int]:
+    number = _number(value)
+    return int(number) if number is not None and number == int(number) else None
+
+
+def real_lm_block_grid(rows: Sequence[Any]) -> tuple[list[int], list[tuple[str, int, dict]]]:
+    """Pivot the real-LM block-efficiency rows into the shape of SpecTr's tables.
+
+    Returns the sorted draft lengths L and, per (method, K) in the order the rows first
+    name them, ``(method, K, {L: row})``.  Rows without an integer K or L are left out.
+    """
+    lengths: set = set()
+    series: dict = {}
+    for raw in rows or ():
+        row = _row(raw)
+        k, length = _count(row.get("num_drafts")), _count(row.get("draft_len"))
+        if k is None or length is None:
+            continue
+        method = str(row.get("method") or row.get("verifier") or "?")
+        lengths.add(length)
+        series.setdefault((method, k), {})[length] = row
+    return sorted(lengths), [(method, k, cells) for (method, k), cells in series.items()]
+
+
+def real_lm_acceptance_figure(rows: Sequence[Any], title: str = "SmolLM2-135M") -> Optional[bytes]:
+    """Token-level acceptance against K on the real model (the real-LM suite's acceptance table).
+
+    Lines: alpha*, SpecTr's bound ``(1 - (1 - 1/K)^K) alpha*``, the ``(1 - 1/e) alpha*``
+    floor, the single-draft acceptance and K-SEQ's closed-form ``P_A``; points with 95%
+    whiskers: K-SEQ and recursive rejection sampling as measured (K-SEQ's on its own
+    subset of contexts, whose alpha* is marked beside it).  Missing values (``None`` or
+    NaN: a verifier not run at that K) are skipped.  Returns ``None`` without any row.
+    """
+    table = sorted((r for r in map(_row, rows or ()) if _count(r.get("num_drafts")) is not None),
+                   key=lambda r: _count(r.get("num_drafts")))
+    if not table:
+        return None
+    ks = [_count(r.get("num_drafts")) for r in table]
+
+    def values(key: str, offset: float = 0.0):
+        pairs = [(k + offset, _number(r.get(key))) for k, r in zip(ks, table)]
+        return [x for x, v in pairs if v is not None], [v for _, v in pairs if v is not None]
+
+    fig, (ax,) = _new_figure(6.6, 3.6)
+    lines = (
+        ("optimal", "alpha* (optimal)", dict(color="black", linewidth=2)),
+        ("spectr_bound", "(1-(1-1/K)^K) alpha* (SpecTr bound)", dict(color="black", linestyle="--", linewidth=1)),
+        ("e_bound", "(1-1/e) alpha*", dict(color="grey", linestyle=":", linewidth=1.2)),
+        ("single_draft", "single draft: sum min(p, q)", dict(color="#8c564b", linestyle="-.", linewidth=1.2)),
+        ("kseq_closed_form", "K-SEQ P_A at rho* (closed form)",
+         dict(color="#1f77b4", linewidth=1.5, marker=".", markersize=6)),
+    )
+    for key, label, style in lines:
+        xs, ys = values(key)
+        if xs:
+            ax.plot(xs, ys, label=label, **style)
+    points = (
+        ("kseq_measured", "kseq_measured_half_width", -0.12, "K-SEQ measured (95% CI)",
+         dict(color="#1f77b4", fmt="o")),
+        ("rrs_measured", "rrs_measured_half_width", 0.12, "RRS measured (95% CI)", dict(color="#d62728", fmt="s")),
+    )
+    for key, half_key, offset, label, style in points:
+        drawn = [(k + offset, _number(r.get(key)), _number(r.get(half_key)) or 0.0) for k, r in zip(ks, table)
+                 if _number(r.get(key)) is not None]
+        if drawn:
+            ax.errorbar([x for x, _, _ in drawn], [y for _, y, _ in drawn], yerr=[abs(h) for _, _, h in drawn],
+                        markersize=4.5, capsize=3, linewidth=0, elinewidth=1.2, label=label, zorder=4, **style)
+    xs, ys = values("kseq_optimal_same_contexts", -0.12)
+    measured_ks = {x for x, _ in zip(*values("kseq_measured", -0.12))}
+    pairs = [(x, y) for x, y in zip(xs, ys) if x in measured_ks]
+    if pairs:
+        ax.plot([x for x, _ in pairs], [y for _, y in pairs], linestyle="none", marker="_", markersize=11,
+                markeredgewidth=2, color="black", label="alpha* on K-SEQ's contexts", zorder=5)
+    ax.set_xlabel("number of drafts K")
+    ax.set_ylabel("P(first token among drafts)")
+    ax.set_xticks(ks)
+    ax.set_title(f"token-level acceptance against K: {title}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _png(fig)
+
+
+def real_lm_block_efficiency_figure(rows: Sequence[Any], title: str = "SmolLM2-135M") -> Optional[bytes]:
+    """Block efficiency against L on the real model: one series per (method, K), 95% CI whiskers.
+
+    Colour by method, marker and line style by K; the ceiling L + 1 in light grey.  The x
+    axis is logarithmic in L (the suite's grid doubles L); series are nudged sideways so
+    their whiskers do not overlap.  Returns ``None`` without any row that has K and L.
+    """
+    lengths, series = real_lm_block_grid(rows)
+    series = [(m, k, cells) for m, k, cells in series
+              if any(_number(row.get("block_efficiency")) is not None for row in cells.values())]
+    if not series:
+        return None
+    methods = list(dict.fromkeys(m for m, _, _ in series))
+    colors = _colors(methods)
+    all_ks = sorted({k for _, k, _ in series})
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
+    linestyles = ["-", "--", "-.", ":"]
+    fig, (ax,) = _new_figure(7.2, 3.9)
+    log_x = len(lengths) > 1 and min(lengths) > 0
+    if log_x:
+        ax.set_xscale("log", base=2)
+    ax.plot(lengths, [length + 1 for length in lengths], color="lightgrey", linewidth=1, linestyle="-.",
+            label="L + 1 (ceiling)")
+    spread = 0.07  # sideways nudge per series: in log2 units on a log axis, in units of L otherwise
+    for index, (method, k, cells) in enumerate(series):
+        nudge = (index - (len(series) - 1) / 2) * spread
+        xs, ys, low, high = [], [], [], []
+        for length in lengths:
+            row = cells.get(length)
+            value = _number(row.get("block_efficiency")) if row else None
+            if value is None:
+                continue
+            xs.append(length * 2.0**nudge if log_x else length + nudge)
+            ys.append(value)
+            lo, hi = _number(row.get("ci_low")), _number(row.get("ci_high"))
+            low.append(max(0.0, value - lo) if lo is not None else 0.0)
+            high.append(max(0.0, hi - value) if hi is not None else 0.0)
+        kpos = all_ks.index(k)
+        ax.errorbar(xs, ys, yerr=[low, high], color=colors[method], marker=markers[kpos % len(markers)],
+                    linestyle=linestyles[kpos % len(linestyles)], markersize=4, capsize=2.5, linewidth=1.2,
+                    elinewidth=1, label=f"{method}, K={k}", alpha=0.9)
+    ax.set_xlabel("draft length L")
+    ax.set_ylabel("tokens per target call")
+    ax.set_xticks(lengths)
+    ax.set_xticklabels([str(length) for length in lengths])
+    ax.minorticks_off()
+    ax.set_title(f"block efficiency against L: {title}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _png(fig)
+
+
+def real_lm_figures(tables: Any) -> list[Figure]:
+    """The real-LM section's figures for ``meta["real_lm"]``: acceptance against K, block efficiency against L."""
+    if not isinstance(tables, dict):
+        return []
+    figures: list[Figure] = []
+    png = real_lm_acceptance_figure(tables.get("acceptance") or ())
+    if png is not None:
+        figures.append(Figure("real-lm-acceptance", "acceptance against K",
+                              "mean over contexts; no exact verifier can lie above alpha*, and K-SEQ's closed form "
+                              "must stay above SpecTr's bound", png))
+    png = real_lm_block_efficiency_figure(tables.get("block_efficiency") or ())
+    if png is not None:
+        figures.append(Figure("real-lm-block-efficiency", "block efficiency against L",
+                              "tokens emitted per target call; whiskers: 95% t-interval over prompts", png))
     return figures

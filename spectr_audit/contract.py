@@ -273,8 +273,8 @@ class Verifier:
         or a lossy-by-design mode.  Reports keep the measured verdict; only a
         verdict that differs from its declaration fails a run.
     guarantees : frozenset of str
-        Optimality claims the audit should check, e.g. ``{"spectr"}`` for
-        acceptance >= (1 - (1 - 1/K)^K) alpha*.
+        Optimality claims the audit should check: ``"spectr"`` for
+        acceptance >= (1 - (1 - 1/K)^K) alpha*, ``"optimal"`` for acceptance = alpha*.
     """
 
     name: str = ""

@@ -124,7 +124,8 @@ def sampler_law_agreement(
     max_samples = check_positive_int("max_samples", max_samples)
     check_seconds(max_seconds)
     device = torch.device(device)
-    chunk_size = check_positive_int("chunk_size", chunk_size) or default_chunk_size(num_drafts, draft_len, vocab_size, device)
+    chunk_size = (check_positive_int("chunk_size", chunk_size)
+                  or default_chunk_size(num_drafts, draft_len, vocab_size, device))
     num_cells = num_drafts * (draft_len + 1) * vocab_size
     per_tuple = vocab_size ** (num_drafts * draft_len) <= max_strata
     num_tests = 2 if per_tuple else 1

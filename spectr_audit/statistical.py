@@ -479,7 +479,8 @@ def statistical_audit(
         raise InvalidArgument(
             f"claimed_block_efficiency: expected a number in [1, {draft_len + 1}], got {claimed_block_efficiency!r}")
     device = torch.device(device)
-    chunk_size = check_positive_int("chunk_size", chunk_size) or default_chunk_size(num_drafts, draft_len, vocab_size, device)
+    chunk_size = (check_positive_int("chunk_size", chunk_size)
+                  or default_chunk_size(num_drafts, draft_len, vocab_size, device))
     scheme = verifier.draft_scheme
     one_iteration = num_tokens == draft_len + 1
 

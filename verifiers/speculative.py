@@ -43,4 +43,6 @@ class SpeculativeSampling(TreeVerifier):
     description = "single-draft speculative sampling (maximal coupling), token by token"
     min_drafts = 1
     max_drafts = 1
+    #: With one draft the maximal coupling attains alpha* = sum min(p, q).
+    guarantees = frozenset({"optimal"})
     rule = MaximalCouplingRule()
