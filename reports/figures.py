@@ -435,6 +435,12 @@ def real_lm_block_grid(rows: Sequence[Any]) -> tuple[list[int], list[tuple[str, 
     return sorted(lengths), [(method, k, cells) for (method, k), cells in series.items()]
 
 
+def _legend_below(ax) -> None:
+    """Legend in two columns under the axes, so a half-width figure keeps a wide plot."""
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False,
+              handlelength=2.6, columnspacing=1.2)
+
+
 def real_lm_acceptance_figure(rows: Sequence[Any], title: str = "SmolLM2-135M") -> Optional[bytes]:
     """Token-level acceptance against K on the real model (the real-LM suite's acceptance table).
 
@@ -454,7 +460,7 @@ def real_lm_acceptance_figure(rows: Sequence[Any], title: str = "SmolLM2-135M") 
         pairs = [(k + offset, _number(r.get(key))) for k, r in zip(ks, table)]
         return [x for x, v in pairs if v is not None], [v for _, v in pairs if v is not None]
 
-    fig, (ax,) = _new_figure(6.6, 3.6)
+    fig, (ax,) = _new_figure(6.4, 4.6)
     lines = (
         ("optimal", "alpha* (optimal)", dict(color="black", linewidth=2)),
         ("spectr_bound", "(1-(1-1/K)^K) alpha* (SpecTr bound)", dict(color="black", linestyle="--", linewidth=1)),
@@ -488,16 +494,17 @@ def real_lm_acceptance_figure(rows: Sequence[Any], title: str = "SmolLM2-135M") 
     ax.set_ylabel("P(first token among drafts)")
     ax.set_xticks(ks)
     ax.set_title(f"token-level acceptance against K: {title}", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _legend_below(ax)
     return _png(fig)
 
 
 def real_lm_block_efficiency_figure(rows: Sequence[Any], title: str = "SmolLM2-135M") -> Optional[bytes]:
     """Block efficiency against L on the real model: one series per (method, K), 95% CI whiskers.
 
-    Colour by method, marker and line style by K; the ceiling L + 1 in light grey.  The x
-    axis is logarithmic in L (the suite's grid doubles L); series are nudged sideways so
-    their whiskers do not overlap.  Returns ``None`` without any row that has K and L.
+    Colour by method, marker and line style by K (the ceiling L + 1 is left out: real
+    block efficiencies sit far below it and it would squash the series).  The x axis is
+    logarithmic in L (the suite's grid doubles L); series are nudged sideways so their
+    whiskers do not overlap.  Returns ``None`` without any row that has K and L.
     """
     lengths, series = real_lm_block_grid(rows)
     series = [(m, k, cells) for m, k, cells in series
@@ -509,12 +516,10 @@ def real_lm_block_efficiency_figure(rows: Sequence[Any], title: str = "SmolLM2-1
     all_ks = sorted({k for _, k, _ in series})
     markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
     linestyles = ["-", "--", "-.", ":"]
-    fig, (ax,) = _new_figure(7.2, 3.9)
+    fig, (ax,) = _new_figure(6.4, 4.6)
     log_x = len(lengths) > 1 and min(lengths) > 0
     if log_x:
         ax.set_xscale("log", base=2)
-    ax.plot(lengths, [length + 1 for length in lengths], color="lightgrey", linewidth=1, linestyle="-.",
-            label="L + 1 (ceiling)")
     spread = 0.07  # sideways nudge per series: in log2 units on a log axis, in units of L otherwise
     for index, (method, k, cells) in enumerate(series):
         nudge = (index - (len(series) - 1) / 2) * spread
@@ -539,7 +544,7 @@ def real_lm_block_efficiency_figure(rows: Sequence[Any], title: str = "SmolLM2-1
     ax.set_xticklabels([str(length) for length in lengths])
     ax.minorticks_off()
     ax.set_title(f"block efficiency against L: {title}", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _legend_below(ax)
     return _png(fig)
 
 

@@ -3,7 +3,11 @@
 Sections: the overall verdict and the gate; a summary table per verifier and case; the
 findings (failed checks, worst strings, errors, gate violations); figures of acceptance
 against K, block efficiency against L and each case's output law against the target.
-Nothing is loaded from the network, so the file can be attached to a CI run or mailed.
+A report of the real-LM suite (``meta["real_lm"]``, :meth:`RealLMTables.to_dict`) gets a
+section of its own after the findings: block efficiency in the shape of SpecTr's tables
+(method, K, one column per L, 95% CIs), acceptance against alpha* for each K, first-token
+fidelity, and two figures drawn from those tables.  Nothing is loaded from the network,
+so the file can be attached to a CI run or mailed.
 """
 
 from __future__ import annotations
@@ -227,6 +231,168 @@ def _figure_sections(report: AuditReport, max_law_figures: int) -> list[str]:
     return out
 
 
+#: Extra CSS, added only to reports that carry the real-LM tables (others stay byte-identical).
+_REAL_LM_CSS = """
+table.real-lm td .ci { color: #666; font-size: 0.88em; }
+table.real-lm td.missing { color: #999; text-align: center; }
+table.real-lm th.group { text-align: center; }
+table.real-lm tbody tr.method-start td { border-top: 2px solid #b0b7c0; }
+"""
+
+#: Shown for a value the suite did not measure (NaN in memory, null after a JSON round trip).
+_MISSING = "&ndash;"
+
+
+def _num(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _fixed(value: Any, digits: int = 3) -> str:
+    number = _num(value)
+    return _MISSING if number is None else f"{number:.{digits}f}"
+
+
+def _pvalue(value: Any, digits: int = 3) -> str:
+    """A p-value: fixed point, or two significant digits below 10^-digits (so 1e-6 is not 0.000)."""
+    number = _num(value)
+    if number is None:
+        return _MISSING
+    return f"{number:.2e}" if 0 < abs(number) < 10.0**-digits else f"{number:.{digits}f}"
+
+
+def _with_half_width(value: Any, half: Any, digits: int = 3) -> str:
+    number = _num(value)
+    if number is None:
+        return _MISSING
+    half_number = _num(half)
+    return f"{number:.{digits}f}" + ("" if half_number is None else f" &plusmn; {abs(half_number):.{digits}f}")
+
+
+def _real_lm_block_table(rows: Any) -> list[str]:
+    """Block efficiency in the shape of SpecTr's tables: method, K, then one column per L."""
+    from spectr_audit.reports.figures import real_lm_block_grid
+
+    lengths, series = real_lm_block_grid(rows)
+    if not series:
+        return ["<p>No block-efficiency rows.</p>"]
+    head = "".join(f"<th>L = {length}</th>" for length in lengths)
+    out = ['<table class="real-lm" id="real-lm-block-efficiency-table"><thead>'
+           f'<tr><th class="text" rowspan="2">method</th><th rowspan="2">K</th>'
+           f'<th class="group" colspan="{len(lengths)}">block efficiency (tokens per target call) '
+           f"[95% CI]</th></tr><tr>{head}</tr></thead><tbody>"]
+    previous = None
+    for method, k, cells in series:
+        tds = []
+        for length in lengths:
+            row = cells.get(length)
+            value = _num(row.get("block_efficiency")) if row else None
+            if value is None:
+                tds.append(f'<td class="missing">{_MISSING}</td>')
+                continue
+            low, high = _num(row.get("ci_low")), _num(row.get("ci_high"))
+            ci = ""
+            if low is not None or high is not None:
+                ci = f' <span class="ci">[{_fixed(low, 2)}, {_fixed(high, 2)}]</span>'
+            runs = f"{row.get('num_iterations')} iterations over {row.get('num_rows')} prompts"
+            tds.append(f'<td title="{html.escape(runs)}">{value:.2f}{ci}</td>')
+        css = ' class="method-start"' if previous is not None and method != previous else ""
+        previous = method
+        out.append(f'<tr{css}><td class="text">{html.escape(method)}</td><td>{k}</td>{"".join(tds)}</tr>')
+    out.append("</tbody></table>")
+    return out
+
+
+def _real_lm_acceptance_table(rows: Any) -> list[str]:
+    from spectr_audit.reports.figures import _row
+
+    rows = [_row(r) for r in rows or ()]
+    if not rows:
+        return ["<p>No acceptance rows.</p>"]
+    out = ['<table class="real-lm" id="real-lm-acceptance-table"><thead><tr><th>K</th><th>alpha*</th>'
+           "<th>SpecTr bound<br>(1-(1-1/K)<sup>K</sup>) alpha*</th><th>(1-1/e) alpha*</th><th>single draft</th>"
+           "<th>K-SEQ P<sub>A</sub><br>(closed form)</th><th>K-SEQ measured<br>&plusmn; 95% half-width</th>"
+           "<th>alpha* on K-SEQ's<br>contexts</th><th>RRS measured<br>&plusmn; 95% half-width</th>"
+           "<th>contexts</th></tr></thead><tbody>"]
+    for r in rows:
+        kseq_measured = _num(r.get("kseq_measured")) is not None
+        out.append(
+            f"<tr><td>{_fmt(r.get('num_drafts'))}</td><td>{_fixed(r.get('optimal'))}</td>"
+            f"<td>{_fixed(r.get('spectr_bound'))}</td><td>{_fixed(r.get('e_bound'))}</td>"
+            f"<td>{_fixed(r.get('single_draft'))}</td><td>{_fixed(r.get('kseq_closed_form'))}</td>"
+            f"<td>{_with_half_width(r.get('kseq_measured'), r.get('kseq_measured_half_width'))}</td>"
+            f"<td>{_fixed(r.get('kseq_optimal_same_contexts')) if kseq_measured else _MISSING}</td>"
+            f"<td>{_with_half_width(r.get('rrs_measured'), r.get('rrs_measured_half_width'))}</td>"
+            f"<td>{_fmt(r.get('num_contexts'))}</td></tr>"
+        )
+    out.append("</tbody></table>")
+    return out
+
+
+def _real_lm_fidelity_table(rows: Any, partition: str) -> list[str]:
+    from spectr_audit.reports.figures import _row
+
+    rows = [_row(r) for r in rows or ()]
+    if not rows:
+        return ["<p>No fidelity rows.</p>"]
+    out = ['<table class="real-lm" id="real-lm-fidelity-table"><thead><tr><th class="text">verifier</th>'
+           '<th class="text">level</th><th>K</th><th>L</th><th>samples</th><th>sampled p</th>'
+           "<th>min detectable TV</th><th>RB p</th><th>RB TV on cells<br>(incl. noise)</th>"
+           "<th>RB mean &#8214;bias&#8214;<sup>2</sup> &plusmn; se</th></tr></thead><tbody>"]
+    for r in rows:
+        l2, l2_se = _num(r.get("rb_l2sq")), _num(r.get("rb_l2sq_se"))
+        l2_text = _MISSING if l2 is None else f"{l2:.2e}" + ("" if l2_se is None else f" &plusmn; {l2_se:.1e}")
+        out.append(
+            f'<tr><td class="text">{html.escape(str(r.get("verifier", "")))}</td>'
+            f'<td class="text">{html.escape(str(r.get("level", "")))}</td><td>{_fmt(r.get("num_drafts"))}</td>'
+            f'<td>{_fmt(r.get("draft_len"))}</td><td>{_fmt(r.get("num_samples"))}</td>'
+            f'<td>{_pvalue(r.get("sampled_pvalue"))}</td><td>{_fixed(r.get("sampled_min_detectable_tv"))}</td>'
+            f'<td>{_pvalue(r.get("rb_pvalue"))}</td><td>{_fixed(r.get("rb_tv_partition"), 4)}</td>'
+            f"<td>{l2_text}</td></tr>"
+        )
+    out.append("</tbody></table>")
+    return out
+
+
+def _real_lm_section(tables: dict, figures: bool) -> list[str]:
+    """The real-LM suite's tables (``meta["real_lm"]``) and, with ``figures``, its two figures."""
+    out = ['<h2 id="real-lm">Real language model (SmolLM2-135M)</h2>']
+    setup = tables.get("setup")
+    if setup:
+        out.append(f'<p class="note">Setup: {html.escape(str(setup))}.</p>')
+    out += ['<h3 id="real-lm-block-efficiency">Block efficiency</h3>',
+            '<p class="note">Tokens emitted per target call (one verification step), in the shape of SpecTr\'s '
+            "tables: one row per method and number of drafts K, one column per draft length L; brackets: 95% "
+            "t-interval over prompts (hover a cell for its iterations).</p>",
+            *_real_lm_block_table(tables.get("block_efficiency")),
+            '<h3 id="real-lm-acceptance">Token-level acceptance against alpha*</h3>',
+            '<p class="note">Mean over the token-level contexts of P(first emitted token among the drafts). alpha* is '
+            "the optimal acceptance for K i.i.d. drafts; K-SEQ must reach SpecTr's bound. Measured values are "
+            "Rao-Blackwellised, with 95% half-widths; K-SEQ is measured on a subset of the contexts, whose mean "
+            "alpha* is listed beside it. &ndash;: not run at that K.</p>",
+            *_real_lm_acceptance_table(tables.get("acceptance"))]
+    partition = str(tables.get("partition") or "")
+    out += ['<h3 id="real-lm-fidelity">First-token fidelity at V = 49,152</h3>',
+            '<p class="note">Sampled p: the first emitted token\'s cell against the target\'s cell law, with the '
+            "smallest TV on the cells it detects at the suite's power. RB: the Rao-Blackwellised law's deviation "
+            "from the target, cell by cell, and an unbiased estimate of its mean squared L2 distance over the "
+            "vocabulary. p-values are unadjusted; the verdicts above use Holm-adjusted ones."
+            + (f" Partition: {html.escape(partition)}." if partition else "") + "</p>",
+            *_real_lm_fidelity_table(tables.get("fidelity"), partition)]
+    if figures:
+        from spectr_audit.reports.figures import real_lm_figures
+
+        for f in real_lm_figures(tables):
+            data = base64.b64encode(f.png).decode("ascii")
+            out.append(
+                f'<figure class="real-lm-figure"><img alt="{html.escape(f.kind)}: {html.escape(f.title)}" '
+                f'src="data:image/png;base64,{data}">'
+                f"<figcaption><b>{html.escape(f.title)}</b>: {html.escape(f.caption)}</figcaption></figure>"
+            )
+    return out
+
+
 def render_html(report: AuditReport, gate: Any = None, *, figures: bool = True, max_law_figures: int = 48) -> str:
     """Render ``report`` as one self-contained HTML document.
 
@@ -257,12 +423,14 @@ def render_html(report: AuditReport, gate: Any = None, *, figures: bool = True, 
                      f'{"held" if gate.passed else "failed"}</span> ({len(gate.violations)} violations)')
     meta = ", ".join(f"{html.escape(str(k))} {html.escape(str(v))}" for k, v in report.meta.items()
                      if not isinstance(v, (dict, list)))
+    real_lm = report.meta.get("real_lm")
+    real_lm = real_lm if isinstance(real_lm, dict) else None
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>spectr-audit report: {html.escape(report.suite)}</title>",
-        f"<style>{_CSS}</style></head><body>",
+        f"<style>{_CSS}{_REAL_LM_CSS if real_lm is not None else ''}</style></head><body>",
         f"<h1>spectr-audit report: suite <code>{html.escape(report.suite)}</code></h1>",
         f'<p class="meta">{badge} {num_expected}/{len(report.results)} results as expected{gate_line}'
         f" &middot; spectr-audit {html.escape(__version__)}{(' &middot; ' + meta) if meta else ''}</p>",
@@ -270,11 +438,14 @@ def render_html(report: AuditReport, gate: Any = None, *, figures: bool = True, 
         "declare an expected verdict (a published rule under audit, a lossy-by-design mode); a run fails only where a "
         "verdict differs from its declaration, or where a gate threshold breaks.</p>",
         '<nav><a href="#verifiers">Verifiers</a><a href="#findings">Findings</a>'
+        + ('<a href="#real-lm">Real language model</a>' if real_lm is not None else "")
         + ('<a href="#figures">Figures</a>' if figures else "")
         + '<a href="#summary">Every result</a></nav>',
         *_verifier_table(report, violated),
         *_findings(report, gate),
     ]
+    if real_lm is not None:
+        parts += _real_lm_section(real_lm, figures)
     if figures:
         parts += _figure_sections(report, max_law_figures)
     parts += ['<h2 id="summary">Every result</h2>', *_summary_table(report, violated), "</body></html>"]

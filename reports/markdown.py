@@ -1,7 +1,13 @@
-"""The Markdown report: a summary table per verifier and case, then the findings."""
+"""The Markdown report: a summary table per verifier and case, then the findings.
+
+A report of the real-LM suite (``meta["real_lm"]``) ends with a section of its tables: block
+efficiency in the shape of SpecTr's tables (method, K, one column per L, 95% CIs), acceptance
+against alpha* for each K, and first-token fidelity.
+"""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -28,6 +34,90 @@ def _verdict(result: AuditResult) -> str:
         return measured
     declared = "exact" if result.expected else "inexact"
     return f"{measured} (declared {declared}{'' if result.as_expected else ', UNEXPECTED'})"
+
+
+def _finite(value) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _fixed(value, digits: int = 3) -> str:
+    """Fixed point; an en dash for a value not measured (NaN in memory, null after JSON)."""
+    number = _finite(value)
+    return "–" if number is None else f"{number:.{digits}f}"
+
+
+def _pvalue(value, digits: int = 3) -> str:
+    number = _finite(value)
+    if number is None:
+        return "–"
+    return f"{number:.2e}" if 0 < abs(number) < 10.0**-digits else f"{number:.{digits}f}"
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _real_lm_markdown(tables: dict) -> list[str]:
+    """The real-LM suite's tables (``meta["real_lm"]``): block efficiency (SpecTr's shape), acceptance, fidelity."""
+    from spectr_audit.reports.figures import _row, real_lm_block_grid
+
+    lines = ["## Real language model (SmolLM2-135M)", ""]
+    if tables.get("setup"):
+        lines += [f"Setup: {tables['setup']}", ""]
+    lengths, series = real_lm_block_grid(tables.get("block_efficiency"))
+    lines += ["### Block efficiency", "",
+              "Tokens emitted per target call, one column per draft length L; brackets: 95% t-interval over prompts.",
+              ""]
+    if series:
+        lines.append("| method | K | " + " | ".join(f"L = {length}" for length in lengths) + " |")
+        lines.append("|---|---|" + "---|" * len(lengths))
+        for method, k, cells in series:
+            values = []
+            for length in lengths:
+                row = cells.get(length) or {}
+                value = _finite(row.get("block_efficiency"))
+                if value is None:
+                    values.append("–")
+                    continue
+                low, high = row.get("ci_low"), row.get("ci_high")
+                ci = "" if _finite(low) is None and _finite(high) is None else f" [{_fixed(low, 2)}, {_fixed(high, 2)}]"
+                values.append(f"{value:.2f}{ci}")
+            lines.append(f"| {_cell(method)} | {k} | " + " | ".join(values) + " |")
+    else:
+        lines.append("No block-efficiency rows.")
+    lines += ["", "### Token-level acceptance against alpha*", "",
+              "Mean over contexts; measured values with their 95% half-widths (K-SEQ on a subset of the contexts, "
+              "whose alpha* is in parentheses); – : not run at that K.", "",
+              "| K | alpha* | SpecTr bound | (1-1/e) alpha* | single draft | K-SEQ P_A (closed form) "
+              "| K-SEQ measured (alpha* there) | RRS measured |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in map(_row, tables.get("acceptance") or ()):
+        kseq, rrs = _finite(r.get("kseq_measured")), _finite(r.get("rrs_measured"))
+        kseq_text = "–" if kseq is None else (f"{kseq:.3f} ± {_fixed(r.get('kseq_measured_half_width'))} "
+                                              f"({_fixed(r.get('kseq_optimal_same_contexts'))})")
+        rrs_text = "–" if rrs is None else f"{rrs:.3f} ± {_fixed(r.get('rrs_measured_half_width'))}"
+        lines.append(f"| {r.get('num_drafts')} | {_fixed(r.get('optimal'))} | {_fixed(r.get('spectr_bound'))} | "
+                     f"{_fixed(r.get('e_bound'))} | {_fixed(r.get('single_draft'))} | "
+                     f"{_fixed(r.get('kseq_closed_form'))} | {kseq_text} | {rrs_text} |")
+    fidelity = [_row(r) for r in tables.get("fidelity") or ()]
+    if fidelity:
+        partition = tables.get("partition")
+        lines += ["", "### First-token fidelity at V = 49,152", "",
+                  (f"Partition: {partition}. " if partition else "") + "p-values unadjusted.", "",
+                  "| verifier | level | K | L | samples | sampled p | min detectable TV | RB p "
+                  "| RB TV on cells (incl. noise) | RB mean ‖bias‖² ± se |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in fidelity:
+            l2, l2_se = _finite(r.get("rb_l2sq")), _finite(r.get("rb_l2sq_se"))
+            l2_text = "–" if l2 is None else f"{l2:.2e}" + ("" if l2_se is None else f" ± {l2_se:.1e}")
+            lines.append(f"| {_cell(r.get('verifier'))} | {r.get('level')} | {r.get('num_drafts')} | "
+                         f"{r.get('draft_len')} | {r.get('num_samples')} | {_pvalue(r.get('sampled_pvalue'))} | "
+                         f"{_fixed(r.get('sampled_min_detectable_tv'))} | {_pvalue(r.get('rb_pvalue'))} | "
+                         f"{_fixed(r.get('rb_tv_partition'), 4)} | {l2_text} |")
+    lines.append("")
+    return lines
 
 
 def render_markdown(report: AuditReport) -> str:
@@ -86,6 +176,9 @@ def render_markdown(report: AuditReport) -> str:
             lines.append(f"- {v.get('verifier')} on {v.get('case')}: {t.get('metric')} = {_fmt(v.get('value'), 6)} "
                          f"violates {t.get('op')} {t.get('limit')}")
         lines.append("")
+    real_lm = report.meta.get("real_lm")
+    if isinstance(real_lm, dict):
+        lines += _real_lm_markdown(real_lm)
     return "\n".join(lines) + "\n"
 
 

@@ -143,7 +143,7 @@ def test_each_broken_sampler_follows_its_stated_law(name):
 # spectr_audit.verifiers.broken for the samples each needed at the default settings).
 QUICK_BUDGETS = {
     "independent-accept": 20_000,
-    "kseq-low-rho": 0,  # needs ~10^5 K-SEQ samples: slow test only
+    "kseq-low-rho": 250_000,
     "kseq-dedup": 20_000,
     "rrs-skip-duplicates": 20_000,
     "resample-target": 20_000,
@@ -158,8 +158,6 @@ QUICK_BUDGETS = {
 @pytest.mark.parametrize("name", broken_names())
 def test_each_broken_verifier_is_flagged_quickly(name):
     budget = QUICK_BUDGETS[name]
-    if not budget:
-        pytest.skip("covered by the slow default-budget test")
     verifier = load_broken(name)
     num_drafts, draft_len = standard_case(verifier)
     result = statistical_audit(verifier, DRAFT8, TARGET8, num_drafts, draft_len, max_samples=budget, seed=0,
