@@ -478,12 +478,16 @@ def as_verifier(obj: Any, name: Optional[str] = None) -> Verifier:
     if hasattr(obj, "verify") and callable(obj.verify):
         kwargs = {attr: getattr(obj, attr) for attr in _PASSTHROUGH_ATTRS if hasattr(obj, attr)}
         law = getattr(obj, "output_probs", None)
-        return FunctionVerifier(
+        wrapped = FunctionVerifier(
             obj.verify,
             name=name or getattr(obj, "name", None) or type(obj).__name__,
             output_probs=law if callable(law) else None,
             **kwargs,
         )
+        if callable(getattr(obj, "carried_correction", None)):
+            # verifiers that repair the next iteration are judged by the multi-iteration audit
+            wrapped.carried_correction = obj.carried_correction
+        return wrapped
     if callable(obj):
         return FunctionVerifier(obj, name=name)
     raise InvalidArgument(

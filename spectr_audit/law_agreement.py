@@ -18,12 +18,6 @@ from typing import Optional, Sequence, Union
 import torch
 
 from spectr_audit import power as sizing
-from spectr_audit.contract import as_verifier, check_output_probs
-from spectr_audit.errors import InvalidArgument
-from spectr_audit.gof import MIN_EXPECTED, TestResult, conditional_pearson_test, holm, independent_sum_test
-from spectr_audit.models import Model
-from spectr_audit.montecarlo import default_chunk_size, draw_drafts, verify_batch
-from spectr_audit.power import DEFAULT_ALPHA, DEFAULT_MIN_DETECTABLE_TV, DEFAULT_POWER
 from spectr_audit._statistical_common import (
     check_models,
     check_positive_int,
@@ -32,6 +26,12 @@ from spectr_audit._statistical_common import (
     check_seconds,
     chunk_schedule,
 )
+from spectr_audit.contract import as_verifier, check_output_probs
+from spectr_audit.errors import InvalidArgument
+from spectr_audit.gof import MIN_EXPECTED, TestResult, conditional_pearson_test, holm, independent_sum_test
+from spectr_audit.models import Model
+from spectr_audit.montecarlo import default_chunk_size, draw_drafts, verify_batch
+from spectr_audit.power import DEFAULT_ALPHA, DEFAULT_MIN_DETECTABLE_TV, DEFAULT_POWER
 from spectr_audit.statistical_result import LawAgreementResult, worst_cells
 
 __all__ = ["sampler_law_agreement"]
@@ -40,12 +40,15 @@ __all__ = ["sampler_law_agreement"]
 MAX_COVARIANCE_CELLS = 2048
 
 
-def _canonical_index(draft_tokens: torch.Tensor) -> torch.Tensor:  # [B, K, L + 1]
+def _canonical_index(
+    draft_tokens: torch.Tensor,  # [batch_size, num_drafts, draft_len]
+) -> torch.Tensor:  # [batch_size, num_drafts, draft_len + 1]
     """``canon[b, k, n]``: the smallest draft index whose first n tokens equal draft k's."""
-    batch_size, num_drafts, draft_len = draft_tokens.shape
-    same = draft_tokens.unsqueeze(2) == draft_tokens.unsqueeze(1)  # [B, K, K, L]
-    prefix_same = torch.cat([torch.ones_like(same[..., :1]), same.to(torch.int8).cumprod(-1).bool()], -1)  # [B,K,K,L+1]
-    return prefix_same.to(torch.int8).argmax(2)  # first j along the second draft axis
+    # same[b, k, j, l]: drafts k and j agree at position l
+    same = draft_tokens.unsqueeze(2) == draft_tokens.unsqueeze(1)
+    # [batch_size, num_drafts, num_drafts, draft_len + 1]: they agree on the first n positions
+    prefix_same = torch.cat([torch.ones_like(same[..., :1]), same.to(torch.int8).cumprod(-1).bool()], -1)
+    return prefix_same.to(torch.int8).argmax(2)
 
 
 def sampler_law_agreement(
@@ -108,6 +111,15 @@ def sampler_law_agreement(
       it sees a drift confined to a few tuples.
 
     A sample in a cell its own law gives probability 0 is a certain disagreement (``support``).
+
+    Examples
+    --------
+    >>> from spectr_audit.models import ContextFreeModel
+    >>> from spectr_audit.registry import load_verifier
+    >>> result = sampler_law_agreement(load_verifier("kseq"), ContextFreeModel([0.6, 0.4]),
+    ...                                ContextFreeModel([0.3, 0.7]), num_drafts=2, num_samples=20_000)
+    >>> result.rejects(), [t.name for t in result.subtests]
+    (False, ['aggregated-pearson', 'per-tuple-pearson', 'support'])
     """
     verifier = as_verifier(verifier)
     if not verifier.has_exact_law:

@@ -185,6 +185,17 @@ def build_partition(
     Strings of target probability 0 land in ``IMPOSSIBLE`` cells of probability 0: a sample
     there proves the verifier inexact (the audit's ``support`` check).  When V^N is small
     and the sample large, the result is the full V^N partition.
+
+    Examples
+    --------
+    >>> from spectr_audit.models import ContextFreeModel
+    >>> target = ContextFreeModel([0.5, 0.3, 0.2])
+    >>> full = build_partition(target, 2, num_samples=10_000)
+    >>> full.num_cells, full.is_full, full.describe(int(full.cells_of(torch.tensor([[2, 1]]))[0]))
+    (9, True, '2 1')
+    >>> coarse = build_partition(target, 2, num_samples=30)  # expected counts 15, 9, 6 after one token
+    >>> sorted(coarse.describe(c) for c in range(coarse.num_cells))
+    ['0 (rare)', '0 0', '1 *', '2 *']
     """
     if num_tokens < 1:
         raise InvalidArgument(f"num_tokens: expected >= 1, got {num_tokens}")

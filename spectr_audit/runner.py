@@ -173,7 +173,7 @@ def _exact_checks(verifier, case, alpha_star, carries, checks, metrics, details)
 def _multi_iteration_check(verifier, case, checks, metrics, details) -> None:
     from spectr_audit.multi_iteration import exact_multi_iteration
 
-    num_tokens = case.num_tokens or case.draft_len + 2
+    num_tokens = case.num_tokens or case.draft_len + 1
     audit = exact_multi_iteration(
         verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, num_tokens, prefix=case.prefix
     )

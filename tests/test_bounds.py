@@ -382,7 +382,7 @@ def test_sorted_rho_star_matches_the_bisection_oracle(vocab_size, num_drafts, co
     target = rng.dirichlet(np.full(vocab_size, concentration), size=4)
     if mode == "equal":
         target = draft.copy()
-    elif mode == "zeros":
+    elif mode == "zeros" and vocab_size > 1:
         draft[:, 0] = 0.0
         draft /= draft.sum(-1, keepdims=True)
     elif mode == "disjoint" and vocab_size > 1:
