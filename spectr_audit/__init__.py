@@ -37,6 +37,7 @@ _LAZY = {
     "InjectedUniforms": "spectr_audit.randomness",
     "check_verifier": "spectr_audit.conformance",
     "statistical_audit": "spectr_audit.statistical",
+    "sampler_law_agreement": "spectr_audit.law_agreement",
 }
 
 __all__ = ["__version__", "SpectrAuditError", "InvalidArgument", "VerifierError", *_LAZY]

@@ -190,7 +190,8 @@ def sampler_law_agreement(
     else:  # the multinomial null bounds the true covariance: valid, conservative
         aggregated = conditional_pearson_test(observed.sum(0, keepdim=True), expected.sum(0, keepdim=True),
                                               min_expected, name="aggregated-pearson")
-    mde = sizing.min_detectable_tv(done, aggregated.num_cells, test_alpha, power) if (aggregated.num_cells or 0) >= 2 else math.inf
+    mde = (sizing.min_detectable_tv(done, aggregated.num_cells, test_alpha, power)
+           if (aggregated.num_cells or 0) >= 2 else math.inf)
     tests = [dataclasses.replace(aggregated, min_detectable_tv=mde)]
     if per_tuple:
         tests.append(conditional_pearson_test(observed, expected, min_expected, name="per-tuple-pearson"))

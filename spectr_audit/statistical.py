@@ -124,7 +124,12 @@ def __getattr__(name: str):
 # ---------------------------------------------------------------------------------------------
 
 
-def _optimal_acceptance(draft_root: torch.Tensor, target_root: torch.Tensor, num_drafts: int, scheme: str) -> Optional[float]:
+def _optimal_acceptance(
+    draft_root: torch.Tensor,  # [vocab_size]
+    target_root: torch.Tensor,  # [vocab_size]
+    num_drafts: int,
+    scheme: str,
+) -> Optional[float]:
     """alpha* at the first position for the drafting scheme; None when too large to compute."""
     if scheme == "iid":
         return optimal_acceptance(draft_root, target_root, num_drafts).item()
@@ -552,8 +557,9 @@ def statistical_audit(
     strat_samples = int(strat_counts.sum()) if strat_counts is not None else 0
     if enumeration is not None:
         if strat_counts is not None and bool((strat_counts.sum(1) >= 2).all()):
-            results["stratified-pearson"] = stratified_pearson_test(strat_counts, enumeration.weights, probs, min_expected,
-                                                                    max_cells=max(MAX_STRATIFIED_CELLS, partition.num_cells))
+            results["stratified-pearson"] = stratified_pearson_test(
+                strat_counts, enumeration.weights, probs, min_expected,
+                max_cells=max(MAX_STRATIFIED_CELLS, partition.num_cells))
         else:
             results["stratified-pearson"] = TestResult(
                 "stratified-pearson", math.nan, 1.0, None, strat_samples,

@@ -194,7 +194,8 @@ class _InflatedRatioRule(NodeRule):
 
     def __call__(self, tokens, survivors, draft_dist, target_dist):
         drafted = gather_tokens(draft_dist, tokens)
-        ratio = self.factor * gather_tokens(target_dist, tokens) / torch.where(drafted > 0, drafted, torch.ones_like(drafted))
+        safe = torch.where(drafted > 0, drafted, torch.ones_like(drafted))
+        ratio = self.factor * gather_tokens(target_dist, tokens) / safe
         accept_probs = torch.where(drafted > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
         return accept_probs, normalise((target_dist - draft_dist).clamp(min=0), target_dist)
 
