@@ -22,7 +22,7 @@ import torch
 
 from spectr_audit.errors import InvalidArgument
 
-__all__ = ["InjectedUniforms", "RandomSource", "uniform", "sample_categorical"]
+__all__ = ["InjectedUniforms", "RandomSource", "uniform", "sample_categorical", "sample_categorical_from_cdf"]
 
 
 class InjectedUniforms:
@@ -98,10 +98,13 @@ def sample_categorical(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     the total even when ``u`` rounds up in the CDF's dtype.  Rows with no mass at all
     return ``vocab_size - 1``; callers never use such rows.
     """
-    # [..., vocab_size]
-    cdf = probs.cumsum(-1)
+    return sample_categorical_from_cdf(probs.cumsum(-1), u)
+
+
+def sample_categorical_from_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """:func:`sample_categorical` given ``cdf = probs.cumsum(-1)`` (``[..., vocab_size]``), e.g. to reuse its total."""
     total = cdf[..., -1:]
     point = u.to(cdf.dtype).unsqueeze(-1) * total
     point = torch.minimum(point, torch.nextafter(total, torch.zeros_like(total)))
     idx = torch.searchsorted(cdf, point, right=True).squeeze(-1)
-    return idx.clamp_(max=probs.shape[-1] - 1)
+    return idx.clamp_(max=cdf.shape[-1] - 1)

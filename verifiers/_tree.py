@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from spectr_audit.contract import Verifier, VerifyOutput
-from spectr_audit.randomness import sample_categorical, uniform
+from spectr_audit.randomness import sample_categorical, sample_categorical_from_cdf, uniform
 
 __all__ = ["NodeRule", "TreeVerifier", "gather_tokens", "normalise"]
 
@@ -52,11 +52,46 @@ class NodeRule:
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([n, num_drafts], [n, vocab_size])
         raise NotImplementedError
 
+    def sampler_parts(
+        self,
+        tokens: torch.Tensor,  # [n, num_drafts] int64
+        survivors: torch.Tensor,  # [n, num_drafts] bool
+        draft_dist: torch.Tensor,  # [n, vocab_size] float32 or float64, on the simplex within the input tolerance
+        target_dist: torch.Tensor,  # [n, vocab_size] same dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([n, num_drafts], [n, vocab_size] non-negative, unnormalised)
+        """The sampler's view of ``__call__``: the residual may be unnormalised, or all zero on rows never sampled.
+
+        :meth:`TreeVerifier._verify` only draws from the residual (``sample_categorical`` takes
+        unnormalised mass) and falls back to the target on rows with no residual mass, so rules
+        override this to skip ``__call__``'s normalisation pass.  The exact law keeps ``__call__``.
+        """
+        return self(tokens, survivors, draft_dist, target_dist)
+
 
 def _as_law(probs: torch.Tensor) -> torch.Tensor:
     """float64 rows renormalised to sum to 1 (inputs are on the simplex only within a tolerance)."""
     probs = probs.double()
     return probs / probs.sum(-1, keepdim=True)
+
+
+def _sampler_dtype(probs: torch.Tensor) -> torch.Tensor:
+    """float64 stays float64; float32 stays as is (no copy); half precision is widened to float32."""
+    return probs if probs.dtype in (torch.float32, torch.float64) else probs.float()
+
+
+def _sample_or_fallback(
+    residual: torch.Tensor,  # [n, vocab_size] non-negative, possibly unnormalised or all zero
+    fallback: torch.Tensor,  # [n, vocab_size]
+    u: torch.Tensor,  # [n]
+) -> torch.Tensor:  # [n] int64
+    """A draw from ``residual``, or from ``fallback`` on rows where the residual has no mass.
+
+    Drawing from both costs one extra cumsum; checking the residual's total first and
+    selecting rows would cost a sum plus a full ``where`` pass, and a host sync to skip it.
+    """
+    residual_cdf = residual.cumsum(-1)  # [n, vocab_size]
+    drawn = sample_categorical_from_cdf(residual_cdf, u)
+    return torch.where(residual_cdf[:, -1] > 0, drawn, sample_categorical(fallback, u))
 
 
 def _first_true(mask: torch.Tensor) -> torch.Tensor:
@@ -75,8 +110,18 @@ class TreeVerifier(Verifier):
     rule: NodeRule
 
     def _node_inputs(self, draft_tokens, draft_probs, target_probs, level, canon):
-        rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
-        return draft_tokens[:, :, level], _as_law(draft_probs[rows, canon, level]), _as_law(target_probs[rows, canon, level])
+        """Sampler inputs at ``level``: tokens ``[B, K]`` and the canonical draft's conditionals ``[B, V]``.
+
+        Not renormalised and not widened beyond float32 (float64 inputs stay float64): the sampler
+        only compares ratios and draws by inverse CDF, and each float64 copy is a full pass.
+        """
+        if draft_probs.shape[1] == 1:
+            # one draft: canon is always 0, so a view avoids a gather copy of every row
+            draft_dist, target_dist = draft_probs[:, 0, level], target_probs[:, 0, level]
+        else:
+            rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
+            draft_dist, target_dist = draft_probs[rows, canon, level], target_probs[rows, canon, level]
+        return draft_tokens[:, :, level], _sampler_dtype(draft_dist), _sampler_dtype(target_dist)
 
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
         batch_size, num_drafts, draft_len = draft_tokens.shape
@@ -90,11 +135,11 @@ class TreeVerifier(Verifier):
         for level in range(draft_len):
             canon = _first_true(survivors)
             tokens, draft_dist, target_dist = self._node_inputs(draft_tokens, draft_probs, target_probs, level, canon)
-            accept_probs, residual = self.rule(tokens, survivors, draft_dist, target_dist)
+            accept_probs, residual = self.rule.sampler_parts(tokens, survivors, draft_dist, target_dist)
             u = uniform(generator, (batch_size, num_drafts + 1), device)
             passed = survivors & (u[:, :num_drafts] < accept_probs)
             accepted_token = tokens.gather(1, _first_true(passed).unsqueeze(1)).squeeze(1)
-            output = torch.where(passed.any(-1), accepted_token, sample_categorical(residual, u[:, num_drafts]))
+            output = torch.where(passed.any(-1), accepted_token, _sample_or_fallback(residual, target_dist, u[:, num_drafts]))
             matching = survivors & (tokens == output.unsqueeze(1))
             stop = alive & ~matching.any(-1)
             next_token = torch.where(stop, output, next_token)
@@ -103,7 +148,8 @@ class TreeVerifier(Verifier):
             alive = alive & ~stop
             survivors = torch.where(alive.unsqueeze(1), matching, survivors)
         canon = _first_true(survivors)
-        bonus = sample_categorical(target_probs[rows, canon, draft_len].double(), uniform(generator, (batch_size,), device))
+        bonus_dist = target_probs[:, 0, draft_len] if num_drafts == 1 else target_probs[rows, canon, draft_len]
+        bonus = sample_categorical(_sampler_dtype(bonus_dist), uniform(generator, (batch_size,), device))
         next_token = torch.where(alive, bonus, next_token)
         num_accepted = torch.where(alive, draft_len, num_accepted)
         draft_index = torch.where(alive, canon, draft_index)

@@ -22,19 +22,25 @@ class KSeqRule(NodeRule):
         self.rho_scale = rho_scale
 
     def __call__(self, tokens, survivors, draft_dist, target_dist):
+        accept_probs, excess = self.sampler_parts(tokens, survivors, draft_dist, target_dist)
+        return accept_probs, normalise(excess, target_dist)
+
+    def sampler_parts(self, tokens, survivors, draft_dist, target_dist):
         num_survivors = survivors.sum(-1).to(torch.float64)  # [n]
         rho = kseq_rho_star(draft_dist, target_dist, num_survivors.clamp(min=1)) * self.rho_scale
-        rho = rho.unsqueeze(-1)  # [n, 1]
+        # [n, 1] in the rows' dtype: float32 rows keep the [n, vocab_size] work in float32
+        rho = rho.unsqueeze(-1).to(target_dist.dtype)
         weighted = torch.minimum(draft_dist, target_dist / rho)  # m_rho(x) = min(p(x), q(x) / rho)
         beta = weighted.sum(-1, keepdim=True)
         accept_any = kseq_accept_prob(beta, num_survivors.unsqueeze(-1))  # P_A = 1 - (1 - beta)^k, without cancellation
         # beta = 0 (disjoint supports): P_A = 0 and the residual is the target itself.
         scale = torch.where(beta > 0, accept_any / torch.where(beta > 0, beta, torch.ones_like(beta)), torch.zeros_like(beta))
-        residual = normalise((target_dist - scale * weighted).clamp(min=0), target_dist)
+        # [n, vocab_size] (q - scale m_rho)_+, computed in place in the buffer of m_rho
+        excess = torch.sub(target_dist, weighted.mul_(scale.to(weighted.dtype)), out=weighted).clamp_(min=0)
         drafted = gather_tokens(draft_dist, tokens)
         ratio = gather_tokens(target_dist, tokens) / (rho * torch.where(drafted > 0, drafted, torch.ones_like(drafted)))
         accept_probs = torch.where(drafted > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
-        return accept_probs, residual
+        return accept_probs, excess
 
 
 class KSeq(TreeVerifier):

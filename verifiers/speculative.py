@@ -13,11 +13,15 @@ class MaximalCouplingRule(NodeRule):
     """Accept draft token x with min(1, q(x)/p(x)); else draw from (q - p)_+ normalised."""
 
     def __call__(self, tokens, survivors, draft_dist, target_dist):
+        accept_probs, excess = self.sampler_parts(tokens, survivors, draft_dist, target_dist)
+        return accept_probs, normalise(excess, target_dist)
+
+    def sampler_parts(self, tokens, survivors, draft_dist, target_dist):
         drafted = gather_tokens(draft_dist, tokens)
         ratio = gather_tokens(target_dist, tokens) / torch.where(drafted > 0, drafted, torch.ones_like(drafted))
         accept_probs = torch.where(drafted > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
-        residual = normalise((target_dist - draft_dist).clamp(min=0), target_dist)
-        return accept_probs, residual
+        excess = torch.sub(target_dist, draft_dist).clamp_(min=0)  # [n, vocab_size] (q - p)_+, clamped in place
+        return accept_probs, excess
 
 
 class SpeculativeSampling(TreeVerifier):
