@@ -2,10 +2,20 @@
 
 Run:  python benchmarks/bench_verifiers.py [--quick] [--device cpu|cuda] [--json out.json]
 
-Every timing is reported as a ratio to a memory pass (``draft_probs.sum() +
-target_probs.sum()``) over the same tensors, measured in the same run, so the numbers
-compare across machines.  Inputs are float32 and hold about 2^26 probabilities
-(``--quick``: 2^22), as in the performance issue.
+One command, one table per part, one JSON file (default ``benchmarks/results.json``):
+
+* verifiers: every built-in at V = 32k and 128k, K up to 8, L up to 8, batch chosen so the inputs
+  hold about 2^26 probabilities (``--quick``: 2^22, V = 32k only), as a ratio to a memory pass
+  (``draft_probs.sum() + target_probs.sum()``) over the same tensors measured in the same run;
+* K-SEQ's rho*: 64-step bisection, the exact piecewise solve (sort by q/p), and the sampler's
+  sort-free solve, each as a ratio to a memory pass over its rows;
+* the closed-form alpha* at V = 128k, K = 8;
+* exact-audit enumeration cost against V and K: ordered tuples (what the audit enumerates, since
+  K-SEQ's law depends on the draft order) against the multiset count an order-invariant verifier
+  would need;
+* Monte-Carlo audit throughput (verifications per second) at V = 8, K = 4.
+
+The same script runs unchanged on CUDA (``--device cuda``; times are synchronised).
 """
 
 from __future__ import annotations
@@ -94,7 +104,7 @@ def bench_verifiers(total_probs: int, vocab_sizes, device, repeats) -> list[dict
 
 
 def bench_bounds(device, repeats) -> list[dict]:
-    from spectr_audit.bounds import kseq_rho_star, optimal_acceptance
+    from spectr_audit.bounds import kseq_rho_star, kseq_rho_star_bisection, kseq_rho_star_sampler, optimal_acceptance
 
     rows = []
     gen = torch.Generator(device=device).manual_seed(2)
@@ -102,37 +112,80 @@ def bench_bounds(device, repeats) -> list[dict]:
         draft = torch.softmax(2 * torch.randn(batch_size, vocab_size, generator=gen, device=device), -1)
         target = torch.softmax(2 * torch.randn(batch_size, vocab_size, generator=gen, device=device), -1)
         memory = timed(lambda: (draft.sum(), target.sum()), device, repeats)
-        rho = timed(lambda: kseq_rho_star(draft, target, 8), device, max(1, repeats // 2))
-        rows.append({"what": "kseq_rho_star (bisection)", "vocab_size": vocab_size, "batch_size": batch_size,
-                     "ms": 1e3 * rho, "ratio": rho / memory})
-        print(f"  rho* bisection   V={vocab_size:<6} B={batch_size:<3} {1e3 * rho:8.1f} ms  ratio {rho / memory:7.1f}")
-    one_draft, one_target = draft[0], target[0]
+        k = torch.full((batch_size,), 8.0, dtype=torch.float64, device=device)
+        solvers = [
+            ("bisection (64 passes, float64)", lambda: kseq_rho_star_bisection(draft, target, 8)),
+            ("exact piecewise (sort q/p, float64)", lambda: kseq_rho_star(draft, target, 8)),
+            ("sampler (sort-free, float32)", lambda: kseq_rho_star_sampler(draft, target, k)),
+        ]
+        for what, fn in solvers:
+            seconds = timed(fn, device, max(1, repeats // 2))
+            rows.append({"what": f"kseq rho* {what}", "vocab_size": vocab_size, "batch_size": batch_size,
+                         "num_drafts": 8, "ms": 1e3 * seconds, "memory_pass_ms": 1e3 * memory, "ratio": seconds / memory})
+            print(f"  rho* {what:<38} V={vocab_size:<6} B={batch_size:<3} {1e3 * seconds:8.1f} ms  "
+                  f"ratio {seconds / memory:7.1f}", flush=True)
+    one_draft, one_target = draft[0].double(), target[0].double()
     closed = timed(lambda: optimal_acceptance(one_draft, one_target, 8), device, repeats)
     rows.append({"what": "closed-form alpha*", "vocab_size": 131072, "num_drafts": 8, "ms": 1e3 * closed})
     print(f"  closed-form alpha*  V=131072 K=8: {1e3 * closed:.1f} ms")
     return rows
 
 
-def bench_exact_audit(repeats) -> list[dict]:
+def bench_exact_audit(repeats, quick=False) -> list[dict]:
+    import math
+
     from spectr_audit.exact import exact_iteration
     from spectr_audit.models import ContextFreeModel
 
     rows = []
-    gen = torch.Generator().manual_seed(3)
+    torch.manual_seed(3)
     kseq = load_verifier("kseq")
-    for vocab_size, num_drafts in [(4, 4), (8, 3), (8, 4), (8, 5), (8, 6), (16, 3), (16, 4)]:
+    cases = [(4, 4), (8, 3), (8, 4), (8, 6), (16, 3)] if quick else [(4, 4), (8, 3), (8, 4), (8, 5), (8, 6), (16, 3), (16, 4), (32, 3)]
+    for vocab_size, num_drafts in cases:
         draft = ContextFreeModel(torch.distributions.Dirichlet(torch.ones(vocab_size)).sample())
         target = ContextFreeModel(torch.distributions.Dirichlet(torch.ones(vocab_size)).sample())
         seconds = timed(lambda: exact_iteration(kseq, draft, target, num_drafts), torch.device("cpu"), repeats)
-        import math
-
         tuples = vocab_size**num_drafts
         multisets = math.comb(vocab_size + num_drafts - 1, num_drafts)
         rows.append({"what": "exact K-SEQ audit", "vocab_size": vocab_size, "num_drafts": num_drafts,
-                     "ordered_tuples": tuples, "multisets": multisets, "seconds": seconds})
-        print(f"  exact K-SEQ audit V={vocab_size:<3} K={num_drafts}: {tuples:>8} ordered tuples "
-              f"({multisets} multisets) {seconds:7.3f} s")
+                     "ordered_tuples": tuples, "multisets": multisets, "seconds": seconds,
+                     "us_per_tuple": 1e6 * seconds / tuples,
+                     "multiset_projection_seconds": seconds * multisets / tuples})
+        print(f"  exact K-SEQ audit V={vocab_size:<3} K={num_drafts}: {tuples:>8} ordered tuples {seconds:7.3f} s "
+              f"({1e6 * seconds / tuples:5.2f} us/tuple); {multisets:>6} multisets "
+              f"(order-invariant verifiers only: ~{seconds * multisets / tuples:.4f} s)", flush=True)
     return rows
+
+
+def bench_montecarlo(samples: int) -> dict:
+    """Monte-Carlo audit throughput at V = 8, K = 4 (K-SEQ, and a verifier that does nothing: the harness)."""
+    from bench_montecarlo import DRAFT8 as draft, TARGET8 as target, _noop as noop  # same case as bench_montecarlo
+
+    from spectr_audit.contract import FunctionVerifier
+    from spectr_audit.statistical import statistical_audit
+
+    out = {}
+    for name in ("kseq", "rrs", "harness only"):
+        verifier = (FunctionVerifier(noop, name="noop", max_draft_len=1) if name == "harness only"
+                    else load_verifier(name))
+        statistical_audit(verifier, draft, target, 4, 1, num_samples=1 << 14, stratify=False, seed=1)  # warm-up
+        result = statistical_audit(verifier, draft, target, 4, 1, num_samples=samples, stratify=False,
+                                   sequential=False, seed=0)
+        out[name] = {"verifications_per_second": result.verifications_per_second, "seconds": result.seconds,
+                     "samples": samples}
+        print(f"  Monte-Carlo audit V=8 K=4 {name:<13} {result.verifications_per_second:12,.0f} verifications/s "
+              f"({samples} in {result.seconds:.2f} s)", flush=True)
+    return out
+
+
+def print_summary(result: dict) -> None:
+    """The verifier table in Markdown (ratios to the memory pass), as pasted into issue notes."""
+    print("\n| verifier | V | K | L | B | memory pass ms | verify ms | ratio | ratio with validation |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in result["verifiers"]:
+        print(f"| {row['verifier']} | {row['vocab_size']} | {row['num_drafts']} | {row['draft_len']} | "
+              f"{row['batch_size']} | {row['memory_pass_ms']:.1f} | {row['verify_ms']:.1f} | {row['ratio']:.1f} | "
+              f"{row['ratio_with_validation']:.1f} |")
 
 
 def main(argv=None) -> int:
@@ -151,10 +204,12 @@ def main(argv=None) -> int:
                     "torch": torch.__version__, "python": sys.version.split()[0]},
         "verifiers": bench_verifiers(total, [32768] if args.quick else [32768, 131072], device, args.repeats),
         "bounds": bench_bounds(device, args.repeats),
-        "exact_audit": bench_exact_audit(1 if args.quick else 3),
+        "exact_audit": bench_exact_audit(1 if args.quick else 3, quick=args.quick),
+        "montecarlo": bench_montecarlo(1 << 18 if args.quick else 1 << 21),
     }
     with open(args.json, "w") as fh:
         json.dump(result, fh, indent=2)
+    print_summary(result)
     print(f"wrote {args.json}")
     return 0
 

@@ -823,20 +823,66 @@ def _segment_gap(rho, draft_high, target_high, draft_low, target_low, k):
     For ``beta < 1/2`` the direct form ``rho beta + expm1(K log1p(-beta))`` is the accurate one
     (exactly 0 for disjoint supports), as in :func:`_kseq_gap`.
     """
+    return _segment_gap_and_slope(rho, draft_high, target_high, draft_low, target_low, k)[0]
+
+
+def _segment_gap_and_slope(rho, draft_high, target_high, draft_low, target_low, k):
+    """``(f, df/drho)`` of :func:`_segment_gap`; ``df/drho = P_high + K (1 - beta)^(K-1) Q_low / rho^2``."""
     beta = target_low / rho + draft_high
-    near_one = rho * draft_high - target_high + (draft_low - target_low / rho).clamp(min=0) ** k
+    one_minus_beta = (draft_low - target_low / rho).clamp(min=0)
+    near_one = rho * draft_high - target_high + one_minus_beta**k
     small = rho * beta + torch.expm1(k * torch.log1p(-beta.clamp(max=1.0)))
-    return torch.where(beta < 0.5, small, near_one)
+    slope = draft_high + k * one_minus_beta ** (k - 1) * target_low / (rho * rho)
+    return torch.where(beta < 0.5, small, near_one), slope
 
 
-def _rho_star_sorted(draft: torch.Tensor, target: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Exact piecewise solve: sort tokens by q/p, locate rho*'s segment, bisect a scalar there.
+def _solve_segment(draft_high, target_high, draft_low, target_low, k, low, high, *, steps, until_converged=False):
+    """The smallest rho in ``[low, high]`` with segment gap >= 0, by safeguarded Newton.
+
+    Requires gap(low) < 0 <= gap(high) on a segment where the formula is exact.  Newton steps
+    that leave the bracket, or do not at least halve the previous step (slow, multiple-root-like
+    convergence, e.g. p close to q), are replaced by bisection (``rtsafe``).  Returns the valid
+    upper bracket.  With ``until_converged`` (CPU-side exact laws) rows stop once the bracket or
+    the step is at the float64 resolution, checked with a host sync per step, for at most
+    ``steps`` steps; otherwise exactly ``steps`` steps run (no host sync, for hot paths).  Each
+    row's result depends only on that row.
+    """
+    x = high.clone()
+    step_before = high - low
+    done = torch.zeros_like(high, dtype=torch.bool)
+    for _ in range(steps):
+        gap, slope = _segment_gap_and_slope(x, draft_high, target_high, draft_low, target_low, k)
+        valid = gap >= 0
+        high = torch.where(valid & ~done, torch.minimum(high, x), high)
+        low = torch.where(valid | done, low, torch.maximum(low, x))
+        newton = x - gap / slope
+        step = newton - x
+        use_newton = (newton > low) & (newton < high) & (step.abs() <= 0.5 * step_before.abs())
+        moved = torch.where(use_newton, newton, 0.5 * (low + high))
+        tiny = 4 * torch.finfo(torch.float64).eps * high
+        done = done | (high - low <= tiny) | ((moved - x).abs() <= tiny) | (gap == 0)
+        step_before = torch.where(done, step_before, moved - x)
+        x = torch.where(done, x, moved)
+        if until_converged and bool(done.all()):
+            break
+    # Newton may converge from the invalid side (f concave there): probe a few ulps upwards.
+    eps = torch.finfo(torch.float64).eps
+    for ulps in (0, 1, 2, 4, 8, 16, 64, 256):
+        probe = x + ulps * eps * x
+        gap, _ = _segment_gap_and_slope(probe, draft_high, target_high, draft_low, target_low, k)
+        high = torch.where((gap >= 0) & (probe < high), probe, high)
+    return high
+
+
+def _rho_star_sorted(draft: torch.Tensor, target: torch.Tensor, k: torch.Tensor, *, hot: bool = False) -> torch.Tensor:
+    """Exact piecewise solve: sort tokens by q/p, locate rho*'s segment, solve a scalar equation there.
 
     beta(rho) changes formula only at the ratios q(x)/p(x); between two consecutive ratios f
     is a smooth function of rho with a handful of per-row constants (prefix and suffix sums
     in ratio order).  f is evaluated at every ratio inside [1, K] at once, the last ratio
-    with f < 0 and the first with f >= 0 bracket rho*, and a scalar bisection inside that
-    segment (no pass over the vocabulary) returns the valid upper bracket.
+    with f < 0 and the first with f >= 0 bracket rho*, and a safeguarded Newton iteration
+    inside that segment (no pass over the vocabulary) returns the valid upper bracket.
+    ``hot``: a fixed number of Newton steps and no host sync (sampler hot path).
     """
     # The segment formula assumes rows that sum to 1; inputs may be off by the validation tolerance.
     draft = draft / draft.sum(-1, keepdim=True)
@@ -873,14 +919,137 @@ def _rho_star_sorted(draft: torch.Tensor, target: torch.Tensor, k: torch.Tensor)
     # high sums over tokens after the first `count`: total minus nothing when count = 0
     d_high = torch.where(count.squeeze(-1) > 0, at(draft_high, 0.0), draft_sorted.sum(-1))
     t_high = torch.where(count.squeeze(-1) > 0, at(target_high, 0.0), target_sorted.sum(-1))
-    low, high = low_end, high_end
-    for _ in range(_BISECTION_STEPS):
-        mid = 0.5 * (low + high)
-        valid = _segment_gap(mid, d_high, t_high, d_low, t_low, k) >= 0
-        high = torch.where(valid, mid, high)
-        low = torch.where(valid, low, mid)
+    high = _solve_segment(
+        d_high, t_high, d_low, t_low, k, low_end, high_end,
+        steps=_HOT_NEWTON_STEPS if hot else 4 * _BISECTION_STEPS, until_converged=not hot,
+    )
     at_one = _segment_gap(ones, d_high, t_high, d_low, t_low, k) >= 0
     return torch.where((low_end <= 1) & at_one, ones, high)
+
+
+#: Safeguarded Newton steps inside rho*'s segment on the hot path (quadratic convergence from a bracket).
+_HOT_NEWTON_STEPS = 24
+
+#: Vocabulary size above which the sampler finds rho* without sorting (:func:`kseq_rho_star_sampler`).
+_SORT_FREE_MIN_VOCAB = 256
+
+#: Scalar bisection steps for the segment function's root in each pass (bracket width <= K - 1).
+_MODEL_BISECTION_STEPS = 48
+
+#: Passes over the vocabulary of the sort-free rho* solve.
+_SORT_FREE_PASSES = 6
+
+
+def _complement(low_mass: torch.Tensor, margin: float) -> torch.Tensor:
+    """``1 - low_mass``, with values within ``margin`` of 0 (the rounding of ``1 - sum``) set to exactly 0.
+
+    Exact zeros matter: disjoint supports give beta = 0 and f(1) = 0 only if the high draft mass is 0.
+    """
+    high = 1 - low_mass
+    return torch.where(high > margin, high, torch.zeros_like(high))
+
+
+def kseq_rho_star_sampler(
+    # [n, vocab_size] float32 or float64
+    draft_probs: torch.Tensor,
+    # [n, vocab_size]
+    target_probs: torch.Tensor,
+    # [n] float64
+    num_drafts: torch.Tensor,
+    *,
+    passes: int = _SORT_FREE_PASSES,
+) -> torch.Tensor:  # [n] float64
+    """A valid rho for K-SEQ's sampler, equal to rho* to the inputs' precision; no sort, no host sync.
+
+    The exact law uses :func:`kseq_rho_star`; a sampler only needs a rho with ``f(rho) >= 0``
+    (then the residual is non-negative and the output law is exactly q) that is as small as the
+    inputs' precision allows (acceptance).  Small vocabularies take the sorted solve with a fixed
+    number of Newton steps.  Larger ones avoid the O(V log V) sort: each pass classifies tokens at
+    two candidates c (``q/p <= c``) and sums p, q and the count over the low tokens with one batched
+    matrix product, which gives f(c) exactly and f on the whole segment around c.  The next two
+    candidates are the roots of the segment functions through the bracket's lower and upper ends
+    (a Newton-like step that knows f's curvature; where the upper end's root is no better, the
+    lower end's root overshot by four of its steps), each rounded up to the next value of the
+    inputs' dtype so that it lands on the valid side of a root inside the segment (the roots come
+    from scalar bisection inside the bracket: no pass over the vocabulary).  The answer is the smallest candidate found valid, refined by an exact segment
+    solve when no ratio lies between it and the largest invalid candidate.  f(c) counts as valid
+    only above a margin of 16 ulps of the inputs' dtype, which covers the rounding of float32 sums.
+
+    Parameters
+    ----------
+    draft_probs, target_probs : torch.Tensor, shape ``[n, vocab_size]``
+        Distributions (within the input tolerance of summing to 1), float32 or float64.
+    num_drafts : torch.Tensor, shape ``[n]``
+        K >= 1 per row, float64.
+    passes : int
+        Passes over the vocabulary (sort-free path).
+    """
+    n, vocab_size = draft_probs.shape
+    k = num_drafts.to(torch.float64)
+    if vocab_size <= _SORT_FREE_MIN_VOCAB:
+        return _rho_star_sorted(draft_probs.double(), target_probs.double(), k, hot=True)
+    dtype, device = draft_probs.dtype, draft_probs.device
+    margin = 16 * torch.finfo(dtype).eps
+    ratio = (target_probs / draft_probs).unsqueeze(-1)  # [n, V, 1]; inf (p = 0 < q) and nan (0/0) are never "low"
+    # [n, 3, V]: p, q and ones, so one bmm against the low masks gives P_low, Q_low and the low count
+    stacked = torch.stack([draft_probs, target_probs, torch.ones_like(draft_probs)], dim=1)
+    totals = stacked[:, :2].sum(-1).double().unsqueeze(-1)  # [n, 2, 1]
+    ones = torch.ones(n, dtype=torch.float64, device=device)
+    low, high = ones.clone(), k.clone()
+    low_sums = torch.zeros(n, 3, dtype=torch.float64, device=device)
+    high_sums = torch.full((n, 3), -1.0, dtype=torch.float64, device=device)  # count -1: not evaluated
+    up = torch.tensor(float("inf"), dtype=dtype, device=device)
+    kk = k.unsqueeze(-1)
+    candidates = torch.stack([ones, k], dim=-1)  # [n, 2]: two candidates per pass, one from each side
+    for _ in range(passes):
+        threshold = candidates.to(dtype)
+        candidates = threshold.double()
+        low_mask = (ratio <= threshold.unsqueeze(1)).to(dtype)  # [n, V, 2]
+        sums = torch.bmm(stacked, low_mask).double()  # [n, 3, 2]
+        sums = torch.cat([sums[:, :2] / totals, sums[:, 2:]], dim=1)  # normalised P_low, Q_low; count
+        d_low, t_low = sums[:, 0], sums[:, 1]  # [n, 2]
+        d_high, t_high = _complement(d_low, margin), _complement(t_low, margin)
+        gap = _segment_gap_and_slope(candidates, d_high, t_high, d_low, t_low, kk)[0]
+        for side in range(2):
+            c, s = candidates[:, side], sums[:, :, side]
+            # rho = 1 is judged without the margin: f(1) = (1 - beta)^K - (1 - beta) is exactly 0 for p = q,
+            # disjoint supports or K = 1, and negative otherwise by far more than the rounding
+            valid = gap[:, side] >= torch.where(c == 1, 0.0, margin)
+            new_high = valid & (c <= high)
+            new_low = ~valid & (c >= low)
+            high = torch.where(new_high, c, high)
+            high_sums = torch.where(new_high.unsqueeze(-1), s, high_sums)
+            low = torch.where(new_low, c, low)
+            low_sums = torch.where(new_low.unsqueeze(-1), s, low_sums)
+        # Next candidates: the roots of the segment functions through the bracket's two ends, found by
+        # scalar bisection inside the bracket (robust where Newton crawls, e.g. p close to q; no pass over
+        # the vocabulary), on the side where they are >= margin, rounded up to the next value of the dtype.
+        ends = torch.stack([low_sums, high_sums.clamp(min=0)], dim=-1)  # [n, 3, 2]
+        e_low_d, e_low_t = ends[:, 0], ends[:, 1]
+        e_high_d, e_high_t = _complement(e_low_d, margin), _complement(e_low_t, margin)
+        below, above = low.unsqueeze(-1).expand(n, 2), high.unsqueeze(-1).expand(n, 2)
+        for _ in range(_MODEL_BISECTION_STEPS):
+            mid = 0.5 * (below + above)
+            ok = _segment_gap_and_slope(mid, e_high_d, e_high_t, e_low_d, e_low_t, kk)[0] >= margin
+            above = torch.where(ok, mid, above)
+            below = torch.where(ok, below, mid)
+        roots = torch.nextafter(above.to(dtype), up).double()
+        # Where the upper end's root does not lie above the lower end's (the lower end's model creeps up
+        # on rho*, e.g. p close to q), overshoot the lower end's root by 4 of its steps instead.
+        from_low, from_high = roots[:, 0], roots[:, 1]
+        overshoot = from_low + 4 * (from_low - low)
+        roots = torch.stack([from_low, torch.where(from_high > from_low, from_high, overshoot)], dim=-1)
+        inside = (roots > low.unsqueeze(-1)) & (roots < high.unsqueeze(-1)) & torch.isfinite(roots)
+        middle = (0.5 * (low + high)).unsqueeze(-1)
+        candidates = torch.where(inside, roots, middle)
+    same_segment = low_sums[:, 2] == high_sums[:, 2]
+    d_low, t_low = low_sums[:, 0], low_sums[:, 1]
+    d_high, t_high = _complement(d_low, margin), _complement(t_low, margin)
+    refined = _solve_segment(d_high, t_high, d_low, t_low, k, low, high, steps=_HOT_NEWTON_STEPS)
+    # the same margin as the candidates: move up until f is at least `margin` (one Newton step on the segment)
+    gap, slope = _segment_gap_and_slope(refined, d_high, t_high, d_low, t_low, k)
+    refined = refined + (margin - gap).clamp(min=0) / slope
+    return torch.where(same_segment, torch.minimum(refined, high), high)
 
 
 def kseq_acceptance(

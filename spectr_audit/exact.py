@@ -47,6 +47,13 @@ class DraftEnumeration:
     target_probs: torch.Tensor
 
 
+def _product_grid(base: int, length: int) -> torch.Tensor:  # [base ** length, length] int64
+    """``itertools.product(range(base), repeat=length)`` as a tensor, in the same order (last index fastest)."""
+    codes = torch.arange(base**length, dtype=torch.int64).unsqueeze(1)
+    powers = base ** torch.arange(length - 1, -1, -1, dtype=torch.int64)
+    return codes // powers % base
+
+
 def _sequence_conditionals(model: Model, prefix: Sequence[int], sequences: torch.Tensor, depth: int) -> torch.Tensor:
     """Conditionals of ``model`` after ``prefix + sequences[:, :l]`` for l < depth: ``[M, depth, V]``."""
     return torch.stack(
@@ -77,7 +84,7 @@ def enumerate_drafts(
         raise InvalidArgument(f"num_drafts, draft_len: must be >= 1, got {num_drafts}, {draft_len}")
     if draft_scheme == "iid":
         # All sequences of length L with positive draft probability.
-        seqs = torch.tensor(list(itertools.product(range(vocab_size), repeat=draft_len)), dtype=torch.int64)
+        seqs = _product_grid(vocab_size, draft_len)
         draft_cond = _sequence_conditionals(draft_model, prefix, seqs, draft_len)
         seq_prob = draft_cond.gather(-1, seqs.unsqueeze(-1)).squeeze(-1).prod(-1)
         keep = seq_prob > 0
@@ -87,7 +94,7 @@ def enumerate_drafts(
             raise InvalidArgument(
                 f"num_drafts: {num_seqs}^{num_drafts} draft tuples exceed the exact-audit limit of {MAX_TUPLES}"
             )
-        index = torch.tensor(list(itertools.product(range(num_seqs), repeat=num_drafts)), dtype=torch.int64)
+        index = _product_grid(num_seqs, num_drafts)
         weights = seq_prob[index].prod(-1)
     elif draft_scheme == "without_replacement":
         if draft_len != 1:
@@ -124,9 +131,7 @@ def enumerate_drafts(
 
 
 def _all_strings(vocab_size: int, length: int) -> torch.Tensor:
-    return torch.tensor(list(itertools.product(range(vocab_size), repeat=length)), dtype=torch.int64).reshape(
-        vocab_size**length, length
-    )
+    return _product_grid(vocab_size, length)
 
 
 def string_of(code: int, length: int, vocab_size: int) -> tuple[int, ...]:

@@ -22,7 +22,16 @@ import torch
 
 from spectr_audit.errors import InvalidArgument
 
-__all__ = ["InjectedUniforms", "RandomSource", "uniform", "sample_categorical", "sample_categorical_from_cdf"]
+__all__ = [
+    "CATEGORICAL_BLOCK",
+    "InjectedUniforms",
+    "RandomSource",
+    "block_sums",
+    "sample_categorical",
+    "sample_categorical_from_cdf",
+    "sample_categorical_with_total",
+    "uniform",
+]
 
 
 class InjectedUniforms:
@@ -87,18 +96,73 @@ def uniform(generator: RandomSource, shape: tuple[int, ...], device: torch.devic
     return torch.rand(shape, generator=generator, dtype=torch.float64, device=draw_device).to(device)
 
 
+#: Block size of the two-level inverse-CDF draw; vocabularies up to twice this use one cumulative sum.
+CATEGORICAL_BLOCK = 256
+
+
 def sample_categorical(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw from unnormalised non-negative ``probs`` with uniforms ``u``.
 
     ``probs`` is ``[..., vocab_size]``, ``u`` is ``[...]`` in ``[0, 1)``; returns int64 ``[...]``.
+    Half-precision rows are widened to float32 first (a bf16 running sum stalls after a few
+    hundred terms).
 
     A token of zero mass is never returned: the cumulative sum of non-negative numbers is
     non-decreasing in floating point and stays flat across a zero-mass token, the search
     is right-sided (``cdf[i] > point``), and the point ``u * total`` is kept strictly below
     the total even when ``u`` rounds up in the CDF's dtype.  Rows with no mass at all
     return ``vocab_size - 1``; callers never use such rows.
+
+    Large vocabularies are drawn in two levels, which reads each row once instead of running
+    a sequential cumulative sum over it: block sums over blocks of :data:`CATEGORICAL_BLOCK`
+    tokens, an inverse-CDF draw of the block, then an inverse-CDF draw inside the chosen block
+    at the remaining point.  This is the same inverse-CDF map up to the rounding of the sums,
+    and keeps the zero-mass guarantee (a block of zero mass is flat in the block CDF, and the
+    point inside the chosen block is kept below that block's own total).
     """
-    return sample_categorical_from_cdf(probs.cumsum(-1), u)
+    return sample_categorical_with_total(probs, u)[0]
+
+
+def sample_categorical_with_total(probs: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample_categorical` and the rows' total mass ``[...]`` (e.g. to detect rows with none)."""
+    if probs.dtype in (torch.float16, torch.bfloat16):
+        probs = probs.float()
+    vocab_size = probs.shape[-1]
+    if vocab_size <= 2 * CATEGORICAL_BLOCK:
+        cdf = probs.cumsum(-1)
+        return sample_categorical_from_cdf(cdf, u), cdf[..., -1]
+    sums = block_sums(probs)
+    return _sample_two_level(probs, u, sums), sums.sum(-1)
+
+
+def block_sums(probs: torch.Tensor) -> torch.Tensor:  # [..., num_blocks]
+    """Sums of ``probs [..., vocab_size]`` over consecutive blocks of :data:`CATEGORICAL_BLOCK` tokens."""
+    vocab_size = probs.shape[-1]
+    full = vocab_size // CATEGORICAL_BLOCK * CATEGORICAL_BLOCK
+    sums = probs[..., :full].reshape(*probs.shape[:-1], -1, CATEGORICAL_BLOCK).sum(-1)
+    if full < vocab_size:
+        sums = torch.cat([sums, probs[..., full:].sum(-1, keepdim=True)], dim=-1)
+    return sums
+
+
+def _sample_two_level(probs: torch.Tensor, u: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+    """Two-level inverse-CDF draw given ``sums = block_sums(probs)`` (see :func:`sample_categorical`)."""
+    vocab_size = probs.shape[-1]
+    block_cdf = sums.cumsum(-1)  # [..., num_blocks]
+    total = block_cdf[..., -1:]
+    point = torch.minimum(u.to(block_cdf.dtype).unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    block = torch.searchsorted(block_cdf, point, right=True).clamp_(max=block_cdf.shape[-1] - 1)  # [..., 1]
+    before = torch.where(block > 0, block_cdf.gather(-1, (block - 1).clamp(min=0)), torch.zeros_like(point))
+    offsets = torch.arange(CATEGORICAL_BLOCK, device=probs.device)
+    index = block * CATEGORICAL_BLOCK + offsets  # [..., BLOCK]
+    inside = index < vocab_size
+    local = torch.where(inside, probs.gather(-1, index.clamp(max=vocab_size - 1)), torch.zeros((), dtype=probs.dtype, device=probs.device))
+    local_cdf = local.cumsum(-1)
+    local_total = local_cdf[..., -1:]
+    local_point = (point - before).clamp(min=0).to(local_cdf.dtype)
+    local_point = torch.minimum(local_point, torch.nextafter(local_total, torch.zeros_like(local_total)))
+    within = torch.searchsorted(local_cdf, local_point, right=True).clamp_(max=CATEGORICAL_BLOCK - 1)
+    return (block * CATEGORICAL_BLOCK + within).squeeze(-1).clamp_(max=vocab_size - 1)
 
 
 def sample_categorical_from_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

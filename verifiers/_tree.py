@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from spectr_audit.contract import Verifier, VerifyOutput
-from spectr_audit.randomness import sample_categorical, sample_categorical_from_cdf, uniform
+from spectr_audit.randomness import sample_categorical, sample_categorical_with_total, uniform
 
 __all__ = ["NodeRule", "TreeVerifier", "gather_tokens", "normalise"]
 
@@ -86,12 +86,11 @@ def _sample_or_fallback(
 ) -> torch.Tensor:  # [n] int64
     """A draw from ``residual``, or from ``fallback`` on rows where the residual has no mass.
 
-    Drawing from both costs one extra cumsum; checking the residual's total first and
+    Drawing from both costs one extra pass; checking the residual's total first and
     selecting rows would cost a sum plus a full ``where`` pass, and a host sync to skip it.
     """
-    residual_cdf = residual.cumsum(-1)  # [n, vocab_size]
-    drawn = sample_categorical_from_cdf(residual_cdf, u)
-    return torch.where(residual_cdf[:, -1] > 0, drawn, sample_categorical(fallback, u))
+    drawn, total = sample_categorical_with_total(residual, u)
+    return torch.where(total > 0, drawn, sample_categorical(fallback, u))
 
 
 def _first_true(mask: torch.Tensor) -> torch.Tensor:

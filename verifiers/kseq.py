@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spectr_audit.bounds import kseq_accept_prob, kseq_rho_star
+from spectr_audit.bounds import kseq_accept_prob, kseq_rho_star, kseq_rho_star_sampler
 from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, normalise
 
 __all__ = ["KSeq", "KSeqRule", "SpecTrTree"]
@@ -13,7 +13,9 @@ __all__ = ["KSeq", "KSeqRule", "SpecTrTree"]
 class KSeqRule(NodeRule):
     """K-SEQ at one node, with k = the number of surviving drafts (ALGORITHMS.md section 2).
 
-    ``rho`` is rho* found by bisection (the valid upper bracket); ``rho_scale``
+    The exact law uses rho* from :func:`~spectr_audit.bounds.kseq_rho_star`; the sampler a valid
+    rho equal to it to the rows' precision, found without sorting
+    (:func:`~spectr_audit.bounds.kseq_rho_star_sampler`).  ``rho_scale``
     multiplies it, which exists only so that the broken-verifier library can build
     "rho a little below rho*" without copying this code.
     """
@@ -22,12 +24,21 @@ class KSeqRule(NodeRule):
         self.rho_scale = rho_scale
 
     def __call__(self, tokens, survivors, draft_dist, target_dist):
-        accept_probs, excess = self.sampler_parts(tokens, survivors, draft_dist, target_dist)
+        # the exact law: rho* from the exact piecewise solve, in float64
+        num_survivors = survivors.sum(-1).to(torch.float64)  # [n]
+        rho = kseq_rho_star(draft_dist, target_dist, num_survivors.clamp(min=1))
+        accept_probs, excess = self._parts(tokens, num_survivors, rho, draft_dist, target_dist)
         return accept_probs, normalise(excess, target_dist)
 
     def sampler_parts(self, tokens, survivors, draft_dist, target_dist):
+        # the sampler: a valid rho equal to rho* to the rows' precision, without sorting the vocabulary
         num_survivors = survivors.sum(-1).to(torch.float64)  # [n]
-        rho = kseq_rho_star(draft_dist, target_dist, num_survivors.clamp(min=1)) * self.rho_scale
+        rho = kseq_rho_star_sampler(draft_dist, target_dist, num_survivors.clamp(min=1))
+        return self._parts(tokens, num_survivors, rho, draft_dist, target_dist)
+
+    def _parts(self, tokens, num_survivors, rho, draft_dist, target_dist):
+        """Acceptance probabilities ``[n, K]`` and the unnormalised residual ``[n, V]`` at a given rho."""
+        rho = rho * self.rho_scale
         # [n, 1] in the rows' dtype: float32 rows keep the [n, vocab_size] work in float32
         rho = rho.unsqueeze(-1).to(target_dist.dtype)
         weighted = torch.minimum(draft_dist, target_dist / rho)  # m_rho(x) = min(p(x), q(x) / rho)
@@ -53,7 +64,7 @@ class KSeq(TreeVerifier):
     """
 
     name = "kseq"
-    description = "SpecTr K-SEQ token-level selection (rho* by bisection)"
+    description = "SpecTr K-SEQ token-level selection"
     max_draft_len = 1
     guarantees = frozenset({"spectr"})
     rule = KSeqRule()
