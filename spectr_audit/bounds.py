@@ -933,11 +933,28 @@ _HOT_NEWTON_STEPS = 24
 #: Vocabulary size above which the sampler finds rho* without sorting (:func:`kseq_rho_star_sampler`).
 _SORT_FREE_MIN_VOCAB = 256
 
-#: Scalar bisection steps for the segment function's root in each pass (bracket width <= K - 1).
-_MODEL_BISECTION_STEPS = 48
-
 #: Passes over the vocabulary of the sort-free rho* solve.
 _SORT_FREE_PASSES = 6
+
+
+def _grid_root(is_valid, below: torch.Tensor, above: torch.Tensor, *, rounds: int = 4, points: int = 64) -> torch.Tensor:
+    """Smallest valid point of a monotone predicate on ``[below, above]``, to ``(above - below) / points**rounds``.
+
+    Each round evaluates ``is_valid`` (``[..., points] -> [..., points]`` bool) at ``points`` evenly
+    spaced points at once and keeps the cell where it turns true: a grid search instead of
+    ``rounds * log2(points)`` sequential bisection steps (each a dozen tiny kernel launches).
+    ``above`` is assumed valid; the result is always a point found valid (or ``above``).
+    """
+    steps = torch.arange(1, points + 1, dtype=below.dtype, device=below.device) / points
+    for _ in range(rounds):
+        grid = below.unsqueeze(-1) + (above - below).unsqueeze(-1) * steps  # [..., points]; the last is `above`
+        valid = is_valid(grid)
+        valid[..., -1] = True
+        first = valid.to(torch.int8).argmax(-1, keepdim=True)  # first valid grid point
+        new_above = grid.gather(-1, first).squeeze(-1)
+        new_below = torch.where(first.squeeze(-1) > 0, grid.gather(-1, (first - 1).clamp(min=0)).squeeze(-1), below)
+        below, above = new_below, torch.minimum(new_above, above)
+    return above
 
 
 def _complement(low_mass: torch.Tensor, margin: float) -> torch.Tensor:
@@ -971,7 +988,7 @@ def kseq_rho_star_sampler(
     (a Newton-like step that knows f's curvature; where the upper end's root is no better, the
     lower end's root overshot by four of its steps), each rounded up to the next value of the
     inputs' dtype so that it lands on the valid side of a root inside the segment (the roots come
-    from scalar bisection inside the bracket: no pass over the vocabulary).  The answer is the smallest candidate found valid, refined by an exact segment
+    from a grid search inside the bracket to 1/64^4 of its width: no pass over the vocabulary).  The answer is the smallest candidate found valid, refined by an exact segment
     solve when no ratio lies between it and the largest invalid candidate.  f(c) counts as valid
     only above a margin of 16 ulps of the inputs' dtype, which covers the rounding of float32 sums.
 
@@ -990,7 +1007,7 @@ def kseq_rho_star_sampler(
         return _rho_star_sorted(draft_probs.double(), target_probs.double(), k, hot=True)
     dtype, device = draft_probs.dtype, draft_probs.device
     margin = 16 * torch.finfo(dtype).eps
-    ratio = (target_probs / draft_probs).unsqueeze(-1)  # [n, V, 1]; inf (p = 0 < q) and nan (0/0) are never "low"
+    ratio = (target_probs / draft_probs).unsqueeze(1)  # [n, 1, V]; inf (p = 0 < q) and nan (0/0) are never "low"
     # [n, 3, V]: p, q and ones, so one bmm against the low masks gives P_low, Q_low and the low count
     stacked = torch.stack([draft_probs, target_probs, torch.ones_like(draft_probs)], dim=1)
     totals = stacked[:, :2].sum(-1).double().unsqueeze(-1)  # [n, 2, 1]
@@ -1004,8 +1021,8 @@ def kseq_rho_star_sampler(
     for _ in range(passes):
         threshold = candidates.to(dtype)
         candidates = threshold.double()
-        low_mask = (ratio <= threshold.unsqueeze(1)).to(dtype)  # [n, V, 2]
-        sums = torch.bmm(stacked, low_mask).double()  # [n, 3, 2]
+        low_mask = (ratio <= threshold.unsqueeze(-1)).to(dtype)  # [n, 2, V]
+        sums = torch.bmm(stacked, low_mask.transpose(1, 2)).double()  # [n, 3, 2]
         sums = torch.cat([sums[:, :2] / totals, sums[:, 2:]], dim=1)  # normalised P_low, Q_low; count
         d_low, t_low = sums[:, 0], sums[:, 1]  # [n, 2]
         d_high, t_high = _complement(d_low, margin), _complement(t_low, margin)
@@ -1027,12 +1044,10 @@ def kseq_rho_star_sampler(
         ends = torch.stack([low_sums, high_sums.clamp(min=0)], dim=-1)  # [n, 3, 2]
         e_low_d, e_low_t = ends[:, 0], ends[:, 1]
         e_high_d, e_high_t = _complement(e_low_d, margin), _complement(e_low_t, margin)
-        below, above = low.unsqueeze(-1).expand(n, 2), high.unsqueeze(-1).expand(n, 2)
-        for _ in range(_MODEL_BISECTION_STEPS):
-            mid = 0.5 * (below + above)
-            ok = _segment_gap_and_slope(mid, e_high_d, e_high_t, e_low_d, e_low_t, kk)[0] >= margin
-            above = torch.where(ok, mid, above)
-            below = torch.where(ok, below, mid)
+        above = _grid_root(
+            lambda x: _segment_gap(x, *(t.unsqueeze(-1) for t in (e_high_d, e_high_t, e_low_d, e_low_t, kk))) >= margin,
+            low.unsqueeze(-1).expand(n, 2), high.unsqueeze(-1).expand(n, 2),
+        )
         roots = torch.nextafter(above.to(dtype), up).double()
         # Where the upper end's root does not lie above the lower end's (the lower end's model creeps up
         # on rho*, e.g. p close to q), overshoot the lower end's root by 4 of its steps instead.

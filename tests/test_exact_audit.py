@@ -117,3 +117,13 @@ def test_verifier_without_exact_law_is_refused():
     blind = as_verifier(lambda *a: None)
     with pytest.raises(InvalidArgument, match="has no exact law"):
         exact_iteration(blind, ContextFreeModel([1.0]), ContextFreeModel([1.0]), 1)
+
+
+@pytest.mark.parametrize("base,length", [(3, 0), (3, 1), (4, 3), (1, 4), (5, 2), (2, 6)])
+def test_product_grid_matches_itertools_product(base, length):
+    import itertools
+
+    from spectr_audit.exact import _product_grid
+
+    expected = torch.tensor(list(itertools.product(range(base), repeat=length)), dtype=torch.int64)
+    assert torch.equal(_product_grid(base, length), expected.reshape(base**length, length))
