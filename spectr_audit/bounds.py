@@ -882,7 +882,8 @@ def _rho_star_sorted(draft: torch.Tensor, target: torch.Tensor, k: torch.Tensor,
     in ratio order).  f is evaluated at every ratio inside [1, K] at once, the last ratio
     with f < 0 and the first with f >= 0 bracket rho*, and a safeguarded Newton iteration
     inside that segment (no pass over the vocabulary) returns the valid upper bracket.
-    ``hot``: a fixed number of Newton steps and no host sync (sampler hot path).
+    ``hot``: at most :data:`_HOT_NEWTON_STEPS` Newton steps, and no host sync on accelerators
+    (sampler hot path; on the CPU rows still stop once converged).
     """
     # The segment formula assumes rows that sum to 1; inputs may be off by the validation tolerance.
     draft = draft / draft.sum(-1, keepdim=True)
@@ -921,7 +922,9 @@ def _rho_star_sorted(draft: torch.Tensor, target: torch.Tensor, k: torch.Tensor,
     t_high = torch.where(count.squeeze(-1) > 0, at(target_high, 0.0), target_sorted.sum(-1))
     high = _solve_segment(
         d_high, t_high, d_low, t_low, k, low_end, high_end,
-        steps=_HOT_NEWTON_STEPS if hot else 4 * _BISECTION_STEPS, until_converged=not hot,
+        steps=_HOT_NEWTON_STEPS if hot else 4 * _BISECTION_STEPS,
+        # On the CPU a convergence check costs no device round trip, so the hot path stops early there too.
+        until_converged=not hot or draft.device.type == "cpu",
     )
     at_one = _segment_gap(ones, d_high, t_high, d_low, t_low, k) >= 0
     return torch.where((low_end <= 1) & at_one, ones, high)
@@ -937,7 +940,7 @@ _SORT_FREE_MIN_VOCAB = 256
 _SORT_FREE_PASSES = 6
 
 
-def _grid_root(is_valid, below: torch.Tensor, above: torch.Tensor, *, rounds: int = 4, points: int = 64) -> torch.Tensor:
+def _grid_root(is_valid, below: torch.Tensor, above: torch.Tensor, *, rounds: int = 6, points: int = 16) -> torch.Tensor:
     """Smallest valid point of a monotone predicate on ``[below, above]``, to ``(above - below) / points**rounds``.
 
     Each round evaluates ``is_valid`` (``[..., points] -> [..., points]`` bool) at ``points`` evenly
@@ -988,9 +991,12 @@ def kseq_rho_star_sampler(
     (a Newton-like step that knows f's curvature; where the upper end's root is no better, the
     lower end's root overshot by four of its steps), each rounded up to the next value of the
     inputs' dtype so that it lands on the valid side of a root inside the segment (the roots come
-    from a grid search inside the bracket to 1/64^4 of its width: no pass over the vocabulary).  The answer is the smallest candidate found valid, refined by an exact segment
-    solve when no ratio lies between it and the largest invalid candidate.  f(c) counts as valid
-    only above a margin of 16 ulps of the inputs' dtype, which covers the rounding of float32 sums.
+    from a grid search inside the bracket to 1/16^6 of its width: no pass over the vocabulary).
+    The answer is the smallest candidate found valid, refined by an exact segment solve when no
+    ratio lies between it and the largest invalid candidate.  f(c) counts as valid only above a
+    margin of 16 ulps of the inputs' dtype, which covers the rounding of float32 sums; with float32
+    rows that leaves residual mass of order 1e-6 on tokens whose exact residual at rho* is 0 (the
+    output law is still exactly q: any valid rho gives it).
 
     Parameters
     ----------

@@ -28,8 +28,8 @@ import torch
 
 from spectr_audit.contract import Verifier, VerifyOutput
 from spectr_audit.correction import has_carried_correction
-from spectr_audit.randomness import sample_categorical, uniform
-from spectr_audit.verifiers._tree import normalise
+from spectr_audit.randomness import sample_categorical, sample_categorical_with_total, uniform
+from spectr_audit.verifiers._tree import _sampler_dtype, normalise
 
 __all__ = ["BlockVerification", "LastPassingVerifier"]
 
@@ -84,16 +84,58 @@ class LastPassingVerifier(Verifier):
         correction = normalise(residual[rows, level], target[rows, level])
         return torch.where((tau < draft_len).unsqueeze(-1), correction, target[rows, tau])
 
+    def _sampler_levels(self, draft_tokens, draft_probs, target_probs):
+        """:meth:`_levels` for the sampler: the rows' own dtype (float32 stays float32), fewer passes.
+
+        Returns pass probabilities ``[B, L]`` (float64) and unnormalised residuals ``[B, L, V]`` in the
+        rows' dtype.  ``s_i`` comes from the identity ``s_i = r_i - sum_x (w_i q - p)`` (one sum over the
+        signed difference) instead of a second clamped pass; the residual is clamped in place.
+        """
+        draft_len = draft_tokens.shape[-1]
+        draft = _sampler_dtype(draft_probs[:, 0])  # [batch_size, draft_len, vocab_size]
+        target = _sampler_dtype(target_probs[:, 0])  # [batch_size, draft_len + 1, vocab_size]
+        path = draft_tokens[:, 0].unsqueeze(-1)  # [batch_size, draft_len, 1]
+        log_token_ratio = (
+            target[:, :draft_len].gather(-1, path).double().log() - draft.gather(-1, path).double().log()
+        ).squeeze(-1)
+        weights = self._weights(log_token_ratio)
+        level_weight = weights[:, :draft_len].unsqueeze(-1)
+        # (w q - p) / max(w, 1), as in _levels, in one allocation and one fused in-place pass
+        diff = torch.mul(draft, (-1 / level_weight.clamp(min=1.0)).to(draft.dtype))
+        diff.addcmul_(target[:, :draft_len], level_weight.clamp(max=1.0).to(draft.dtype))
+        net = diff.sum(-1).double()  # r_i - s_i
+        residual = diff.clamp_(min=0)
+        wanted = residual.sum(-1).double()  # r_i
+        surplus = (wanted - net).clamp(min=0)  # s_i
+        wanted, surplus = wanted[:, 1:], surplus[:, 1:]
+        inner = torch.where(
+            surplus > 0,
+            torch.minimum(wanted, surplus) / torch.where(surplus > 0, surplus, torch.ones_like(surplus)),
+            torch.ones_like(surplus),
+        )
+        pass_probs = torch.cat([inner, weights[:, draft_len:].clamp(max=1.0)], dim=1)
+        return pass_probs, residual
+
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
         batch_size, _, draft_len = draft_tokens.shape
         device = draft_tokens.device
-        pass_probs, residual = self._levels(draft_tokens, draft_probs, target_probs)
+        # Subclasses that redefine _levels (e.g. the historic-bug library) keep it on the sampler path too.
+        fast = type(self)._levels is LastPassingVerifier._levels
+        levels = self._sampler_levels if fast else self._levels
+        pass_probs, residual = levels(draft_tokens, draft_probs, target_probs)
         u = uniform(generator, (batch_size, draft_len + 1), device)
         passed = u[:, :draft_len] < pass_probs
-        levels = torch.arange(1, draft_len + 1, device=device)
-        tau = (passed * levels).amax(-1)  # the last passing level, 0 if none
-        law = self._next_token_law(residual, target_probs[:, 0].double(), tau)
-        next_token = sample_categorical(law, u[:, draft_len])
+        level_ids = torch.arange(1, draft_len + 1, device=device)
+        tau = (passed * level_ids).amax(-1)  # the last passing level, 0 if none
+        # Draw the correction from the residual row at tau (rows with no residual mass: the target there),
+        # and the bonus from the target at the end of the draft; keep the one that applies.
+        rows = torch.arange(batch_size, device=device)
+        level = tau.clamp(max=draft_len - 1)
+        target = target_probs[:, 0]
+        correction, total = sample_categorical_with_total(residual[rows, level], u[:, draft_len])
+        fallback = sample_categorical(_sampler_dtype(target[rows, level]), u[:, draft_len])
+        bonus = sample_categorical(_sampler_dtype(target[:, draft_len]), u[:, draft_len])
+        next_token = torch.where(tau < draft_len, torch.where(total > 0, correction, fallback), bonus)
         draft_index = torch.zeros_like(tau)
         correction = None
         if has_carried_correction(self):

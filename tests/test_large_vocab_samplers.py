@@ -1,0 +1,63 @@
+"""Samplers at vocabulary sizes that take the fast paths, against their own exact laws.
+
+Above 256 tokens K-SEQ's sampler finds rho without sorting (``kseq_rho_star_sampler``), above 512
+categorical draws go in two levels (``sample_categorical``), and float32 rows stay float32 in block
+verification's sampler.  The small-vocabulary tests never reach those paths; these do, with float32
+inputs as an engine would pass them.
+
+Each case is one Pearson chi-square (cells with expected count < 5 pooled) at false-alarm rate 1e-3
+with a fixed seed, so a correct sampler fails a given case with probability about 1e-3.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy import stats
+
+from spectr_audit.registry import load_verifier
+from spectr_audit.randomness import sample_categorical
+
+VOCAB_SIZE = 700
+REPS = 20_000
+
+
+def _pooled_pvalue(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    # K-SEQ's float32 sampler uses a rho a few float32 ulps above rho* (a valid rho: the output law is
+    # still exactly q), which leaves residual mass ~1e-6 on tokens whose exact residual is 0 (q/p <= rho*);
+    # so verdict cells of exact probability 0 may hold a handful of the 20,000 draws, no more.
+    assert counts[expected == 0].sum() <= 1e-4 * counts.sum(), "sampled verdicts of zero probability"
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum().unsqueeze(0)])
+    exp = torch.cat([expected[big], expected[~big].sum().unsqueeze(0)])
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return float(stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+
+
+def _case(num_drafts: int, draft_len: int, seed: int):
+    """One draft tuple (i.i.d. drafts share their conditionals), float32 rows."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (1, 1, draft_len + 1, VOCAB_SIZE)
+    target = torch.softmax(2.5 * torch.randn(shape, generator=gen, dtype=torch.float64), -1)
+    draft = torch.softmax(0.8 * target.log() + 0.8 * torch.randn(shape, generator=gen, dtype=torch.float64), -1)
+    draft = draft[:, :, :draft_len]
+    u = torch.rand(1, num_drafts, draft_len, generator=gen, dtype=torch.float64)
+    tokens = sample_categorical(draft.expand(1, num_drafts, draft_len, VOCAB_SIZE), u)
+    # shared prefixes share conditionals here (a context-free toy: the same rows at every node)
+    return tokens, draft.expand(1, num_drafts, -1, -1).float(), target.expand(1, num_drafts, -1, -1).float()
+
+
+@pytest.mark.parametrize("name,num_drafts,draft_len", [
+    ("speculative", 1, 2), ("kseq", 4, 1), ("kseq", 2, 1), ("spectr-tree", 3, 2), ("rrs", 4, 1),
+    ("block", 1, 3), ("greedy-block", 1, 2),
+])
+def test_fast_paths_follow_the_exact_law(name, num_drafts, draft_len):
+    verifier = load_verifier(name)
+    tokens, draft_probs, target_probs = _case(num_drafts, draft_len, seed=17 + num_drafts + draft_len)
+    law = verifier.output_probs(tokens, draft_probs, target_probs)[0]  # [K, L + 1, V] float64
+    rep = lambda t: t.expand(REPS, *t.shape[1:]).contiguous()
+    out = verifier.verify(rep(tokens), rep(draft_probs), rep(target_probs), torch.Generator().manual_seed(5))
+    cells = (out.draft_index * (draft_len + 1) + out.num_accepted) * VOCAB_SIZE + out.next_token
+    counts = torch.bincount(cells, minlength=law.numel()).double()
+    assert _pooled_pvalue(counts, law.reshape(-1) * REPS) > 1e-3, name
