@@ -312,11 +312,20 @@ class Verifier:
         draft_tokens: torch.Tensor,  # [batch_size, num_drafts, draft_len]
         draft_probs: torch.Tensor,  # [batch_size, num_drafts, draft_len, vocab_size]
         target_probs: torch.Tensor,  # [batch_size, num_drafts, draft_len + 1, vocab_size]
+        *,
+        validate: bool = True,
     ) -> torch.Tensor:  # [batch_size, num_drafts, draft_len + 1, vocab_size]
-        """Exact law P(draft_index=k, num_accepted=n, next_token=y | drafts), float64."""
+        """Exact law P(draft_index=k, num_accepted=n, next_token=y | drafts), float64.
+
+        ``validate=False`` skips the input checks; the exact audit uses it after validating the
+        conditionals its enumerated draft tuples are built from, once.
+        """
         if not self.has_exact_law:
             raise NotImplementedError(f"verifier {self.name!r} has no exact output law")
-        _, num_drafts, draft_len, _ = check_verify_inputs(draft_tokens, draft_probs, target_probs)
+        if validate:
+            _, num_drafts, draft_len, _ = check_verify_inputs(draft_tokens, draft_probs, target_probs)
+        else:
+            num_drafts, draft_len = draft_tokens.shape[1], draft_tokens.shape[2]
         self.check_supports(num_drafts, draft_len)
         # Exact laws are computed in float64 on rows renormalised to sum to 1 (inputs are on the
         # simplex only within a tolerance, e.g. half-precision rounding).

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from spectr_audit.contract import Verifier, check_output_probs
+from spectr_audit.contract import Verifier, check_output_probs, check_verify_inputs
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.models import Model, contexts_from
 
@@ -35,16 +35,40 @@ MAX_TUPLES = 2_000_000
 
 @dataclasses.dataclass(frozen=True)
 class DraftEnumeration:
-    """Every draft tuple with positive probability, and the conditionals at its nodes."""
+    """Every draft tuple with positive probability, and the conditionals at its nodes.
 
-    # [num_tuples, num_drafts, draft_len]
-    draft_tokens: torch.Tensor
+    Stored as the distinct draft sequences, their conditionals and an index of tuples into them;
+    ``draft_tokens``, ``draft_probs`` and ``target_probs`` materialise every tuple (``[N, K, ...]``)
+    and :meth:`chunk` a slice of them, so an exact audit never holds all tuples' conditionals at once.
+    """
+
     # [num_tuples]
     weights: torch.Tensor
-    # [num_tuples, num_drafts, draft_len, vocab_size]
-    draft_probs: torch.Tensor
-    # [num_tuples, num_drafts, draft_len + 1, vocab_size]
-    target_probs: torch.Tensor
+    # [num_tuples, num_drafts] int64, rows of `sequences`
+    index: torch.Tensor
+    # [M, draft_len]: the distinct draft sequences the tuples use
+    sequences: torch.Tensor
+    # [M, draft_len, vocab_size]
+    sequence_draft_probs: torch.Tensor
+    # [M, draft_len + 1, vocab_size]
+    sequence_target_probs: torch.Tensor
+
+    def chunk(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(draft_tokens, draft_probs, target_probs)`` of the tuples in ``rows``."""
+        index = self.index[rows]
+        return self.sequences[index], self.sequence_draft_probs[index], self.sequence_target_probs[index]
+
+    @property
+    def draft_tokens(self) -> torch.Tensor:  # [num_tuples, num_drafts, draft_len]
+        return self.sequences[self.index]
+
+    @property
+    def draft_probs(self) -> torch.Tensor:  # [num_tuples, num_drafts, draft_len, vocab_size]
+        return self.sequence_draft_probs[self.index]
+
+    @property
+    def target_probs(self) -> torch.Tensor:  # [num_tuples, num_drafts, draft_len + 1, vocab_size]
+        return self.sequence_target_probs[self.index]
 
 
 def _product_grid(base: int, length: int) -> torch.Tensor:  # [base ** length, length] int64
@@ -122,11 +146,13 @@ def enumerate_drafts(
     else:
         raise InvalidArgument(f"draft_scheme: expected 'iid' or 'without_replacement', got {draft_scheme!r}")
     target_cond = _sequence_conditionals(target_model, prefix, seqs, draft_len + 1)
+    used, index = torch.unique(index, return_inverse=True)  # only the sequences some tuple uses
     return DraftEnumeration(
-        draft_tokens=seqs[index],
         weights=weights,
-        draft_probs=draft_cond[index],
-        target_probs=target_cond[index],
+        index=index,
+        sequences=seqs[used],
+        sequence_draft_probs=draft_cond[used],
+        sequence_target_probs=target_cond[used],
     )
 
 
@@ -246,11 +272,19 @@ def exact_iteration(
     emitted = [torch.zeros(vocab_size ** (m + 1), dtype=torch.float64) for m in range(draft_len + 1)]
     membership = torch.zeros((), dtype=torch.float64)
     powers = vocab_size ** torch.arange(draft_len - 1, -1, -1, dtype=torch.int64)
+    # Every tuple is made of the enumerated sequences: validate their conditionals once (as one-draft
+    # inputs) instead of every tuple's copy of them, where the verifier takes the standard entry point.
+    validate_tuples = type(verifier).output_probs is not Verifier.output_probs
+    if not validate_tuples:
+        check_verify_inputs(
+            enum.sequences.unsqueeze(1), enum.sequence_draft_probs.unsqueeze(1), enum.sequence_target_probs.unsqueeze(1)
+        )
     for start in range(0, num_tuples, chunk_size):
         sl = slice(start, start + chunk_size)
-        tokens, weights = enum.draft_tokens[sl], enum.weights[sl]
+        (tokens, draft_probs, target_probs), weights = enum.chunk(sl), enum.weights[sl]
+        law_kwargs = {} if validate_tuples else {"validate": False}
         law = check_output_probs(
-            verifier.output_probs(tokens, enum.draft_probs[sl], enum.target_probs[sl]).double(),
+            verifier.output_probs(tokens, draft_probs, target_probs, **law_kwargs).double(),
             tokens.shape[0], num_drafts, draft_len, vocab_size, who=verifier.name,
         )
         weighted = law * weights.view(-1, 1, 1, 1)  # [n, K, L + 1, V]

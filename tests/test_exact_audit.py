@@ -127,3 +127,33 @@ def test_product_grid_matches_itertools_product(base, length):
 
     expected = torch.tensor(list(itertools.product(range(base), repeat=length)), dtype=torch.int64)
     assert torch.equal(_product_grid(base, length), expected.reshape(base**length, length))
+
+
+class _OffSimplexAfterToken(ContextFreeModel):
+    """A target model whose conditional after token 1 sums to 1.2: invalid, and reached only at depth 1."""
+
+    def __call__(self, contexts):
+        probs = super().__call__(contexts).clone()
+        after_one = contexts[:, -1] == 1 if contexts.shape[1] else torch.zeros(contexts.shape[0], dtype=torch.bool)
+        probs[after_one] *= 1.2
+        return probs
+
+
+@pytest.mark.parametrize("verifier_name,num_drafts", [("kseq", 3), ("rrs-wor", 2)])
+def test_exact_audit_still_rejects_bad_conditionals(verifier_name, num_drafts):
+    """The audit validates each enumerated sequence's conditionals once instead of every tuple's copy of
+    them; a bad row must still be named (here a target conditional that sums to 1.2)."""
+    draft_model = ContextFreeModel([0.2, 0.5, 0.3])
+    target_model = _OffSimplexAfterToken([0.3, 0.3, 0.4])
+    with pytest.raises(InvalidArgument, match="target_probs"):
+        exact_iteration(load_verifier(verifier_name), draft_model, target_model, num_drafts)
+
+
+def test_output_probs_without_validation_equals_the_validated_law():
+    verifier = load_verifier("kseq")
+    enum = enumerate_drafts(ContextFreeModel([0.2, 0.5, 0.3]), ContextFreeModel([0.3, 0.3, 0.4]), 3, 1)
+    tokens, draft_probs, target_probs = enum.chunk(slice(None))
+    assert torch.equal(
+        verifier.output_probs(tokens, draft_probs, target_probs, validate=False),
+        verifier.output_probs(tokens, draft_probs, target_probs),
+    )
