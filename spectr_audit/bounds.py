@@ -830,9 +830,10 @@ def _segment_gap_and_slope(rho, draft_high, target_high, draft_low, target_low, 
     """``(f, df/drho)`` of :func:`_segment_gap`; ``df/drho = P_high + K (1 - beta)^(K-1) Q_low / rho^2``."""
     beta = target_low / rho + draft_high
     one_minus_beta = (draft_low - target_low / rho).clamp(min=0)
-    near_one = rho * draft_high - target_high + one_minus_beta**k
+    power_below = one_minus_beta ** (k - 1)  # (1 - beta)^(K-1); times (1 - beta) gives the K-th power
+    near_one = rho * draft_high - target_high + power_below * one_minus_beta
     small = rho * beta + torch.expm1(k * torch.log1p(-beta.clamp(max=1.0)))
-    slope = draft_high + k * one_minus_beta ** (k - 1) * target_low / (rho * rho)
+    slope = draft_high + k * power_below * target_low / (rho * rho)
     return torch.where(beta < 0.5, small, near_one), slope
 
 
@@ -866,12 +867,12 @@ def _solve_segment(draft_high, target_high, draft_low, target_low, k, low, high,
         if until_converged and bool(done.all()):
             break
     # Newton may converge from the invalid side (f concave there): probe a few ulps upwards.
-    eps = torch.finfo(torch.float64).eps
-    for ulps in (0, 1, 2, 4, 8, 16, 64, 256):
-        probe = x + ulps * eps * x
-        gap, _ = _segment_gap_and_slope(probe, draft_high, target_high, draft_low, target_low, k)
-        high = torch.where((gap >= 0) & (probe < high), probe, high)
-    return high
+    ulps = torch.tensor([0, 1, 2, 4, 8, 16, 64, 256], dtype=torch.float64, device=x.device)
+    probes = x.unsqueeze(-1) * (1 + ulps * torch.finfo(torch.float64).eps)  # [..., 8], all at once
+    columns = (t.unsqueeze(-1) for t in (draft_high, target_high, draft_low, target_low, k))
+    gap = _segment_gap(probes, *columns)
+    first_valid = torch.where(gap >= 0, probes, torch.full_like(probes, float("inf"))).amin(-1)
+    return torch.minimum(high, first_valid)
 
 
 def _rho_star_sorted(draft: torch.Tensor, target: torch.Tensor, k: torch.Tensor, *, hot: bool = False) -> torch.Tensor:

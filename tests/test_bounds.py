@@ -422,9 +422,11 @@ def test_sampler_rho_is_valid_and_matches_the_exact_solve(vocab_size, num_drafts
         target = draft * np.exp(1e-3 * rng.standard_normal(draft.shape))
         target /= target.sum(-1, keepdims=True)
     elif mode == "zeros" and vocab_size > 1:
+        draft[:, vocab_size // 3 :] += 1e-3  # keep mass outside the zeroed tokens
         draft[:, : vocab_size // 3] = 0.0
         draft /= draft.sum(-1, keepdims=True)
     elif mode == "disjoint" and vocab_size > 1:
+        draft[:, 1:] += 1e-3
         draft[:, 0], target[:, 1:] = 0.0, 0.0
         draft /= draft.sum(-1, keepdims=True)
         target /= target.sum(-1, keepdims=True)

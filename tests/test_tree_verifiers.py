@@ -260,3 +260,17 @@ def test_float32_and_half_inputs_give_valid_verdicts():
                               torch.Generator().manual_seed(1))
         assert out.next_token.dtype == torch.int64
         assert bool(((out.next_token >= 0) & (out.next_token < 6)).all())
+
+
+@pytest.mark.parametrize("vocab_size", [4, 700])  # one-level and two-level draws
+def test_rows_without_residual_mass_draw_from_the_fallback(vocab_size):
+    from spectr_audit.verifiers._tree import _sample_or_fallback
+
+    residual = torch.zeros(3, vocab_size, dtype=torch.float32)
+    residual[0, 1] = 2.0  # a row with mass: always token 1
+    fallback = torch.zeros(3, vocab_size, dtype=torch.float32)
+    fallback[:, vocab_size - 2] = 1.0  # rows 1 and 2 have no residual mass: token V - 2
+    u = torch.tensor([0.3, 0.0, 0.99], dtype=torch.float64)
+    assert _sample_or_fallback(residual, fallback, u).tolist() == [1, vocab_size - 2, vocab_size - 2]
+    # every row with mass: the fallback is not needed
+    assert _sample_or_fallback(residual[:1], fallback[:1], u[:1]).tolist() == [1]

@@ -133,9 +133,11 @@ class LastPassingVerifier(Verifier):
         level = tau.clamp(max=draft_len - 1)
         target = target_probs[:, 0]
         correction, total = sample_categorical_with_total(residual[rows, level], u[:, draft_len])
-        fallback = sample_categorical(_sampler_dtype(target[rows, level]), u[:, draft_len])
+        if residual.device.type != "cpu" or not bool((total > 0).all()):  # the check is free on the CPU only
+            fallback = sample_categorical(_sampler_dtype(target[rows, level]), u[:, draft_len])
+            correction = torch.where(total > 0, correction, fallback)
         bonus = sample_categorical(_sampler_dtype(target[:, draft_len]), u[:, draft_len])
-        next_token = torch.where(tau < draft_len, torch.where(total > 0, correction, fallback), bonus)
+        next_token = torch.where(tau < draft_len, correction, bonus)
         draft_index = torch.zeros_like(tau)
         correction = None
         if has_carried_correction(self):

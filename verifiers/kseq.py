@@ -10,19 +10,21 @@ from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, 
 __all__ = ["KSeq", "KSeqRule", "SpecTrTree"]
 
 
-def _exact_rho(draft_dist: torch.Tensor, target_dist: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:  # [n]
-    """:func:`kseq_rho_star` per row, solved once per distinct K when every row is the same distribution pair.
+def _rho_per_distinct_k(solver, draft_dist: torch.Tensor, target_dist: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
+    """``solver(draft_dist, target_dist, num_drafts)`` ``[n]``, solved once per K when every row is the same pair.
 
-    An exact audit's root node repeats one (p, q) pair over every enumerated draft tuple (262,144 rows at
-    V = 8, K = 6); each row's rho* depends only on that row, so the result is the same, bit for bit.
+    An exact audit's root node, and a Monte-Carlo audit of a context-free model, repeat one (p, q) pair
+    over every row (262,144 rows at V = 8, K = 6); each row's rho depends only on that row, so the result
+    is the same, bit for bit.  The check is a host sync, so it runs only where that costs nothing (CPU)
+    or off the hot path (the exact law).
     """
     if draft_dist.shape[0] > 1 and bool((draft_dist == draft_dist[:1]).all() and (target_dist == target_dist[:1]).all()):
         # K is a whole number of surviving drafts: solve for k = 1 .. max K and look each row's up
         largest = int(num_drafts.max())
         values = torch.arange(1, largest + 1, dtype=torch.float64, device=num_drafts.device)
-        rho = kseq_rho_star(draft_dist[:1].expand(largest, -1), target_dist[:1].expand(largest, -1), values)
+        rho = solver(draft_dist[:1].expand(largest, -1), target_dist[:1].expand(largest, -1), values)
         return rho[num_drafts.long() - 1]
-    return kseq_rho_star(draft_dist, target_dist, num_drafts)
+    return solver(draft_dist, target_dist, num_drafts)
 
 
 class KSeqRule(NodeRule):
@@ -41,14 +43,17 @@ class KSeqRule(NodeRule):
     def __call__(self, tokens, survivors, draft_dist, target_dist):
         # the exact law: rho* from the exact piecewise solve, in float64
         num_survivors = survivors.sum(-1).to(torch.float64)  # [n]
-        rho = _exact_rho(draft_dist, target_dist, num_survivors.clamp(min=1))
+        rho = _rho_per_distinct_k(kseq_rho_star, draft_dist, target_dist, num_survivors.clamp(min=1))
         accept_probs, excess = self._parts(tokens, num_survivors, rho, draft_dist, target_dist)
         return accept_probs, normalise(excess, target_dist)
 
     def sampler_parts(self, tokens, survivors, draft_dist, target_dist):
         # the sampler: a valid rho equal to rho* to the rows' precision, without sorting the vocabulary
         num_survivors = survivors.sum(-1).to(torch.float64)  # [n]
-        rho = kseq_rho_star_sampler(draft_dist, target_dist, num_survivors.clamp(min=1))
+        if draft_dist.device.type == "cpu":
+            rho = _rho_per_distinct_k(kseq_rho_star_sampler, draft_dist, target_dist, num_survivors.clamp(min=1))
+        else:
+            rho = kseq_rho_star_sampler(draft_dist, target_dist, num_survivors.clamp(min=1))
         return self._parts(tokens, num_survivors, rho, draft_dist, target_dist)
 
     def _parts(self, tokens, num_survivors, rho, draft_dist, target_dist):
