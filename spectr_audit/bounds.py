@@ -1025,10 +1025,13 @@ def kseq_rho_star_sampler(
     up = torch.tensor(float("inf"), dtype=dtype, device=device)
     kk = k.unsqueeze(-1)
     candidates = torch.stack([ones, k], dim=-1)  # [n, 2]: two candidates per pass, one from each side
+    # [n, 2, V], reused by every pass: a comparison written straight into a float buffer is one cheap
+    # pass, where a bool mask and its conversion cost an allocation and two more
+    low_mask = torch.empty(n, 2, vocab_size, dtype=dtype, device=device)
     for _ in range(passes):
         threshold = candidates.to(dtype)
         candidates = threshold.double()
-        low_mask = (ratio <= threshold.unsqueeze(-1)).to(dtype)  # [n, 2, V]
+        torch.le(ratio, threshold.unsqueeze(-1), out=low_mask)
         sums = torch.bmm(stacked, low_mask.transpose(1, 2)).double()  # [n, 3, 2]
         sums = torch.cat([sums[:, :2] / totals, sums[:, 2:]], dim=1)  # normalised P_low, Q_low; count
         d_low, t_low = sums[:, 0], sums[:, 1]  # [n, 2]
