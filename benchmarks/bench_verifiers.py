@@ -196,6 +196,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this torch build sees no CUDA device")
     total = 2**22 if args.quick else 2**26
     print(f"spectr-audit verifier benchmark on {device} ({platform.processor() or platform.machine()}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads), {total} probabilities per input set")
