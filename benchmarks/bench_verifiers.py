@@ -1,6 +1,6 @@
 """Verifier speed against the physical limit: one read of draft_probs and target_probs.
 
-Run:  python benchmarks/bench_verifiers.py [--quick] [--device cpu|cuda] [--json out.json]
+Run:  python benchmarks/bench_verifiers.py [--quick] [--compiled] [--device cpu|cuda] [--json out.json]
 
 One command, one table per part, one JSON file (default ``benchmarks/results.json``):
 
@@ -15,7 +15,9 @@ One command, one table per part, one JSON file (default ``benchmarks/results.jso
   would need;
 * Monte-Carlo audit throughput (verifications per second) at V = 8, K = 4.
 
-The same script runs unchanged on CUDA (``--device cuda``; times are synchronised).
+``--compiled`` adds a column with :mod:`spectr_audit.compiled`'s fused kernels (torch.compile; the
+first call compiles for several seconds, excluded by the warm-up).  The same script runs unchanged
+on CUDA (``--device cuda``; times are synchronised).
 """
 
 from __future__ import annotations
@@ -77,7 +79,10 @@ def make_inputs(batch_size, num_drafts, draft_len, vocab_size, device, seed=0):
     return tokens, draft.contiguous(), target.contiguous()
 
 
-def bench_verifiers(total_probs: int, vocab_sizes, device, repeats) -> list[dict]:
+def bench_verifiers(total_probs: int, vocab_sizes, device, repeats, with_compiled=False) -> list[dict]:
+    from spectr_audit import compiled
+
+    compiled.use_compiled(False)
     rows = []
     for vocab_size in vocab_sizes:
         for name, num_drafts, draft_len in CONFIGS:
@@ -91,14 +96,22 @@ def bench_verifiers(total_probs: int, vocab_sizes, device, repeats) -> list[dict
             gen = torch.Generator(device=device).manual_seed(1)
             run = timed(lambda: verifier.verify(tokens, draft_probs, target_probs, gen, validate=False), device, repeats)
             checked = timed(lambda: verifier.verify(tokens, draft_probs, target_probs, gen), device, max(1, repeats // 2))
-            rows.append({
+            row = {
                 "verifier": name, "vocab_size": vocab_size, "num_drafts": num_drafts, "draft_len": draft_len,
                 "batch_size": batch_size, "memory_pass_ms": 1e3 * memory, "verify_ms": 1e3 * run,
                 "ratio": run / memory, "ratio_with_validation": checked / memory,
-            })
+            }
+            note = ""
+            if with_compiled:
+                compiled.use_compiled(True)
+                fused = timed(lambda: verifier.verify(tokens, draft_probs, target_probs, gen, validate=False), device, repeats)
+                compiled.use_compiled(False)
+                row["ratio_compiled"] = fused / memory
+                note = f"  compiled {fused / memory:6.2f}"
+            rows.append(row)
             print(f"  {name:<12} V={vocab_size:<6} K={num_drafts} L={draft_len} B={batch_size:<5} "
                   f"memory {1e3 * memory:7.1f} ms  verify {1e3 * run:8.1f} ms  ratio {run / memory:6.2f}  "
-                  f"(validated {checked / memory:6.2f})", flush=True)
+                  f"(validated {checked / memory:6.2f}){note}", flush=True)
             del tokens, draft_probs, target_probs
     return rows
 
@@ -180,12 +193,15 @@ def bench_montecarlo(samples: int) -> dict:
 
 def print_summary(result: dict) -> None:
     """The verifier table in Markdown (ratios to the memory pass), as pasted into issue notes."""
-    print("\n| verifier | V | K | L | B | memory pass ms | verify ms | ratio | ratio with validation |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    with_compiled = any("ratio_compiled" in row for row in result["verifiers"])
+    extra = " ratio compiled |" if with_compiled else ""
+    print(f"\n| verifier | V | K | L | B | memory pass ms | verify ms | ratio | ratio with validation |{extra}")
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if with_compiled else ""))
     for row in result["verifiers"]:
+        cell = f" {row['ratio_compiled']:.1f} |" if with_compiled else ""
         print(f"| {row['verifier']} | {row['vocab_size']} | {row['num_drafts']} | {row['draft_len']} | "
               f"{row['batch_size']} | {row['memory_pass_ms']:.1f} | {row['verify_ms']:.1f} | {row['ratio']:.1f} | "
-              f"{row['ratio_with_validation']:.1f} |")
+              f"{row['ratio_with_validation']:.1f} |{cell}")
 
 
 def main(argv=None) -> int:
@@ -194,6 +210,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", default="benchmarks/results.json")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--compiled", action="store_true",
+                        help="also time each verifier with spectr_audit.compiled's fused kernels (torch.compile)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -204,7 +222,8 @@ def main(argv=None) -> int:
     result = {
         "machine": {"device": str(device), "platform": platform.platform(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__, "python": sys.version.split()[0]},
-        "verifiers": bench_verifiers(total, [32768] if args.quick else [32768, 131072], device, args.repeats),
+        "verifiers": bench_verifiers(total, [32768] if args.quick else [32768, 131072], device, args.repeats,
+                                     with_compiled=args.compiled),
         "bounds": bench_bounds(device, args.repeats),
         "exact_audit": bench_exact_audit(1 if args.quick else 3, quick=args.quick),
         "montecarlo": bench_montecarlo(1 << 18 if args.quick else 1 << 21),

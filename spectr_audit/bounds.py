@@ -28,6 +28,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from spectr_audit.compiled import compiled_enabled, kseq_low_sums
 from spectr_audit.contract import PROB_ATOL
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
 
@@ -1014,10 +1015,14 @@ def kseq_rho_star_sampler(
         return _rho_star_sorted(draft_probs.double(), target_probs.double(), k, hot=True)
     dtype, device = draft_probs.dtype, draft_probs.device
     margin = 16 * torch.finfo(dtype).eps
-    ratio = (target_probs / draft_probs).unsqueeze(1)  # [n, 1, V]; inf (p = 0 < q) and nan (0/0) are never "low"
-    # [n, 3, V]: p, q and ones, so one bmm against the low masks gives P_low, Q_low and the low count
-    stacked = torch.stack([draft_probs, target_probs, torch.ones_like(draft_probs)], dim=1)
-    totals = stacked[:, :2].sum(-1).double().unsqueeze(-1)  # [n, 2, 1]
+    fused = compiled_enabled()
+    if fused:  # one fused kernel per pass (spectr_audit.compiled), nothing materialised
+        totals = torch.stack([draft_probs.sum(-1), target_probs.sum(-1)], dim=-1).double().unsqueeze(-1)
+    else:
+        ratio = (target_probs / draft_probs).unsqueeze(1)  # [n, 1, V]; inf (p = 0 < q), nan (0/0): never "low"
+        # [n, 3, V]: p, q and ones, so one bmm against the low masks gives P_low, Q_low and the low count
+        stacked = torch.stack([draft_probs, target_probs, torch.ones_like(draft_probs)], dim=1)
+        totals = stacked[:, :2].sum(-1).double().unsqueeze(-1)  # [n, 2, 1]
     ones = torch.ones(n, dtype=torch.float64, device=device)
     low, high = ones.clone(), k.clone()
     low_sums = torch.zeros(n, 3, dtype=torch.float64, device=device)
@@ -1027,12 +1032,15 @@ def kseq_rho_star_sampler(
     candidates = torch.stack([ones, k], dim=-1)  # [n, 2]: two candidates per pass, one from each side
     # [n, 2, V], reused by every pass: a comparison written straight into a float buffer is one cheap
     # pass, where a bool mask and its conversion cost an allocation and two more
-    low_mask = torch.empty(n, 2, vocab_size, dtype=dtype, device=device)
+    low_mask = None if fused else torch.empty(n, 2, vocab_size, dtype=dtype, device=device)
     for _ in range(passes):
         threshold = candidates.to(dtype)
         candidates = threshold.double()
-        torch.le(ratio, threshold.unsqueeze(-1), out=low_mask)
-        sums = torch.bmm(stacked, low_mask.transpose(1, 2)).double()  # [n, 3, 2]
+        if fused:
+            sums = kseq_low_sums(draft_probs, target_probs, threshold).double()  # [n, 3, 2]
+        else:
+            torch.le(ratio, threshold.unsqueeze(-1), out=low_mask)
+            sums = torch.bmm(stacked, low_mask.transpose(1, 2)).double()  # [n, 3, 2]
         sums = torch.cat([sums[:, :2] / totals, sums[:, 2:]], dim=1)  # normalised P_low, Q_low; count
         d_low, t_low = sums[:, 0], sums[:, 1]  # [n, 2]
         d_high, t_high = _complement(d_low, margin), _complement(t_low, margin)

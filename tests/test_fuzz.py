@@ -93,7 +93,8 @@ def test_fuzz_exact_audit(name, case):
     audit = exact_iteration(verifier, draft_model, target_model, num_drafts, draft_len)
     total = sum(float(law.sum()) for law in audit.emitted_law)
     assert abs(total - 1) < 1e-12
-    assert 1 <= audit.block_efficiency <= draft_len + 1 + 1e-12
+    # at least one token per step: 1 up to rounding (the emitted masses sum to 1 within 1e-12)
+    assert 1 - 1e-12 <= audit.block_efficiency <= draft_len + 1 + 1e-12
     assert 0 <= audit.tv_distance <= 1
     if verifier.expected != "inexact" and not has_carried_correction(verifier):
         assert audit.max_abs_error <= 1e-12, audit.worst_strings()

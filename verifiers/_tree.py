@@ -118,8 +118,9 @@ class TreeVerifier(Verifier):
         Not renormalised and not widened beyond float32 (float64 inputs stay float64): the sampler
         only compares ratios and draws by inverse CDF, and each float64 copy is a full pass.
         """
-        if draft_probs.shape[1] == 1:
-            # one draft: canon is always 0, so a view avoids a gather copy of every row
+        if draft_probs.shape[1] == 1 or level == 0:
+            # one draft, or the root (every draft survives there): canon is 0, so a view avoids a gather
+            # copy of every row
             draft_dist, target_dist = draft_probs[:, 0, level], target_probs[:, 0, level]
         else:
             rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from spectr_audit import compiled
 from spectr_audit.bounds import kseq_accept_prob, kseq_rho_star, kseq_rho_star_sampler
 from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, normalise
 
@@ -18,7 +19,11 @@ def _rho_per_distinct_k(solver, draft_dist: torch.Tensor, target_dist: torch.Ten
     is the same, bit for bit.  The check is a host sync, so it runs only where that costs nothing (CPU)
     or off the hot path (the exact law).
     """
-    if draft_dist.shape[0] > 1 and bool((draft_dist == draft_dist[:1]).all() and (target_dist == target_dist[:1]).all()):
+    n = draft_dist.shape[0]
+    # rows of a real batch differ: the last row rejects the full comparison at once
+    if n > 1 and bool((draft_dist[-1] == draft_dist[0]).all() and (target_dist[-1] == target_dist[0]).all()) and bool(
+        (draft_dist == draft_dist[:1]).all() and (target_dist == target_dist[:1]).all()
+    ):
         # K is a whole number of surviving drafts: solve for k = 1 .. max K and look each row's up
         largest = int(num_drafts.max())
         values = torch.arange(1, largest + 1, dtype=torch.float64, device=num_drafts.device)
@@ -54,20 +59,26 @@ class KSeqRule(NodeRule):
             rho = _rho_per_distinct_k(kseq_rho_star_sampler, draft_dist, target_dist, num_survivors.clamp(min=1))
         else:
             rho = kseq_rho_star_sampler(draft_dist, target_dist, num_survivors.clamp(min=1))
-        return self._parts(tokens, num_survivors, rho, draft_dist, target_dist)
+        return self._parts(tokens, num_survivors, rho, draft_dist, target_dist, fused=compiled.compiled_enabled())
 
-    def _parts(self, tokens, num_survivors, rho, draft_dist, target_dist):
+    def _parts(self, tokens, num_survivors, rho, draft_dist, target_dist, fused=False):
         """Acceptance probabilities ``[n, K]`` and the unnormalised residual ``[n, V]`` at a given rho."""
         rho = rho * self.rho_scale
         # [n, 1] in the rows' dtype: float32 rows keep the [n, vocab_size] work in float32
         rho = rho.unsqueeze(-1).to(target_dist.dtype)
-        weighted = torch.minimum(draft_dist, target_dist / rho)  # m_rho(x) = min(p(x), q(x) / rho)
-        beta = weighted.sum(-1, keepdim=True)
+        if fused:  # the sampler with spectr_audit.compiled on: two fused passes, m_rho never materialised
+            beta = compiled.kseq_beta(draft_dist, target_dist, rho)
+        else:
+            weighted = torch.minimum(draft_dist, target_dist / rho)  # m_rho(x) = min(p(x), q(x) / rho)
+            beta = weighted.sum(-1, keepdim=True)
         accept_any = kseq_accept_prob(beta, num_survivors.unsqueeze(-1))  # P_A = 1 - (1 - beta)^k, without cancellation
         # beta = 0 (disjoint supports): P_A = 0 and the residual is the target itself.
         scale = torch.where(beta > 0, accept_any / torch.where(beta > 0, beta, torch.ones_like(beta)), torch.zeros_like(beta))
-        # [n, vocab_size] (q - scale m_rho)_+, computed in place in the buffer of m_rho
-        excess = torch.sub(target_dist, weighted.mul_(scale.to(weighted.dtype)), out=weighted).clamp_(min=0)
+        if fused:
+            excess = compiled.kseq_excess(draft_dist, target_dist, rho, scale.to(target_dist.dtype))
+        else:
+            # [n, vocab_size] (q - scale m_rho)_+, computed in place in the buffer of m_rho
+            excess = torch.sub(target_dist, weighted.mul_(scale.to(weighted.dtype)), out=weighted).clamp_(min=0)
         drafted = gather_tokens(draft_dist, tokens)
         ratio = gather_tokens(target_dist, tokens) / (rho * torch.where(drafted > 0, drafted, torch.ones_like(drafted)))
         accept_probs = torch.where(drafted > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
