@@ -247,11 +247,14 @@ def check_output_probs(
         raise VerifierError(f"{who}: output_probs must return a floating-point torch.Tensor")
     if tuple(output_probs.shape) != expected:
         raise VerifierError(f"{who}: output_probs must have shape {expected}, got {tuple(output_probs.shape)}")
-    if not bool(torch.isfinite(output_probs).all()):
+    if output_probs.numel() == 0:
+        return output_probs
+    low, high = torch.aminmax(output_probs)  # one pass: NaN propagates into both, inf shows in one
+    if not bool(torch.isfinite(low) & torch.isfinite(high)):
         raise VerifierError(f"{who}: output_probs contains NaN or Inf")
-    if bool((output_probs < -1e-12).any()):
-        raise VerifierError(f"{who}: output_probs contains negative probabilities (min {output_probs.min().item():.3g})")
-    totals = output_probs.double().sum((1, 2, 3))
+    if bool(low < -1e-12):
+        raise VerifierError(f"{who}: output_probs contains negative probabilities (min {low.item():.3g})")
+    totals = (output_probs if output_probs.dtype == torch.float64 else output_probs.double()).sum((1, 2, 3))
     if batch_size and bool(((totals - 1).abs() > 1e-6).any()):
         bad = ((totals - 1).abs() > 1e-6).nonzero()[0].item()
         raise VerifierError(f"{who}: output_probs row {bad} sums to {totals[bad].item():.9g}, not 1")
