@@ -75,8 +75,17 @@ def _as_law(probs: torch.Tensor) -> torch.Tensor:
 
 
 def _sampler_dtype(probs: torch.Tensor) -> torch.Tensor:
-    """float64 stays float64; float32 stays as is (no copy); half precision is widened to float32."""
-    return probs if probs.dtype in (torch.float32, torch.float64) else probs.float()
+    """float64 stays float64; float32 stays as is (no copy); half precision is widened to float32 and renormalised.
+
+    Half-precision rows miss 1 by up to ~1e-3 (the validation tolerance grows with V), enough for a
+    sampler on the raw rows to drift from the exact law, which renormalises; the widening copy is
+    made anyway, so renormalising it costs one sum.
+    """
+    if probs.dtype in (torch.float32, torch.float64):
+        return probs
+    widened = probs.float()
+    total = widened.sum(-1, keepdim=True)
+    return widened.div_(torch.where(total > 0, total, torch.ones_like(total)))
 
 
 def _sample_or_fallback(
