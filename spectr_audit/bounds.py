@@ -981,7 +981,7 @@ def kseq_rho_star_sampler(
     *,
     passes: int = _SORT_FREE_PASSES,
 ) -> torch.Tensor:  # [n] float64
-    """A valid rho for K-SEQ's sampler, equal to rho* to the inputs' precision; no sort, no host sync.
+    """A valid rho for K-SEQ's sampler, equal to rho* to the inputs' precision; no sort, no host sync on accelerators.
 
     The exact law uses :func:`kseq_rho_star`; a sampler only needs a rho with ``f(rho) >= 0``
     (then the residual is non-negative and the output law is exactly q) that is as small as the
@@ -1044,7 +1044,7 @@ def kseq_rho_star_sampler(
         sums = torch.cat([sums[:, :2] / totals, sums[:, 2:]], dim=1)  # normalised P_low, Q_low; count
         d_low, t_low = sums[:, 0], sums[:, 1]  # [n, 2]
         d_high, t_high = _complement(d_low, margin), _complement(t_low, margin)
-        gap = _segment_gap_and_slope(candidates, d_high, t_high, d_low, t_low, kk)[0]
+        gap = _segment_gap(candidates, d_high, t_high, d_low, t_low, kk)
         for side in range(2):
             c, s = candidates[:, side], sums[:, :, side]
             # rho = 1 is judged without the margin: f(1) = (1 - beta)^K - (1 - beta) is exactly 0 for p = q,
@@ -1056,9 +1056,9 @@ def kseq_rho_star_sampler(
             high_sums = torch.where(new_high.unsqueeze(-1), s, high_sums)
             low = torch.where(new_low, c, low)
             low_sums = torch.where(new_low.unsqueeze(-1), s, low_sums)
-        # Next candidates: the roots of the segment functions through the bracket's two ends, found by
-        # scalar bisection inside the bracket (robust where Newton crawls, e.g. p close to q; no pass over
-        # the vocabulary), on the side where they are >= margin, rounded up to the next value of the dtype.
+        # Next candidates: the roots of the segment functions through the bracket's two ends, found by a
+        # grid search inside the bracket (robust where Newton crawls, e.g. p close to q; no pass over the
+        # vocabulary), on the side where they are >= margin, rounded up to the next value of the dtype.
         ends = torch.stack([low_sums, high_sums.clamp(min=0)], dim=-1)  # [n, 3, 2]
         e_low_d, e_low_t = ends[:, 0], ends[:, 1]
         e_high_d, e_high_t = _complement(e_low_d, margin), _complement(e_low_t, margin)

@@ -149,7 +149,7 @@ def test_exact_audit_still_rejects_bad_conditionals(verifier_name, num_drafts):
         exact_iteration(load_verifier(verifier_name), draft_model, target_model, num_drafts)
 
 
-def test_output_probs_without_validation_equals_the_validated_law():
+def test_output_probs_validate_flag_skips_only_the_input_checks():
     verifier = load_verifier("kseq")
     enum = enumerate_drafts(ContextFreeModel([0.2, 0.5, 0.3]), ContextFreeModel([0.3, 0.3, 0.4]), 3, 1)
     tokens, draft_probs, target_probs = enum.chunk(slice(None))
@@ -157,3 +157,10 @@ def test_output_probs_without_validation_equals_the_validated_law():
         verifier.output_probs(tokens, draft_probs, target_probs, validate=False),
         verifier.output_probs(tokens, draft_probs, target_probs),
     )
+    off_simplex = target_probs * 1.2
+    with pytest.raises(InvalidArgument, match="target_probs"):
+        verifier.output_probs(tokens, draft_probs, off_simplex)
+    verifier.output_probs(tokens, draft_probs, off_simplex, validate=False)  # the caller vouched for its rows
+    with pytest.raises(InvalidArgument):  # the verifier's K/L range is still checked
+        verifier.output_probs(tokens.repeat(1, 1, 2), draft_probs.repeat(1, 1, 2, 1),
+                              target_probs.repeat(1, 1, 2, 1)[:, :, :3], validate=False)

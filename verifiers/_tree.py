@@ -90,20 +90,20 @@ def _sampler_dtype(probs: torch.Tensor) -> torch.Tensor:
 
 def _sample_or_fallback(
     residual: torch.Tensor,  # [n, vocab_size] non-negative, possibly unnormalised or all zero
-    fallback: torch.Tensor,  # [n, vocab_size]
+    fallback,  # [n, vocab_size], or a function returning it (built only when some row needs it)
     u: torch.Tensor,  # [n]
 ) -> torch.Tensor:  # [n] int64
     """A draw from ``residual``, or from ``fallback`` on rows where the residual has no mass.
 
-    Drawing from both costs one extra pass; checking the residual's total first and
-    selecting rows would cost a sum plus a full ``where`` pass, and a host sync to skip it.
+    On the CPU a check of the residuals' totals costs no device round trip, and skips the fallback
+    draw (a full pass over its rows) in the usual case where every residual has mass; on an
+    accelerator both draws run and a ``where`` picks, with no host sync.
     """
     drawn, total = sample_categorical_with_total(residual, u)
-    # On the CPU, checking costs no device round trip, and skips a full pass over the fallback rows
-    # in the usual case where every residual has mass.
     if residual.device.type == "cpu" and bool((total > 0).all()):
         return drawn
-    return torch.where(total > 0, drawn, sample_categorical(fallback, u))
+    rows = fallback() if callable(fallback) else fallback
+    return torch.where(total > 0, drawn, sample_categorical(rows, u))
 
 
 def _first_true(mask: torch.Tensor) -> torch.Tensor:
@@ -124,8 +124,9 @@ class TreeVerifier(Verifier):
     def _node_inputs(self, draft_tokens, draft_probs, target_probs, level, canon):
         """Sampler inputs at ``level``: tokens ``[B, K]`` and the canonical draft's conditionals ``[B, V]``.
 
-        Not renormalised and not widened beyond float32 (float64 inputs stay float64): the sampler
-        only compares ratios and draws by inverse CDF, and each float64 copy is a full pass.
+        float32 and float64 rows are used as given (no copy, no renormalisation): the sampler only
+        compares ratios and draws by inverse CDF, and each copy is a full pass; half precision is
+        widened and renormalised (:func:`_sampler_dtype`).
         """
         if draft_probs.shape[1] == 1 or level == 0:
             # one draft, or the root (every draft survives there): canon is 0, so a view avoids a gather

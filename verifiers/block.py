@@ -28,10 +28,25 @@ import torch
 
 from spectr_audit.contract import Verifier, VerifyOutput
 from spectr_audit.correction import has_carried_correction
-from spectr_audit.randomness import sample_categorical, sample_categorical_with_total, uniform
-from spectr_audit.verifiers._tree import _sampler_dtype, normalise
+from spectr_audit.randomness import sample_categorical, uniform
+from spectr_audit.verifiers._tree import _sample_or_fallback, _sampler_dtype, normalise
 
 __all__ = ["BlockVerification", "LastPassingVerifier"]
+
+
+def _pass_probs(
+    wanted: torch.Tensor,  # [B, L] r_0 .. r_{L-1}
+    surplus: torch.Tensor,  # [B, L] s_0 .. s_{L-1}
+    weights: torch.Tensor,  # [B, L + 1] w_0 .. w_L
+) -> torch.Tensor:  # [B, L] h_1 .. h_L
+    """``h_i = min(r_i, s_i) / s_i`` (1 where ``s_i = 0``) for levels 1 .. L-1, and ``h_L = min(1, w_L)``."""
+    wanted, surplus = wanted[:, 1:], surplus[:, 1:]
+    inner = torch.where(
+        surplus > 0,
+        torch.minimum(wanted, surplus) / torch.where(surplus > 0, surplus, torch.ones_like(surplus)),
+        torch.ones_like(surplus),
+    )
+    return torch.cat([inner, weights[:, -1:].clamp(max=1.0)], dim=1)
 
 
 class LastPassingVerifier(Verifier):
@@ -51,30 +66,31 @@ class LastPassingVerifier(Verifier):
     ) -> torch.Tensor:  # [batch_size, draft_len + 1], w_0 = 1 .. w_L, in [0, inf]
         raise NotImplementedError
 
+    def _path_weights(self, draft_tokens, draft, target):
+        """``w_0 .. w_L`` ``[B, L + 1]`` float64 along the draft, from rows ``draft [B, L, V]``, ``target [B, L + 1, V]``."""
+        draft_len = draft_tokens.shape[-1]
+        path = draft_tokens[:, 0].unsqueeze(-1)  # [batch_size, draft_len, 1]
+        # In logs, so that a near-zero draft probability cannot overflow a product into inf * 0.
+        # The contract guarantees p(x_i | x^{i-1}) > 0 for drafted tokens; log q may be -inf.
+        log_token_ratio = (
+            target[:, :draft_len].gather(-1, path).double().log() - draft.gather(-1, path).double().log()
+        ).squeeze(-1)
+        return self._weights(log_token_ratio)
+
     def _levels(self, draft_tokens, draft_probs, target_probs):
         """Pass probabilities ``[B, L]`` (levels 1..L) and unnormalised residuals ``[B, L, V]`` (levels 0..L-1)."""
         draft_len = draft_tokens.shape[-1]
         draft = draft_probs[:, 0].double()  # [batch_size, draft_len, vocab_size]
         target = target_probs[:, 0].double()  # [batch_size, draft_len + 1, vocab_size]
-        path = draft_tokens[:, 0].unsqueeze(-1)  # [batch_size, draft_len, 1]
-        # In logs, so that a near-zero draft probability cannot overflow a product into inf * 0.
-        # The contract guarantees p(x_i | x^{i-1}) > 0 for drafted tokens; log q may be -inf.
-        log_token_ratio = (target[:, :draft_len].gather(-1, path).log() - draft.gather(-1, path).log()).squeeze(-1)
-        weights = self._weights(log_token_ratio)
+        weights = self._path_weights(draft_tokens, draft, target)
         # (w q - p)_+ and (p - w q)_+ divided by max(w, 1): h and the normalised residual are unchanged, and a
         # weight of inf (greedy block verification after a near-impossible draft) stays finite.
         level_weight = weights[:, :draft_len].unsqueeze(-1)
         diff = level_weight.clamp(max=1.0) * target[:, :draft_len] - draft / level_weight.clamp(min=1.0)
         residual = diff.clamp(min=0)
-        wanted = residual.sum(-1)[:, 1:]  # r_i, i = 1 .. L-1 (scaled)
-        surplus = (-diff).clamp(min=0).sum(-1)[:, 1:]  # s_i (scaled)
-        inner = torch.where(
-            surplus > 0,
-            torch.minimum(wanted, surplus) / torch.where(surplus > 0, surplus, torch.ones_like(surplus)),
-            torch.ones_like(surplus),
-        )
-        pass_probs = torch.cat([inner, weights[:, draft_len:].clamp(max=1.0)], dim=1)
-        return pass_probs, residual
+        wanted = residual.sum(-1)  # r_i (scaled)
+        surplus = (-diff).clamp(min=0).sum(-1)  # s_i (scaled)
+        return _pass_probs(wanted, surplus, weights), residual
 
     def _next_token_law(self, residual, target, tau):
         """Law of the token emitted after ``x^tau``: ``[B, V]``."""
@@ -94,11 +110,7 @@ class LastPassingVerifier(Verifier):
         draft_len = draft_tokens.shape[-1]
         draft = _sampler_dtype(draft_probs[:, 0])  # [batch_size, draft_len, vocab_size]
         target = _sampler_dtype(target_probs[:, 0])  # [batch_size, draft_len + 1, vocab_size]
-        path = draft_tokens[:, 0].unsqueeze(-1)  # [batch_size, draft_len, 1]
-        log_token_ratio = (
-            target[:, :draft_len].gather(-1, path).double().log() - draft.gather(-1, path).double().log()
-        ).squeeze(-1)
-        weights = self._weights(log_token_ratio)
+        weights = self._path_weights(draft_tokens, draft, target)
         level_weight = weights[:, :draft_len].unsqueeze(-1)
         # (w q - p) / max(w, 1), as in _levels, in one allocation and one fused in-place pass
         diff = torch.mul(draft, (-1 / level_weight.clamp(min=1.0)).to(draft.dtype))
@@ -107,14 +119,7 @@ class LastPassingVerifier(Verifier):
         residual = diff.clamp_(min=0)
         wanted = residual.sum(-1).double()  # r_i
         surplus = (wanted - net).clamp(min=0)  # s_i
-        wanted, surplus = wanted[:, 1:], surplus[:, 1:]
-        inner = torch.where(
-            surplus > 0,
-            torch.minimum(wanted, surplus) / torch.where(surplus > 0, surplus, torch.ones_like(surplus)),
-            torch.ones_like(surplus),
-        )
-        pass_probs = torch.cat([inner, weights[:, draft_len:].clamp(max=1.0)], dim=1)
-        return pass_probs, residual
+        return _pass_probs(wanted, surplus, weights), residual
 
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
         batch_size, _, draft_len = draft_tokens.shape
@@ -132,10 +137,9 @@ class LastPassingVerifier(Verifier):
         rows = torch.arange(batch_size, device=device)
         level = tau.clamp(max=draft_len - 1)
         target = target_probs[:, 0]
-        correction, total = sample_categorical_with_total(residual[rows, level], u[:, draft_len])
-        if residual.device.type != "cpu" or not bool((total > 0).all()):  # the check is free on the CPU only
-            fallback = sample_categorical(_sampler_dtype(target[rows, level]), u[:, draft_len])
-            correction = torch.where(total > 0, correction, fallback)
+        correction = _sample_or_fallback(
+            residual[rows, level], lambda: _sampler_dtype(target[rows, level]), u[:, draft_len]
+        )
         bonus = sample_categorical(_sampler_dtype(target[:, draft_len]), u[:, draft_len])
         next_token = torch.where(tau < draft_len, correction, bonus)
         draft_index = torch.zeros_like(tau)
