@@ -24,10 +24,10 @@ import time
 import numpy as np
 import torch
 
-from spectr_audit.contract import FunctionVerifier, Verifier
-from spectr_audit.exact import exact_iteration
-from spectr_audit.models import ContextFreeModel, random_markov
-from spectr_audit.montecarlo import (
+from spectr_audit.contract.verifier import FunctionVerifier, Verifier
+from spectr_audit.exact.iteration import exact_iteration
+from spectr_audit.drafting.models import ContextFreeModel, random_markov
+from spectr_audit.statistical.sampling import (
     build_partition,
     complete_with_target,
     default_chunk_size,
@@ -36,8 +36,8 @@ from spectr_audit.montecarlo import (
     verify_batch,
 )
 from spectr_audit.registry import load_verifier
-from spectr_audit.statistical import statistical_audit
-from spectr_audit.verifiers.broken import broken_names, load_broken
+from spectr_audit.statistical.audit import statistical_audit
+from spectr_audit.verifiers.library.broken import broken_names, load_broken
 
 DRAFT8 = ContextFreeModel(np.random.default_rng(1).dirichlet(np.ones(8)))
 TARGET8 = ContextFreeModel(np.random.default_rng(2).dirichlet(np.ones(8)))

@@ -15,7 +15,7 @@ One command, one table per part, one JSON file (default ``benchmarks/results.jso
   would need;
 * Monte-Carlo audit throughput (verifications per second) at V = 8, K = 4.
 
-``--compiled`` adds a column with :mod:`spectr_audit.compiled`'s fused kernels (torch.compile; the
+``--compiled`` adds a column with :mod:`spectr_audit.verifiers.compiled`'s fused kernels (torch.compile; the
 first call compiles for several seconds, excluded by the warm-up).  The same script runs unchanged
 on CUDA (``--device cuda``; times are synchronised).
 """
@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from spectr_audit.randomness import sample_categorical
+from spectr_audit.contract.randomness import sample_categorical
 from spectr_audit.registry import BUILTIN_VERIFIERS, load_verifier
 
 CONFIGS = [
@@ -80,7 +80,7 @@ def make_inputs(batch_size, num_drafts, draft_len, vocab_size, device, seed=0):
 
 
 def bench_verifiers(total_probs: int, vocab_sizes, device, repeats, with_compiled=False) -> list[dict]:
-    from spectr_audit import compiled
+    from spectr_audit.verifiers import compiled
 
     compiled.use_compiled(False)
     rows = []
@@ -117,7 +117,8 @@ def bench_verifiers(total_probs: int, vocab_sizes, device, repeats, with_compile
 
 
 def bench_bounds(device, repeats) -> list[dict]:
-    from spectr_audit.bounds import kseq_rho_star, kseq_rho_star_bisection, kseq_rho_star_sampler, optimal_acceptance
+    from spectr_audit.bounds.acceptance import optimal_acceptance
+    from spectr_audit.verifiers._rho_star import kseq_rho_star, kseq_rho_star_bisection, kseq_rho_star_sampler
 
     rows = []
     gen = torch.Generator(device=device).manual_seed(2)
@@ -147,8 +148,8 @@ def bench_bounds(device, repeats) -> list[dict]:
 def bench_exact_audit(repeats, quick=False) -> list[dict]:
     import math
 
-    from spectr_audit.exact import exact_iteration
-    from spectr_audit.models import ContextFreeModel
+    from spectr_audit.exact.iteration import exact_iteration
+    from spectr_audit.drafting.models import ContextFreeModel
 
     rows = []
     torch.manual_seed(3)
@@ -174,8 +175,8 @@ def bench_montecarlo(samples: int) -> dict:
     """Monte-Carlo audit throughput at V = 8, K = 4 (K-SEQ, and a verifier that does nothing: the harness)."""
     from bench_montecarlo import DRAFT8 as draft, TARGET8 as target, _noop as noop  # same case as bench_montecarlo
 
-    from spectr_audit.contract import FunctionVerifier
-    from spectr_audit.statistical import statistical_audit
+    from spectr_audit.contract.verifier import FunctionVerifier
+    from spectr_audit.statistical.audit import statistical_audit
 
     out = {}
     for name in ("kseq", "rrs", "harness only"):
@@ -211,7 +212,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default="benchmarks/results.json")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compiled", action="store_true",
-                        help="also time each verifier with spectr_audit.compiled's fused kernels (torch.compile)")
+                        help="also time each verifier with spectr_audit.verifiers.compiled's fused kernels (torch.compile)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -102,7 +102,7 @@ def render_junit(report: AuditReport, gate: Any = None) -> str:
         # A threshold that checked nothing fails the gate; give it a testcase so CI shows why.
         for threshold in gate.unmeasured:
             num_failures += 1
-            case = ET.SubElement(testsuite, "testcase", classname="spectr_audit.gate", name=str(threshold), time="0")
+            case = ET.SubElement(testsuite, "testcase", classname="spectr_audit.run.gate", name=str(threshold), time="0")
             failure = ET.SubElement(case, "failure", message=f"no gated result measured {threshold.metric}", type="GateViolation")
             failure.text = f"{threshold.source or threshold}: no gated result measured {threshold.metric!r}"
     testsuite.set("tests", str(len(testsuite.findall("testcase"))))

@@ -22,22 +22,22 @@ from spectr_audit.errors import InvalidArgument, SpectrAuditError, VerifierError
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Verifier": "spectr_audit.contract",
-    "VerifyOutput": "spectr_audit.contract",
-    "FunctionVerifier": "spectr_audit.contract",
-    "as_verifier": "spectr_audit.contract",
-    "check_verify_inputs": "spectr_audit.contract",
+    "Verifier": "spectr_audit.contract.verifier",
+    "VerifyOutput": "spectr_audit.contract.verifier",
+    "FunctionVerifier": "spectr_audit.contract.verifier",
+    "as_verifier": "spectr_audit.contract.verifier",
+    "check_verify_inputs": "spectr_audit.contract.verifier",
     "load_verifier": "spectr_audit.registry",
-    "exact_iteration": "spectr_audit.exact",
-    "optimal_acceptance": "spectr_audit.bounds",
-    "optimal_acceptance_lp": "spectr_audit.bounds",
-    "load_suite": "spectr_audit.suite",
-    "run_suite": "spectr_audit.runner",
-    "audit_case": "spectr_audit.runner",
-    "InjectedUniforms": "spectr_audit.randomness",
-    "check_verifier": "spectr_audit.conformance",
-    "statistical_audit": "spectr_audit.statistical",
-    "sampler_law_agreement": "spectr_audit.law_agreement",
+    "exact_iteration": "spectr_audit.exact.iteration",
+    "optimal_acceptance": "spectr_audit.bounds.acceptance",
+    "optimal_acceptance_lp": "spectr_audit.bounds.acceptance",
+    "load_suite": "spectr_audit.run.suite",
+    "run_suite": "spectr_audit.run.runner",
+    "audit_case": "spectr_audit.run.runner",
+    "InjectedUniforms": "spectr_audit.contract.randomness",
+    "check_verifier": "spectr_audit.run.conformance",
+    "statistical_audit": "spectr_audit.statistical.audit",
+    "sampler_law_agreement": "spectr_audit.statistical.agreement",
 }
 
 __all__ = ["__version__", "SpectrAuditError", "InvalidArgument", "VerifierError", *_LAZY]

@@ -22,7 +22,7 @@ class _UsageError(Exception):
 
 def parse_model_spec(text: str, argument: str):
     """Parse ``0.6,0.4`` or ``markov:vocab_size=3,seed=1`` / ``dirichlet:vocab_size=8,seed=2`` into a model."""
-    from spectr_audit.suite import model_from_spec
+    from spectr_audit.run.suite import model_from_spec
 
     text = text.strip()
     if ":" in text:
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     gate = run.add_argument_group(
         "gate", "fail the run (exit 1) when a result breaks a threshold, in the style of coverage.py's --fail-under; "
         "each threshold applies to every result that measured its metric, and one that no result measured fails")
-    from spectr_audit.gate import add_gate_arguments
+    from spectr_audit.run.gate import add_gate_arguments
 
     add_gate_arguments(gate.add_argument)
     _add_common(run)
@@ -196,11 +196,11 @@ def _run_real_lm(args, out: Path):
 
 
 def _cmd_run(args) -> int:
-    from spectr_audit.gate import evaluate_gate
+    from spectr_audit.run.gate import evaluate_gate
     from spectr_audit.reports.json_report import render_json, write_json
     from spectr_audit.reports.markdown import write_markdown
-    from spectr_audit.runner import AuditOptions, run_suite, select_verifiers
-    from spectr_audit.suite import load_suite
+    from spectr_audit.run.runner import AuditOptions, run_suite, select_verifiers
+    from spectr_audit.run.suite import load_suite
 
     out = Path(args.out)
     start = time.perf_counter()
@@ -254,8 +254,8 @@ def _cmd_audit(args) -> int:
     from spectr_audit.registry import load_verifier
     from spectr_audit.reports.json_report import render_json
     from spectr_audit.results import AuditReport
-    from spectr_audit.runner import AuditOptions, audit_case
-    from spectr_audit.suite import Case
+    from spectr_audit.run.runner import AuditOptions, audit_case
+    from spectr_audit.run.suite import Case
 
     if args.num_drafts < 1:
         raise _UsageError(f"--num-drafts: must be >= 1, got {args.num_drafts}")
@@ -287,9 +287,9 @@ def _cmd_audit(args) -> int:
 def _cmd_bound(args) -> int:
     import torch
 
-    from spectr_audit.bounds import optimal_acceptance, optimal_acceptance_lp, spectr_guarantee
+    from spectr_audit.bounds.acceptance import optimal_acceptance, optimal_acceptance_lp, spectr_guarantee
     from spectr_audit.errors import InvalidArgument
-    from spectr_audit.models import ContextFreeModel
+    from spectr_audit.drafting.models import ContextFreeModel
 
     draft_model = parse_model_spec(args.draft, "--draft")
     target_model = parse_model_spec(args.target, "--target")
@@ -326,7 +326,7 @@ def _cmd_bound(args) -> int:
 
 def _cmd_list(args) -> int:
     from spectr_audit.registry import builtin_verifiers
-    from spectr_audit.suite import builtin_suites
+    from spectr_audit.run.suite import builtin_suites
 
     rows = [
         {

@@ -1,7 +1,7 @@
 """The pytest plugin: audit a verifier inside a test (registered through the ``pytest11`` entry point).
 
 pytest loads this module on every run of every project that has spectr-audit installed, so
-it is thin and lazy: it imports pytest, the standard library and :mod:`spectr_audit.gate`
+it is thin and lazy: it imports pytest, the standard library and :mod:`spectr_audit.run.gate`
 only; torch, scipy and cvxpy are imported by the fixture's methods when a test uses them.
 
 Use
@@ -11,7 +11,7 @@ The ``spectr_audit`` fixture::
     def test_my_verifier_is_lossless(spectr_audit):
         spectr_audit.check(my_verify, num_drafts=[1, 2], draft_len=1)
 
-runs :func:`spectr_audit.conformance.check_verifier` (contract checks, then fidelity on a
+runs :func:`spectr_audit.run.conformance.check_verifier` (contract checks, then fidelity on a
 standard small suite) with the session's seed, sample budget and alpha, applies the gate
 thresholds, records every result, and fails the test with a message naming the case and the
 worst cells.  ``spectr_audit.audit(verifier, suite="default")`` runs a whole suite and returns
@@ -42,7 +42,7 @@ from typing import Any, Optional
 
 import pytest
 
-from spectr_audit.gate import add_gate_arguments, evaluate_gate, parse_threshold
+from spectr_audit.run.gate import add_gate_arguments, evaluate_gate, parse_threshold
 
 __all__ = ["SpectrAuditFixture", "spectr_audit"]
 
@@ -194,8 +194,8 @@ class SpectrAuditFixture:
         self.thresholds: tuple = settings.thresholds
 
     def options(self) -> Any:
-        """The :class:`~spectr_audit.runner.AuditOptions` of this session."""
-        from spectr_audit.runner import AuditOptions
+        """The :class:`~spectr_audit.run.runner.AuditOptions` of this session."""
+        from spectr_audit.run.runner import AuditOptions
 
         return AuditOptions(seed=self.seed, alpha=self.alpha, max_samples=self.num_samples)
 
@@ -206,7 +206,7 @@ class SpectrAuditFixture:
         return torch.Generator().manual_seed(self.seed)
 
     def check(self, verifier: Any = None, **kwargs: Any) -> Any:
-        """Run :func:`~spectr_audit.conformance.check_verifier` and the gate; fail on any finding.
+        """Run :func:`~spectr_audit.run.conformance.check_verifier` and the gate; fail on any finding.
 
         Parameters
         ----------
@@ -226,7 +226,7 @@ class SpectrAuditFixture:
             (an ``AssertionError``) naming each failed check, its case and the worst cells,
             and every gate violation.
         """
-        from spectr_audit.conformance import ConformanceFailure, check_verifier
+        from spectr_audit.run.conformance import ConformanceFailure, check_verifier
         from spectr_audit.errors import InvalidArgument
 
         unknown = sorted(set(kwargs) - set(_CHECK_KWARGS))
@@ -252,7 +252,7 @@ class SpectrAuditFixture:
         ----------
         verifier : callable, Verifier, class, str, or a list of them
         suite : str or Suite
-            A built-in suite name, a path to a suite ``.toml``, or a :class:`~spectr_audit.suite.Suite`.
+            A built-in suite name, a path to a suite ``.toml``, or a :class:`~spectr_audit.run.suite.Suite`.
 
         Returns
         -------
@@ -260,8 +260,8 @@ class SpectrAuditFixture:
             Not asserted on: use :meth:`assert_passed`.
         """
         from spectr_audit.registry import load_verifier
-        from spectr_audit.runner import run_suite
-        from spectr_audit.suite import Suite, load_suite
+        from spectr_audit.run.runner import run_suite
+        from spectr_audit.run.suite import Suite, load_suite
 
         suite_obj = suite if isinstance(suite, Suite) else load_suite(suite)
         verifiers = verifier if isinstance(verifier, (list, tuple)) else [verifier]
@@ -271,7 +271,7 @@ class SpectrAuditFixture:
 
     def assert_passed(self, report: Any) -> None:
         """Fail with a readable message unless every result went as declared and the gate held."""
-        from spectr_audit.conformance import describe_result
+        from spectr_audit.run.conformance import describe_result
 
         gate = evaluate_gate(report.results, self.thresholds)
         lines = []

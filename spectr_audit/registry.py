@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spectr_audit.contract import Verifier, as_verifier
+from spectr_audit.contract.verifier import Verifier, as_verifier
 from spectr_audit.errors import InvalidArgument
 
 __all__ = ["BUILTIN_VERIFIERS", "builtin_names", "load_verifier", "load_object", "builtin_verifiers"]

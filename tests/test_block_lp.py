@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from spectr_audit.block_lp import BlockLPResult, block_lp
+from spectr_audit.bounds.block_lp import BlockLPResult, block_lp
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact import exact_iteration
-from spectr_audit.models import ContextFreeModel, random_markov
+from spectr_audit.exact.iteration import exact_iteration
+from spectr_audit.drafting.models import ContextFreeModel, random_markov
 from spectr_audit.registry import load_verifier
 
 PAPER = (ContextFreeModel([2 / 3, 1 / 3]), ContextFreeModel([1 / 3, 2 / 3]))

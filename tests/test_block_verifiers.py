@@ -18,10 +18,10 @@ from hypothesis import given, settings, strategies as st
 from scipy import stats
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact import enumerate_drafts, exact_iteration
-from spectr_audit.harness import draft
-from spectr_audit.models import ContextFreeModel, random_markov
-from spectr_audit.randomness import InjectedUniforms
+from spectr_audit.exact.iteration import enumerate_drafts, exact_iteration
+from spectr_audit.drafting.harness import draft
+from spectr_audit.drafting.models import ContextFreeModel, random_markov
+from spectr_audit.contract.randomness import InjectedUniforms
 from spectr_audit.registry import load_verifier
 
 THIRD, TWO_THIRDS = Fraction(1, 3), Fraction(2, 3)
@@ -497,7 +497,7 @@ DECLARED = [
 
 @pytest.mark.parametrize("name,good,bad,expected,corrects", DECLARED)
 def test_registry_declarations(name, good, bad, expected, corrects):
-    from spectr_audit.correction import has_carried_correction
+    from spectr_audit.contract.correction import has_carried_correction
 
     verifier = load_verifier(name)
     assert verifier.name == name and verifier.description

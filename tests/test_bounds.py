@@ -1,4 +1,4 @@
-"""Tests for spectr_audit.bounds: alpha* (closed form and LP), K-SEQ's rho* and acceptance.
+"""Tests for spectr_audit.bounds.acceptance: alpha* (closed form and LP), K-SEQ's rho* and acceptance.
 
 Every fast path here has a slow oracle: the closed form is checked against the transport LP
 and against brute force over all token subsets; batched calls against row-by-row calls.
@@ -20,16 +20,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spectr_audit.bounds import (
+from spectr_audit.bounds.acceptance import (
     AcceptanceBound,
-    kseq_accept_prob,
     kseq_acceptance,
-    kseq_rho_star,
     optimal_acceptance,
     optimal_acceptance_lp,
     optimal_acceptance_lp_from_sets,
     spectr_guarantee,
 )
+from spectr_audit.verifiers._rho_star import kseq_accept_prob, kseq_rho_star
 from spectr_audit.errors import InvalidArgument
 
 SQRT_034 = math.sqrt(0.34)
@@ -375,7 +374,7 @@ def test_bad_inputs(case: BadCase) -> None:
 )
 def test_sorted_rho_star_matches_the_bisection_oracle(vocab_size, num_drafts, concentration, seed, mode):
     """The piecewise solve (sort by q/p, bracket, scalar bisection) against plain 64-step bisection."""
-    from spectr_audit.bounds import kseq_rho_star_bisection
+    from spectr_audit.verifiers._rho_star import kseq_rho_star_bisection
 
     rng = np.random.default_rng(seed)
     draft = rng.dirichlet(np.full(vocab_size, concentration), size=4)
@@ -411,7 +410,7 @@ def test_sampler_rho_is_valid_and_matches_the_exact_solve(vocab_size, num_drafts
     and the law exact).  Tight: its acceptance is K-SEQ's optimum to 1e-5 (the 16-ulp margin, the rounding
     of candidates up to the next float32 value, and rows not isolated in their segment after the fixed passes).
     """
-    from spectr_audit.bounds import _kseq_gap, kseq_rho_star_sampler
+    from spectr_audit.verifiers._rho_star import _kseq_gap, kseq_rho_star_sampler
 
     rng = np.random.default_rng(seed)
     draft = rng.dirichlet(np.full(vocab_size, concentration), size=3)

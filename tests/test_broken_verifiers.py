@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from spectr_audit.contract import Verifier
-from spectr_audit.exact import exact_iteration
-from spectr_audit.models import ContextFreeModel, random_markov
+from spectr_audit.contract.verifier import Verifier
+from spectr_audit.exact.iteration import exact_iteration
+from spectr_audit.drafting.models import ContextFreeModel, random_markov
 from spectr_audit.registry import load_verifier
-from spectr_audit.statistical import sampler_law_agreement, statistical_audit
+from spectr_audit.statistical.audit import sampler_law_agreement, statistical_audit
 from spectr_audit.verifiers.block import BlockVerification
-from spectr_audit.verifiers.broken import (
+from spectr_audit.verifiers.library.broken import (
     BROKEN_VERIFIERS,
     INCONSISTENT_VERIFIERS,
     broken_names,
@@ -140,7 +140,7 @@ def test_each_broken_sampler_follows_its_stated_law(name):
 
 
 # Fixed budgets for the default run, chosen well above what each needs (see the module docstring of
-# spectr_audit.verifiers.broken for the samples each needed at the default settings).
+# spectr_audit.verifiers.library.broken for the samples each needed at the default settings).
 QUICK_BUDGETS = {
     "independent-accept": 20_000,
     "kseq-low-rho": 250_000,

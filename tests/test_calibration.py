@@ -16,9 +16,9 @@ import pytest
 import torch
 from scipy import stats
 
-from spectr_audit.models import ContextFreeModel, random_markov
+from spectr_audit.drafting.models import ContextFreeModel, random_markov
 from spectr_audit.registry import load_verifier
-from spectr_audit.statistical import sampler_law_agreement, statistical_audit
+from spectr_audit.statistical.audit import sampler_law_agreement, statistical_audit
 
 META_ALPHA = 1e-3
 

@@ -46,7 +46,7 @@ def test_audit_of_a_broken_third_party_verifier_exits_1(capsys, tmp_path):
     path = tmp_path / "naive.py"
     path.write_text(
         "import torch\n"
-        "from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, normalise\n"
+        "from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise\n"
         "class Rule(NodeRule):\n"
         "    def __call__(self, tokens, survivors, d, t):\n"
         "        a = (gather_tokens(t, tokens) / gather_tokens(d, tokens)).clamp(max=1.0)\n"

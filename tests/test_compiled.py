@@ -1,12 +1,12 @@
-"""spectr_audit.compiled: off by default, the same numbers as the eager code, a clean fallback."""
+"""spectr_audit.verifiers.compiled: off by default, the same numbers as the eager code, a clean fallback."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from spectr_audit import compiled
-from spectr_audit.bounds import _kseq_gap, kseq_rho_star, kseq_rho_star_sampler
+from spectr_audit.verifiers import compiled
+from spectr_audit.verifiers._rho_star import _kseq_gap, kseq_rho_star, kseq_rho_star_sampler
 
 
 @pytest.fixture

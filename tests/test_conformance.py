@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 import torch
 
-from spectr_audit.conformance import (
+from spectr_audit.run.conformance import (
     ConformanceFailure,
     ConformanceReport,
     _law_checks,
@@ -24,7 +24,7 @@ from spectr_audit.conformance import (
     standard_suite,
 )
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
-from spectr_audit.exact import MAX_TUPLES
+from spectr_audit.exact.iteration import MAX_TUPLES
 from spectr_audit.verifiers.speculative import SpeculativeSampling
 
 SAMPLES = 3000
@@ -240,8 +240,8 @@ def test_standard_suite_fits_the_exact_audit(num_drafts, draft_len):
 @pytest.mark.slow
 def test_sampler_law_check_false_alarm_rate():
     """A correct sampler fails the sampler-vs-law check at most at rate alpha (Bonferroni: below it)."""
-    from spectr_audit.conformance import _contract_models
-    from spectr_audit.harness import draft
+    from spectr_audit.run.conformance import _contract_models
+    from spectr_audit.drafting.harness import draft
     from spectr_audit.registry import load_verifier
 
     verifier = load_verifier("kseq")

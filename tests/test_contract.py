@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from spectr_audit.contract import FunctionVerifier, VerifyOutput, as_verifier, check_verify_inputs
+from spectr_audit.contract.verifier import FunctionVerifier, VerifyOutput, as_verifier, check_verify_inputs
 from spectr_audit.errors import InvalidArgument, SpectrAuditError, VerifierError
 from spectr_audit.registry import builtin_names, load_verifier
 
@@ -181,7 +181,7 @@ def test_load_verifier_from_module_and_file(tmp_path, monkeypatch):
     [
         ("nonexistent", "is neither a built-in name"),
         ("no_such_module_xyz:fn", "cannot import module"),
-        ("spectr_audit.contract:nope", "has no attribute"),
+        ("spectr_audit.contract.verifier:nope", "has no attribute"),
         ("missing/file.py:fn", "does not exist"),
     ],
 )

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from spectr_audit.registry import load_verifier
-from spectr_audit.runner import run_suite
-from spectr_audit.suite import builtin_suites, load_suite
+from spectr_audit.run.runner import run_suite
+from spectr_audit.run.suite import builtin_suites, load_suite
 
 #: Findings of this suite in code owned elsewhere, reported and awaiting a fix:
 #: (verifier, case) -> why.  They are shown as xfail, and the xfail stops when they are fixed.

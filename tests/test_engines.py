@@ -23,10 +23,10 @@ import textwrap
 import pytest
 import torch
 
-from spectr_audit.bounds import optimal_acceptance
+from spectr_audit.bounds.acceptance import optimal_acceptance
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.models import ContextFreeModel
-from spectr_audit.statistical import statistical_audit
+from spectr_audit.drafting.models import ContextFreeModel
+from spectr_audit.statistical.audit import statistical_audit
 
 ALPHA = 1e-3
 DRAFT = [0.1, 0.2, 0.3, 0.4]
@@ -158,8 +158,8 @@ _SGLANG_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
     from spectr_audit.engines import load_engine
-    from spectr_audit.models import ContextFreeModel
-    from spectr_audit.statistical import statistical_audit
+    from spectr_audit.drafting.models import ContextFreeModel
+    from spectr_audit.statistical.audit import statistical_audit
     draft, target, alpha_star, num_samples = json.loads(sys.argv[1])
     out = {}
     for name in ("sglang", "sglang-block"):

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact import enumerate_drafts, exact_iteration, string_of
-from spectr_audit.models import ContextFreeModel, random_markov
+from spectr_audit.exact.iteration import enumerate_drafts, exact_iteration, string_of
+from spectr_audit.drafting.models import ContextFreeModel, random_markov
 from spectr_audit.registry import load_verifier
 
 
@@ -112,7 +112,7 @@ def test_without_replacement_needs_enough_support():
 
 
 def test_verifier_without_exact_law_is_refused():
-    from spectr_audit.contract import as_verifier
+    from spectr_audit.contract.verifier import as_verifier
 
     blind = as_verifier(lambda *a: None)
     with pytest.raises(InvalidArgument, match="has no exact law"):
@@ -123,7 +123,7 @@ def test_verifier_without_exact_law_is_refused():
 def test_product_grid_matches_itertools_product(base, length):
     import itertools
 
-    from spectr_audit.exact import _product_grid
+    from spectr_audit.exact.iteration import _product_grid
 
     expected = torch.tensor(list(itertools.product(range(base), repeat=length)), dtype=torch.int64)
     assert torch.equal(_product_grid(base, length), expected.reshape(base**length, length))

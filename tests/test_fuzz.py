@@ -12,10 +12,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from spectr_audit.contract import check_verify_output
-from spectr_audit.exact import exact_iteration
-from spectr_audit.harness import draft
-from spectr_audit.models import random_markov
+from spectr_audit.contract.verifier import check_verify_output
+from spectr_audit.exact.iteration import exact_iteration
+from spectr_audit.drafting.harness import draft
+from spectr_audit.drafting.models import random_markov
 from spectr_audit.registry import builtin_names, load_verifier
 
 FUZZ_EXAMPLES = 60
@@ -74,7 +74,7 @@ def test_fuzz_verifier(name, case):
 @settings(max_examples=AUDIT_EXAMPLES, deadline=None)
 @given(case=fuzz_case())
 def test_fuzz_exact_audit(name, case):
-    from spectr_audit.correction import has_carried_correction
+    from spectr_audit.contract.correction import has_carried_correction
 
     verifier = load_verifier(name)
     num_drafts, draft_len, vocab_size = case["num_drafts"], case["draft_len"], case["vocab_size"]

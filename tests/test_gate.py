@@ -16,7 +16,7 @@ import pytest
 
 from spectr_audit.cli import main
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.gate import (
+from spectr_audit.run.gate import (
     GATE_OPTIONS,
     KNOWN_METRICS,
     Threshold,

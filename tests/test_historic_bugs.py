@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact import exact_iteration
-from spectr_audit.models import ContextFreeModel, MarkovModel
-from spectr_audit.randomness import InjectedUniforms
+from spectr_audit.exact.iteration import exact_iteration
+from spectr_audit.drafting.models import ContextFreeModel, MarkovModel
+from spectr_audit.contract.randomness import InjectedUniforms
 from spectr_audit.registry import load_verifier
-from spectr_audit.runner import audit_case, run_suite
-from spectr_audit.suite import Case, load_suite
-from spectr_audit.verifiers import historic
-from spectr_audit.verifiers.historic import FIXED_COUNTERPART, HISTORIC_VERIFIERS, load_historic
+from spectr_audit.run.runner import audit_case, run_suite
+from spectr_audit.run.suite import Case, load_suite
+from spectr_audit.verifiers.library import historic
+from spectr_audit.verifiers.library.historic import FIXED_COUNTERPART, HISTORIC_VERIFIERS, load_historic
 
 EXACT_TOL = 1e-12
 
@@ -152,7 +152,7 @@ _MARKOV_TARGET = MarkovModel(np.array([[0.25, 0.5, 0.25], [0.65, 0.05, 0.3], [0.
 )
 def test_sampler_follows_its_exact_law(name, num_drafts, draft_len):
     """Per-draft-tuple agreement of ``verify`` with ``output_probs``: false-alarm rate 1e-3 per case."""
-    from spectr_audit.statistical import sampler_law_agreement
+    from spectr_audit.statistical.audit import sampler_law_agreement
 
     if name == "block-tokenwise-residual":
         pytest.importorskip("spectr_audit.verifiers.block")
@@ -167,7 +167,7 @@ def test_sampler_follows_its_exact_law(name, num_drafts, draft_len):
 
 def test_draft_probs_mutated_flagged_statistically():
     """Target (.7, .3), draft (.3, .7): acceptance .362 instead of .6; the audit rejects at alpha = 1e-3."""
-    from spectr_audit.statistical import statistical_audit
+    from spectr_audit.statistical.audit import statistical_audit
 
     draft, target = ContextFreeModel([0.3, 0.7]), ContextFreeModel([0.7, 0.3])
     bug = statistical_audit(load_historic("draft-probs-mutated"), draft, target, 1, 1, num_samples=40_000, seed=3)

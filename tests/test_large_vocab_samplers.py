@@ -16,7 +16,7 @@ import torch
 from scipy import stats
 
 from spectr_audit.registry import load_verifier
-from spectr_audit.randomness import sample_categorical
+from spectr_audit.contract.randomness import sample_categorical
 
 VOCAB_SIZE = 700
 REPS = 20_000
@@ -84,7 +84,7 @@ def test_half_precision_rows_follow_the_exact_law(name, num_drafts, draft_len):
 
 
 def test_half_rows_are_widened_and_renormalised():
-    from spectr_audit.verifiers._tree import _sampler_dtype
+    from spectr_audit.verifiers._walk import _sampler_dtype
 
     rows = torch.softmax(3 * torch.randn(4, VOCAB_SIZE, generator=torch.Generator().manual_seed(0)), -1)
     for dtype in (torch.bfloat16, torch.float16):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.models import PAD, MarkovModel, TableModel, TorchModel, random_markov
+from spectr_audit.drafting.models import PAD, MarkovModel, TableModel, TorchModel, random_markov
 
 
 def test_markov_reads_the_last_token_and_treats_padding_as_the_start():

@@ -18,13 +18,13 @@ import torch
 from hypothesis import given, settings, strategies as st
 from scipy import stats
 
-from spectr_audit.correction import CorrectionChain, JointResidualCorrection
-from spectr_audit.decoding import complete, decode, emitted_tokens
+from spectr_audit.contract.correction import CorrectionChain, JointResidualCorrection
+from spectr_audit.drafting.decoding import complete, decode, emitted_tokens
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact import exact_iteration
-from spectr_audit.harness import draft
-from spectr_audit.models import ContextFreeModel, random_markov
-from spectr_audit.multi_iteration import exact_multi_iteration, target_string_law
+from spectr_audit.exact.iteration import exact_iteration
+from spectr_audit.drafting.harness import draft
+from spectr_audit.drafting.models import ContextFreeModel, random_markov
+from spectr_audit.exact.multi_iteration import exact_multi_iteration, target_string_law
 from spectr_audit.registry import load_verifier
 
 PAPER = (ContextFreeModel([2 / 3, 1 / 3]), ContextFreeModel([1 / 3, 2 / 3]))
@@ -192,7 +192,7 @@ def test_decode_samples_follow_the_exact_multi_iteration_law(name, num_drafts, d
 def test_decode_rows_are_right_aligned_and_respect_the_prefix():
     """A deterministic target (always 1 after 0, always 0 after 1): every row must alternate from the prefix."""
     table = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.5, 0.5]], dtype=torch.float64)  # rows: after 0, after 1, start
-    from spectr_audit.models import MarkovModel
+    from spectr_audit.drafting.models import MarkovModel
 
     target = MarkovModel(table.numpy(), 1)
     tokens = decode(load_verifier("block"), random_markov(2, 1, seed=3), target, 7, 1, 3, 50,
@@ -278,7 +278,7 @@ BAD_INPUTS = [
 
 def _wrapped_repaired():
     """A third party's correcting verifier seen through the plain-function adapter (which hides carried_correction)."""
-    from spectr_audit.contract import FunctionVerifier
+    from spectr_audit.contract.verifier import FunctionVerifier
 
     inner = load_verifier("greedy-block-repaired")
     return inner, FunctionVerifier(inner.verify, name="wrapped", output_probs=inner.output_probs, min_draft_len=2)
@@ -293,7 +293,7 @@ def test_wrapped_correcting_verifier_needs_its_carried_correction():
 
 
 def _no_law():
-    from spectr_audit.contract import FunctionVerifier
+    from spectr_audit.contract.verifier import FunctionVerifier
 
     return FunctionVerifier(lambda tokens, draft_probs, target_probs, generator: None, name="no-law")
 

@@ -57,12 +57,12 @@ def _warm_imports():
     """
     namespace: dict = {}
     exec(VERIFIERS, namespace)
-    from spectr_audit.conformance import check_verifier
+    from spectr_audit.run.conformance import check_verifier
     from spectr_audit.reports.html import render_html
     from spectr_audit.reports.junit import render_junit
     from spectr_audit.reports.markdown import render_markdown
 
-    from spectr_audit.suite import parse_suite
+    from spectr_audit.run.suite import parse_suite
 
     one_case = parse_suite({"case": [{"name": "seed", "draft": [0.6, 0.4], "target": [0.3, 0.7], "num_drafts": 2}]})
     check_verifier(namespace["good_verify"], num_drafts=2, num_samples=500, suite=one_case)

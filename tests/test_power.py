@@ -1,4 +1,4 @@
-"""Sample sizes of the statistical audit (spectr_audit.power, plan_sample_size).
+"""Sample sizes of the statistical audit (spectr_audit.statistical.power, plan_sample_size).
 
 Statistical tests here state their false-alarm rate; seeds are fixed, so a failure is
 deterministic and means the code changed, not bad luck.
@@ -17,9 +17,9 @@ from scipy import stats
 from statsmodels.stats.power import GofChisquarePower
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.gof import pearson_test
-from spectr_audit.models import ContextFreeModel, random_markov
-from spectr_audit.power import (
+from spectr_audit.statistical.gof import pearson_test
+from spectr_audit.drafting.models import ContextFreeModel, random_markov
+from spectr_audit.statistical.power import (
     DEFAULT_ALPHA,
     DEFAULT_MIN_DETECTABLE_TV,
     DEFAULT_POWER,
@@ -28,7 +28,7 @@ from spectr_audit.power import (
     min_detectable_tv,
     required_samples,
 )
-from spectr_audit.statistical import plan_sample_size
+from spectr_audit.statistical.audit import plan_sample_size
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -134,7 +134,7 @@ def test_plan_sample_size_coarsens_large_markov_spaces():
     assert float(partition.cell_probs.sum()) == pytest.approx(1.0, abs=1e-12)
     # a prefix cell's probability is the target probability of its prefix (chain rule, slow
     # oracle); a rare-token cell holds part of its prefix's mass
-    from spectr_audit.montecarlo import PREFIX
+    from spectr_audit.statistical.sampling import PREFIX
 
     checked = 0
     for cell in range(0, partition.num_cells, 37):

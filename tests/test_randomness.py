@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.randomness import (
+from spectr_audit.contract.randomness import (
     CATEGORICAL_BLOCK,
     InjectedUniforms,
     sample_categorical,

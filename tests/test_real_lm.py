@@ -213,7 +213,7 @@ def test_tree_session_matches_the_model_interface(lm32):
 def test_the_harness_drafts_with_real_models(lm):
     target = smollm.SmolLMModel(lm)
     draft = smollm.SmolLMModel(lm, skip_layers=smollm.DEFAULT_SKIP_LAYERS)
-    from spectr_audit.harness import verify_step
+    from spectr_audit.drafting.harness import verify_step
 
     ids = _chat(lm, "What is two plus two?")
     batch, out = verify_step(load_verifier("spectr-tree"), draft, target, torch.tensor([ids]), num_drafts=2,

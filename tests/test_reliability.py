@@ -15,21 +15,21 @@ import pytest
 import torch
 
 from spectr_audit.cli import main
-from spectr_audit.contract import FunctionVerifier, Verifier, VerifyOutput, check_verify_output
+from spectr_audit.contract.verifier import FunctionVerifier, Verifier, VerifyOutput, check_verify_output
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact import exact_iteration
-from spectr_audit.models import ContextFreeModel
-from spectr_audit.randomness import InjectedUniforms
+from spectr_audit.exact.iteration import exact_iteration
+from spectr_audit.drafting.models import ContextFreeModel
+from spectr_audit.contract.randomness import InjectedUniforms
 from spectr_audit.registry import builtin_names, load_verifier
-from spectr_audit.runner import run_suite
-from spectr_audit.suite import Case, Suite
+from spectr_audit.run.runner import run_suite
+from spectr_audit.run.suite import Case, Suite
 
 JUST_BELOW_ONE = 1 - 2**-53
 
 
 def single_iteration_exact(verifier: Verifier) -> bool:
     """Verifiers that claim exactness within one iteration (no declared loss, no carried repair)."""
-    from spectr_audit.correction import has_carried_correction
+    from spectr_audit.contract.correction import has_carried_correction
 
     return verifier.expected != "inexact" and not has_carried_correction(verifier)
 
@@ -83,8 +83,8 @@ def test_degenerate_distributions(name, case):
 
 def _inputs(num_drafts, draft_len, vocab_size, dtype, seed=0, batch_size=16):
     gen = torch.Generator().manual_seed(seed)
-    from spectr_audit.harness import draft
-    from spectr_audit.models import random_markov
+    from spectr_audit.drafting.harness import draft
+    from spectr_audit.drafting.models import random_markov
 
     batch = draft(random_markov(vocab_size, 1, seed=seed, temperature=0.5), random_markov(vocab_size, 1, seed=seed + 1),
                   torch.full((batch_size, 1), -1, dtype=torch.int64), num_drafts, draft_len, gen)

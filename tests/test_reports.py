@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from spectr_audit.gate import evaluate_gate, parse_threshold
+from spectr_audit.run.gate import evaluate_gate, parse_threshold
 from spectr_audit.reports.figures import (
     acceptance_figure,
     block_efficiency_figure,
@@ -97,7 +97,7 @@ def test_junit_marks_gate_violations_and_unmeasured_thresholds(hand_report, tmp_
     violated = [c for c in suite.findall("testcase") if c.find("failure") is not None
                 and c.find("failure").get("type") == "GateViolation"]
     assert [(c.get("classname"), c.get("name")) for c in violated] == [
-        ("spectr_audit.good", "seed/K=2"), ("spectr_audit.gate", "block_lp_optimum >= 1")]
+        ("spectr_audit.good", "seed/K=2"), ("spectr_audit.run.gate", "block_lp_optimum >= 1")]
     assert "acceptance_ratio = 0.904 breaks acceptance_ratio >= 0.95" in violated[0].find("failure").text
 
 
@@ -199,8 +199,8 @@ def test_html_pass_badge_when_every_result_is_as_expected():
 
 @pytest.fixture(scope="module")
 def real_report():
-    from spectr_audit.runner import run_suite
-    from spectr_audit.suite import parse_suite
+    from spectr_audit.run.runner import run_suite
+    from spectr_audit.run.suite import parse_suite
     from spectr_audit.verifiers.kseq import KSeq, KSeqRule
 
     class LowRho(KSeq):

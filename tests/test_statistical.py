@@ -17,10 +17,10 @@ import torch
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from spectr_audit.contract import FunctionVerifier, VerifyOutput
+from spectr_audit.contract.verifier import FunctionVerifier, VerifyOutput
 from spectr_audit.errors import InvalidArgument, VerifierError
-from spectr_audit.exact import exact_iteration
-from spectr_audit.gof import (
+from spectr_audit.exact.iteration import exact_iteration
+from spectr_audit.statistical.gof import (
     PlugInEProcess,
     binomial_above,
     binomial_below,
@@ -33,9 +33,9 @@ from spectr_audit.gof import (
     stratified_pearson_test,
     weighted_chi2_sf,
 )
-from spectr_audit.harness import draft
-from spectr_audit.models import ContextFreeModel, random_markov
-from spectr_audit.montecarlo import (
+from spectr_audit.drafting.harness import draft
+from spectr_audit.drafting.models import ContextFreeModel, random_markov
+from spectr_audit.statistical.sampling import (
     build_partition,
     complete_with_target,
     default_chunk_size,
@@ -43,8 +43,8 @@ from spectr_audit.montecarlo import (
     emitted_strings,
 )
 from spectr_audit.registry import load_verifier
-from spectr_audit.statistical import sampler_law_agreement, statistical_audit
-from spectr_audit.verifiers.broken import load_broken
+from spectr_audit.statistical.audit import sampler_law_agreement, statistical_audit
+from spectr_audit.verifiers.library.broken import load_broken
 
 #: Audits of correct verifiers run at this false-alarm rate each.
 ALPHA = 1e-3
@@ -448,7 +448,7 @@ def test_always_accept_exceeds_the_transport_bound():
 
 
 def test_optimality_gap_is_reported_apart_from_exactness():
-    from spectr_audit.bounds import optimal_acceptance
+    from spectr_audit.bounds.acceptance import optimal_acceptance
 
     alpha_star = optimal_acceptance(DRAFT8.probs, TARGET8.probs, 4).item()
     result = statistical_audit(load_verifier("rrs"), DRAFT8, TARGET8, 4, num_samples=50_000, seed=1,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.models import ContextFreeModel, MarkovModel
-from spectr_audit.suite import builtin_suites, load_suite, parse_suite
+from spectr_audit.drafting.models import ContextFreeModel, MarkovModel
+from spectr_audit.run.suite import builtin_suites, load_suite, parse_suite
 
 
 def _case(**fields):

@@ -11,14 +11,14 @@ import torch
 from hypothesis import given, settings, strategies as st
 from scipy import stats
 
-from spectr_audit.bounds import optimal_acceptance, spectr_guarantee
-from spectr_audit.exact import exact_iteration
-from spectr_audit.harness import draft
-from spectr_audit.models import ContextFreeModel, random_markov
+from spectr_audit.bounds.acceptance import optimal_acceptance, spectr_guarantee
+from spectr_audit.exact.iteration import exact_iteration
+from spectr_audit.drafting.harness import draft
+from spectr_audit.drafting.models import ContextFreeModel, random_markov
 from spectr_audit.registry import load_verifier
-from spectr_audit.runner import audit_case
-from spectr_audit.suite import Case
-from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, normalise
+from spectr_audit.run.runner import audit_case
+from spectr_audit.run.suite import Case
+from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise
 
 from oracles import RULES, tree_law
 
@@ -264,7 +264,7 @@ def test_float32_and_half_inputs_give_valid_verdicts():
 
 @pytest.mark.parametrize("vocab_size", [4, 700])  # one-level and two-level draws
 def test_rows_without_residual_mass_draw_from_the_fallback(vocab_size):
-    from spectr_audit.verifiers._tree import _sample_or_fallback
+    from spectr_audit.verifiers._walk import _sample_or_fallback
 
     residual = torch.zeros(3, vocab_size, dtype=torch.float32)
     residual[0, 1] = 2.0  # a row with mass: always token 1

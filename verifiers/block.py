@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from spectr_audit.contract import Verifier, VerifyOutput
-from spectr_audit.correction import has_carried_correction
-from spectr_audit.randomness import sample_categorical, uniform
-from spectr_audit.verifiers._tree import _sample_or_fallback, _sampler_dtype, normalise
+from spectr_audit.contract.verifier import Verifier, VerifyOutput
+from spectr_audit.contract.correction import has_carried_correction
+from spectr_audit.contract.randomness import sample_categorical, uniform
+from spectr_audit.verifiers._walk import _sample_or_fallback, _sampler_dtype, normalise
 
 __all__ = ["BlockVerification", "LastPassingVerifier"]
 
@@ -53,7 +53,7 @@ class LastPassingVerifier(Verifier):
     """Single-draft verifiers that emit up to the last passing level (see the module docstring).
 
     Subclasses implement ``_weights``.  Randomness: one call to
-    :func:`spectr_audit.randomness.uniform` of shape ``[batch_size, draft_len + 1]``:
+    :func:`spectr_audit.contract.randomness.uniform` of shape ``[batch_size, draft_len + 1]``:
     ``draft_len`` level uniforms, then the correction/bonus token's uniform.
     """
 

@@ -16,7 +16,7 @@ over the draft, given the iteration's start).  For this verifier
 ``E(ux) = [min(p(u), q(u)) - sum_z min(p(uz), q(uz))] (q(ux) - p(ux))_+ / sum_z (q(uz) - p(uz))_+``,
 so the repair is ``q~(x|u) ∝ (q(ux) - p(ux))_+`` at nodes ``u`` below the
 emitted string with ``|u| < L``, and ``q`` at depth ``L``: a
-:class:`spectr_audit.correction.JointResidualCorrection` with exponent 1 and
+:class:`spectr_audit.contract.correction.JointResidualCorrection` with exponent 1 and
 horizon ``L``.  Everything it needs is on the next iterations' draft trees.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from spectr_audit.correction import JointResidualCorrection
+from spectr_audit.contract.correction import JointResidualCorrection
 from spectr_audit.verifiers.block import LastPassingVerifier
 
 __all__ = ["GreedyBlockVerification", "RepairedGreedyBlockVerification"]
@@ -70,7 +70,7 @@ class RepairedGreedyBlockVerification(GreedyBlockVerification):
     ``q~(x | u) ∝ (q(ux) - p(ux))_+`` for nodes ``u`` below the emitted string that lie
     fewer than L tokens below the iteration start (joint probabilities from that start;
     see the module docstring for why this is the section 5 repair).  Judge it with the
-    multi-iteration audit (:mod:`spectr_audit.multi_iteration`); the single-iteration
+    multi-iteration audit (:mod:`spectr_audit.exact.multi_iteration`); the single-iteration
     audit, which continues with the unmodified target, reports it inexact by design.
     """
 

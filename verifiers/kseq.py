@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from spectr_audit import compiled
-from spectr_audit.bounds import kseq_accept_prob, kseq_rho_star, kseq_rho_star_sampler
-from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, normalise
+from spectr_audit.verifiers import compiled
+from spectr_audit.verifiers._rho_star import kseq_accept_prob, kseq_rho_star, kseq_rho_star_sampler
+from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise
 
 __all__ = ["KSeq", "KSeqRule", "SpecTrTree"]
 
@@ -35,9 +35,9 @@ def _rho_per_distinct_k(solver, draft_dist: torch.Tensor, target_dist: torch.Ten
 class KSeqRule(NodeRule):
     """K-SEQ at one node, with k = the number of surviving drafts (ALGORITHMS.md section 2).
 
-    The exact law uses rho* from :func:`~spectr_audit.bounds.kseq_rho_star`; the sampler a valid
+    The exact law uses rho* from :func:`~spectr_audit.verifiers._rho_star.kseq_rho_star`; the sampler a valid
     rho equal to it to the rows' precision, found without sorting
-    (:func:`~spectr_audit.bounds.kseq_rho_star_sampler`).  ``rho_scale``
+    (:func:`~spectr_audit.verifiers._rho_star.kseq_rho_star_sampler`).  ``rho_scale``
     multiplies it, which exists only so that the broken-verifier library can build
     "rho a little below rho*" without copying this code.
     """
@@ -66,7 +66,7 @@ class KSeqRule(NodeRule):
         rho = rho * self.rho_scale
         # [n, 1] in the rows' dtype: float32 rows keep the [n, vocab_size] work in float32
         rho = rho.unsqueeze(-1).to(target_dist.dtype)
-        if fused:  # the sampler with spectr_audit.compiled on: two fused passes, m_rho never materialised
+        if fused:  # the sampler with spectr_audit.verifiers.compiled on: two fused passes, m_rho never materialised
             beta = compiled.kseq_beta(draft_dist, target_dist, rho)
         else:
             weighted = torch.minimum(draft_dist, target_dist / rho)  # m_rho(x) = min(p(x), q(x) / rho)

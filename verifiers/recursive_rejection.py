@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, normalise
+from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise
 
 __all__ = ["RecursiveRejection", "RecursiveRejectionWithoutReplacement", "RecursiveRejectionRule"]
 

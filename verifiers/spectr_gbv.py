@@ -34,9 +34,9 @@ block verification (``c(y) = min(p(y), q(y))``).
 
 What the audit found (ALGORITHMS.md section 4's example: context-free
 p = (2/3, 1/3), q = (1/3, 2/3), L = 2; single iteration by
-``spectr_audit.exact.exact_iteration``, the loop by
-``spectr_audit.multi_iteration.exact_multi_iteration``, optima by
-``spectr_audit.block_lp.block_lp``):
+``spectr_audit.exact.iteration.exact_iteration``, the loop by
+``spectr_audit.exact.multi_iteration.exact_multi_iteration``, optima by
+``spectr_audit.bounds.block_lp.block_lp``):
 
 * K = 1 (greedy block verification): TV 1/9 with the unmodified target, prefix
   cap respected, block efficiency 21/9 (the repair-allowed optimum; the exact
@@ -62,11 +62,11 @@ import dataclasses
 
 import torch
 
-from spectr_audit.contract import Verifier, VerifyOutput
-from spectr_audit.correction import JointResidualCorrection, has_carried_correction
+from spectr_audit.contract.verifier import Verifier, VerifyOutput
+from spectr_audit.contract.correction import JointResidualCorrection, has_carried_correction
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.randomness import sample_categorical, uniform
-from spectr_audit.verifiers._tree import normalise
+from spectr_audit.contract.randomness import sample_categorical, uniform
+from spectr_audit.verifiers._walk import normalise
 
 __all__ = ["PublishedSpecTrGBV", "PublishedSpecTrGBVWithCorrection", "MAX_EXACT_TESTS"]
 
@@ -233,7 +233,7 @@ class PublishedSpecTrGBV(Verifier):
 
     See the module docstring for the rule, transcribed from the public implementation.
     No carried correction.  Randomness: one call to
-    :func:`spectr_audit.randomness.uniform` of shape ``[batch_size, K * L + 1]``: one
+    :func:`spectr_audit.contract.randomness.uniform` of shape ``[batch_size, K * L + 1]``: one
     uniform per test in scan order (draft 1 lengths 1..L, draft 2, ...), then the
     correction/bonus token's uniform.  The exact law enumerates the coin outcomes of
     the tests actually performed (at most ``2^(K L)`` paths; K * L <= 12).

@@ -2,7 +2,7 @@
 
 Each adapter wraps one engine's own verification function, translating its real signature and
 layout (logits or probabilities, a flat ragged batch or a padded one, the bonus token passed in
-or sampled inside, ``-1`` placeholders) to :class:`spectr_audit.contract.Verifier`.  The engines
+or sampled inside, ``-1`` placeholders) to :class:`spectr_audit.contract.verifier.Verifier`.  The engines
 are optional extras, imported only when an adapter is built::
 
     pip install "spectr-audit[transformers]"    # or [vllm], [lmdeploy], [keras-hub], [sglang]
@@ -22,12 +22,12 @@ sglang-block           the same kernel with ``block_verification=True``         
 
 Randomness: engines draw from the global torch RNG (or their own generators).  Every adapter
 draws one 53-bit seed from the ``generator`` it is given (through
-:func:`spectr_audit.randomness.uniform`, so an :class:`~spectr_audit.randomness.InjectedUniforms`
+:func:`spectr_audit.contract.randomness.uniform`, so an :class:`~spectr_audit.contract.randomness.InjectedUniforms`
 also works) and runs the engine inside ``torch.random.fork_rng`` after ``torch.manual_seed(seed)``:
 a fixed generator gives reproducible verdicts, and the caller's global RNG state is untouched.
 
 These black boxes have no exact law: audit them with
-:func:`spectr_audit.statistical.statistical_audit`.
+:func:`spectr_audit.statistical.audit.statistical_audit`.
 
 Examples
 --------
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import importlib
 
-from spectr_audit.contract import Verifier
+from spectr_audit.contract.verifier import Verifier
 from spectr_audit.errors import InvalidArgument
 
 __all__ = ["ENGINES", "engine_names", "load_engine"]

@@ -34,9 +34,9 @@ def main(argv=None) -> int:
     parser.add_argument("--alpha", type=float, default=1e-3)
     args = parser.parse_args(argv)
 
-    from spectr_audit.bounds import optimal_acceptance
-    from spectr_audit.models import ContextFreeModel
-    from spectr_audit.statistical import statistical_audit
+    from spectr_audit.bounds.acceptance import optimal_acceptance
+    from spectr_audit.drafting.models import ContextFreeModel
+    from spectr_audit.statistical.audit import statistical_audit
 
     try:
         verifier = load_engine(args.engine)

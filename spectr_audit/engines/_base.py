@@ -7,8 +7,8 @@ from typing import Iterator, Optional
 
 import torch
 
-from spectr_audit.contract import Verifier
-from spectr_audit.randomness import RandomSource, uniform
+from spectr_audit.contract.verifier import Verifier
+from spectr_audit.contract.randomness import RandomSource, uniform
 
 __all__ = ["EngineVerifier", "seed_from", "engine_rng"]
 

@@ -39,7 +39,7 @@ import os
 
 import torch
 
-from spectr_audit.contract import VerifyOutput
+from spectr_audit.contract.verifier import VerifyOutput
 from spectr_audit.engines._base import EngineVerifier, engine_rng, seed_from
 
 __all__ = ["KerasHubSpeculativeSampler"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from spectr_audit.contract import VerifyOutput
+from spectr_audit.contract.verifier import VerifyOutput
 from spectr_audit.engines._base import EngineVerifier, engine_rng
 from spectr_audit.errors import VerifierError
 

@@ -33,7 +33,7 @@ import os
 
 import torch
 
-from spectr_audit.contract import VerifyOutput
+from spectr_audit.contract.verifier import VerifyOutput
 from spectr_audit.engines._base import EngineVerifier, engine_rng
 from spectr_audit.errors import VerifierError
 

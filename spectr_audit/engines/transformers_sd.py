@@ -12,7 +12,7 @@ Supported signature (transformers >= 5.0; checked on 5.19 and 5.24)::
 The 4.45 - 4.57 signature ended in ``is_done_candidate`` instead; it is detected and given
 ``False``.  Versions 4.41.0 - 4.44.2 forced a greedy assistant (transformers #32867): the
 function itself is unchanged there, the bug is in the candidate generator, which this adapter
-does not run (see ``spectr_audit.verifiers.historic.GreedyDraftSoftQBug``).
+does not run (see ``spectr_audit.verifiers.library.historic.GreedyDraftSoftQBug``).
 
 Layout: the function handles one sequence (batch 1), so the adapter loops over rows under
 ``torch.set_num_threads(1)``.  Probabilities are passed as logits ``log(probs)`` in float32
@@ -25,7 +25,7 @@ import inspect
 
 import torch
 
-from spectr_audit.contract import VerifyOutput
+from spectr_audit.contract.verifier import VerifyOutput
 from spectr_audit.engines._base import EngineVerifier, engine_rng
 from spectr_audit.errors import InvalidArgument
 

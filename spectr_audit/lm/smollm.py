@@ -21,7 +21,7 @@ The pair
   context itself (prompt-lookup style), with a uniform floor so every token has mass.
 
 Both model views run at a chosen temperature (``softmax(logits / T)``, float64).
-:class:`SmolLMModel` plugs a view into the project's :class:`spectr_audit.models.Model`
+:class:`SmolLMModel` plugs a view into the project's :class:`spectr_audit.drafting.models.Model`
 interface (contexts ``[B, T]`` right-aligned with ``-1`` padding), so the drafting harness
 and every audit can use it; it recomputes the whole context on each call.
 :class:`TreeSession` is the fast path for decoding loops: per-row KV caches for both views,
@@ -51,8 +51,8 @@ import torch
 import torch.nn.functional as F
 
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
-from spectr_audit.models import PAD, Model
-from spectr_audit.randomness import RandomSource, sample_categorical, uniform
+from spectr_audit.drafting.models import PAD, Model
+from spectr_audit.contract.randomness import RandomSource, sample_categorical, uniform
 
 __all__ = [
     "DEFAULT_SKIP_LAYERS",
@@ -441,7 +441,7 @@ def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:  # [n, voc
 
 
 class SmolLMModel(Model):
-    """A view of :class:`SmolLM` (all layers, or some skipped) as a :class:`spectr_audit.models.Model`.
+    """A view of :class:`SmolLM` (all layers, or some skipped) as a :class:`spectr_audit.drafting.models.Model`.
 
     ``model(contexts [B, T]) -> [B, V]`` float64 next-token distributions at ``temperature``;
     contexts are right-aligned with ``PAD`` (-1) on the left, positions count real tokens
@@ -453,7 +453,7 @@ class SmolLMModel(Model):
     >>> lm = load_smollm()                                  # doctest: +SKIP
     >>> target = SmolLMModel(lm, temperature=1.0)           # doctest: +SKIP
     >>> draft = SmolLMModel(lm, skip_layers=DEFAULT_SKIP_LAYERS)  # doctest: +SKIP
-    >>> from spectr_audit.harness import draft as draft_tree  # doctest: +SKIP
+    >>> from spectr_audit.drafting.harness import draft as draft_tree  # doctest: +SKIP
     >>> batch = draft_tree(draft, target, contexts, num_drafts=4, draft_len=2)  # doctest: +SKIP
     """
 

@@ -1,6 +1,6 @@
 """Exact audit of the whole decoding loop: the law of the first N tokens it produces.
 
-The loop of :func:`spectr_audit.decoding.decode` is run symbolically: every
+The loop of :func:`spectr_audit.drafting.decoding.decode` is run symbolically: every
 history (the tokens committed so far, iteration by iteration, and the carried
 corrections live after it) is a row with its probability.  One iteration
 enumerates every draft tuple at each history's context, applies the live
@@ -31,12 +31,12 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from spectr_audit.contract import Verifier, VerifyOutput, check_output_probs
-from spectr_audit.correction import CorrectionChain
-from spectr_audit.decoding import _write, emitted_tokens
+from spectr_audit.contract.verifier import Verifier, VerifyOutput, check_output_probs
+from spectr_audit.contract.correction import CorrectionChain
+from spectr_audit.drafting.decoding import _write, emitted_tokens
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact import enumerate_drafts, string_of
-from spectr_audit.models import PAD, Model, contexts_from
+from spectr_audit.exact.iteration import enumerate_drafts, string_of
+from spectr_audit.drafting.models import PAD, Model, contexts_from
 
 __all__ = ["MultiIterationAudit", "exact_multi_iteration", "target_string_law"]
 
@@ -49,7 +49,7 @@ class MultiIterationAudit:
     """Exact law of the first ``num_tokens`` tokens of the decoding loop, against the target's.
 
     Laws are flat float64 tensors of size ``vocab_size ** num_tokens`` indexed by the
-    base-V code of the string (first token most significant), as in :mod:`spectr_audit.exact`.
+    base-V code of the string (first token most significant), as in :mod:`spectr_audit.exact.iteration`.
     """
 
     verifier: str
@@ -164,7 +164,7 @@ def exact_multi_iteration(
     ----------
     verifier : Verifier
         Must have an exact law (``output_probs``).  If it carries corrections it must
-        provide ``carried_correction`` (see :mod:`spectr_audit.correction`).
+        provide ``carried_correction`` (see :mod:`spectr_audit.contract.correction`).
     draft_model, target_model : Model
     num_drafts, draft_len : int
         K and L of every iteration.
@@ -191,7 +191,7 @@ def exact_multi_iteration(
 
     Examples
     --------
-    >>> from spectr_audit.models import ContextFreeModel
+    >>> from spectr_audit.drafting.models import ContextFreeModel
     >>> from spectr_audit.registry import load_verifier
     >>> audit = exact_multi_iteration(load_verifier("greedy-block-repaired"), ContextFreeModel([2/3, 1/3]),
     ...                               ContextFreeModel([1/3, 2/3]), num_drafts=1, draft_len=2, num_tokens=3)

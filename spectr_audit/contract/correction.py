@@ -57,7 +57,7 @@ Third-party verifiers
 ---------------------
 Any object with the three methods above works; :class:`JointResidualCorrection`
 is the built-in one and a worked example.  A third party subclasses
-:class:`spectr_audit.contract.Verifier`, returns its correction in
+:class:`spectr_audit.contract.verifier.Verifier`, returns its correction in
 ``VerifyOutput(..., correction=...)`` and, to be audited exactly, defines
 ``carried_correction`` with the signature above.
 """

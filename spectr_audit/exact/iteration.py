@@ -23,9 +23,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from spectr_audit.contract import Verifier, check_output_probs, check_verify_inputs
+from spectr_audit.contract.verifier import Verifier, check_output_probs, check_verify_inputs
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.models import Model, contexts_from
+from spectr_audit.drafting.models import Model, contexts_from
 
 __all__ = ["DraftEnumeration", "ExactIterationAudit", "enumerate_drafts", "exact_iteration", "string_of"]
 
@@ -255,7 +255,7 @@ def exact_iteration(
 
     Examples
     --------
-    >>> from spectr_audit.models import ContextFreeModel
+    >>> from spectr_audit.drafting.models import ContextFreeModel
     >>> from spectr_audit.registry import load_verifier
     >>> audit = exact_iteration(load_verifier("kseq"), ContextFreeModel([0.6, 0.4]),
     ...                         ContextFreeModel([0.3, 0.7]), num_drafts=2)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from spectr_audit.contract import Verifier, VerifyOutput
-from spectr_audit.randomness import sample_categorical, sample_categorical_with_total, uniform
+from spectr_audit.contract.verifier import Verifier, VerifyOutput
+from spectr_audit.contract.randomness import sample_categorical, sample_categorical_with_total, uniform
 
 __all__ = ["NodeRule", "TreeVerifier", "gather_tokens", "normalise"]
 
@@ -116,7 +116,7 @@ class TreeVerifier(Verifier):
 
     Subclasses set ``rule``.  Randomness per level: ``num_drafts`` acceptance
     uniforms and one residual uniform per row, then one bonus uniform per row,
-    all from :func:`spectr_audit.randomness.uniform`.
+    all from :func:`spectr_audit.contract.randomness.uniform`.
     """
 
     rule: NodeRule

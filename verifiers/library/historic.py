@@ -31,7 +31,7 @@ block-tokenwise-residual         1     >= 2  vllm-ascend #3794 / #7807    exact 
 
 Bugs that only a coin injection can see (a uniform of exactly 0, a CDF tie) change the law on
 a set of measure zero: their exact laws equal the correct ones, and
-``tests/test_historic_bugs.py`` pins them with :class:`spectr_audit.randomness.InjectedUniforms`.
+``tests/test_historic_bugs.py`` pins them with :class:`spectr_audit.contract.randomness.InjectedUniforms`.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ import math
 
 import torch
 
-from spectr_audit.contract import Verifier, VerifyOutput
+from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.randomness import sample_categorical, uniform
-from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, normalise
+from spectr_audit.contract.randomness import sample_categorical, uniform
+from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise
 from spectr_audit.verifiers.speculative import MaximalCouplingRule
 
 __all__ = [
@@ -68,7 +68,7 @@ __all__ = [
     "load_historic",
 ]
 
-_MODULE = "spectr_audit.verifiers.historic"
+_MODULE = "spectr_audit.verifiers.library.historic"
 
 #: Short name -> "module:Class" of every historic-bug verifier.
 HISTORIC_VERIFIERS: dict[str, str] = {
@@ -144,7 +144,7 @@ class ChainVerifier(Verifier):
     Subclasses implement :meth:`_levels`, returning per-level acceptance probabilities, the
     law of the token emitted after a rejection at each level, and the law of the bonus token.
     Sampler and exact law are derived from those same numbers.  Randomness: one call to
-    :func:`spectr_audit.randomness.uniform` of shape ``[batch_size, draft_len + 1]``: the
+    :func:`spectr_audit.contract.randomness.uniform` of shape ``[batch_size, draft_len + 1]``: the
     ``draft_len`` acceptance uniforms, then the uniform of the emitted (correction or bonus)
     token, drawn by inverse CDF.
 

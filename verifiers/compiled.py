@@ -51,7 +51,7 @@ def _run(name: str, eager: Callable, *args):
         return fn(*args)
     except Exception as error:  # a missing compiler, an unsupported backend: fall back, say so once
         _failed.add(name)
-        warnings.warn(f"spectr_audit.compiled: {name} runs eagerly, torch.compile failed: {error}", RuntimeWarning)
+        warnings.warn(f"spectr_audit.verifiers.compiled: {name} runs eagerly, torch.compile failed: {error}", RuntimeWarning)
         return eager(*args)
 
 

@@ -7,9 +7,9 @@ the null hypothesis "the verifier is exact":
 
 ``pearson``, ``g-test``
     Chi-square and likelihood-ratio tests of the completed strings over a prefix-tree
-    partition of V^N (:mod:`spectr_audit.montecarlo`), sparse cells pooled.  The sample size is
+    partition of V^N (:mod:`spectr_audit.statistical.sampling`), sparse cells pooled.  The sample size is
     planned for these: power ``power`` against every law at TV >= ``min_detectable_tv``
-    (:mod:`spectr_audit.power`).
+    (:mod:`spectr_audit.statistical.power`).
 ``stratified-pearson``
     When the draft space is small, a second sample drawn per draft tuple (strata of known
     probability); the draft-sampling noise drops out of its null distribution.
@@ -35,7 +35,7 @@ Optimality is reported apart (it is not about exactness): acceptance below a cla
 (the SpecTr guarantee for verifiers that declare ``"spectr"``, or ``claimed_acceptance``) and
 block efficiency below ``claimed_block_efficiency``, by exact binomial and z tests.
 
-:func:`sampler_law_agreement` (in :mod:`spectr_audit.law_agreement`, re-exported here) checks
+:func:`sampler_law_agreement` (in :mod:`spectr_audit.statistical.agreement`, re-exported here) checks
 a verifier that has ``output_probs`` against its own law.
 
 When an audit fails: rerun with another ``seed``.  An exact verifier fails at rate ``alpha``
@@ -53,8 +53,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from spectr_audit import power as sizing
-from spectr_audit._statistical_common import (
+from spectr_audit.statistical import power as sizing
+from spectr_audit.statistical._checks import (
     check_models,
     check_positive_int,
     check_prefix,
@@ -63,11 +63,11 @@ from spectr_audit._statistical_common import (
     chunk_schedule,
     root_laws,
 )
-from spectr_audit.bounds import optimal_acceptance, optimal_acceptance_lp_from_sets, spectr_guarantee
-from spectr_audit.contract import as_verifier
+from spectr_audit.bounds.acceptance import optimal_acceptance, optimal_acceptance_lp_from_sets, spectr_guarantee
+from spectr_audit.contract.verifier import as_verifier
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
-from spectr_audit.exact import DraftEnumeration, enumerate_drafts
-from spectr_audit.gof import (
+from spectr_audit.exact.iteration import DraftEnumeration, enumerate_drafts
+from spectr_audit.statistical.gof import (
     MIN_EXPECTED,
     PlugInEProcess,
     TestResult,
@@ -80,16 +80,16 @@ from spectr_audit.gof import (
     pearson_test,
     stratified_pearson_test,
 )
-from spectr_audit.models import Model, contexts_from
-from spectr_audit.montecarlo import (
+from spectr_audit.drafting.models import Model, contexts_from
+from spectr_audit.statistical.sampling import (
     PrefixPartition,
     build_partition,
     default_chunk_size,
     sample_chunk,
     sample_stratified_chunk,
 )
-from spectr_audit.power import DEFAULT_ALPHA, DEFAULT_MIN_DETECTABLE_TV, DEFAULT_POWER
-from spectr_audit.statistical_result import LawAgreementResult, StatisticalAuditResult, WorstCell, worst_cells
+from spectr_audit.statistical.power import DEFAULT_ALPHA, DEFAULT_MIN_DETECTABLE_TV, DEFAULT_POWER
+from spectr_audit.statistical.results import LawAgreementResult, StatisticalAuditResult, WorstCell, worst_cells
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -113,7 +113,7 @@ MAX_STRATIFIED_CELLS = 2048
 def __getattr__(name: str):
     # sampler_law_agreement lives in its own module, which imports this one's neighbours.
     if name == "sampler_law_agreement":
-        from spectr_audit.law_agreement import sampler_law_agreement
+        from spectr_audit.statistical.agreement import sampler_law_agreement
 
         return sampler_law_agreement
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -235,13 +235,13 @@ def plan_sample_size(
     Notes
     -----
     ``n = lambda / (2 TV)^2`` with ``lambda`` the non-centrality giving the power for ``C - 1``
-    degrees of freedom (:func:`spectr_audit.power.required_samples`).  C, the number of cells
+    degrees of freedom (:func:`spectr_audit.statistical.power.required_samples`).  C, the number of cells
     after pooling, depends on n, so n and the partition are iterated to a fixed point (two or
     three rounds).
 
     Examples
     --------
-    >>> from spectr_audit.models import ContextFreeModel
+    >>> from spectr_audit.drafting.models import ContextFreeModel
     >>> n, part = plan_sample_size(ContextFreeModel([0.5, 0.5]), 2, num_tests=4)
     >>> part.num_cells, n
     (4, 425058)
@@ -375,17 +375,17 @@ def statistical_audit(
     Parameters
     ----------
     verifier : Verifier, class, object with ``verify``, or function
-        Converted with :func:`spectr_audit.contract.as_verifier`; only ``verify`` is used.
+        Converted with :func:`spectr_audit.contract.verifier.as_verifier`; only ``verify`` is used.
     draft_model, target_model : Model
         Draft and target next-token models (context-free, Markov, or any
-        :class:`~spectr_audit.models.Model`).
+        :class:`~spectr_audit.drafting.models.Model`).
     num_drafts : int
         K.
     draft_len : int
         L.
     num_tokens : int, optional
         N, the length the emitted strings are completed to; default ``L + 1`` (one
-        iteration).  Larger values run the decoding loop (:func:`spectr_audit.decoding.decode`)
+        iteration).  Larger values run the decoding loop (:func:`spectr_audit.drafting.decoding.decode`)
         for as many iterations as N tokens take.
     prefix : sequence of int
         The context before the audited step.
@@ -407,7 +407,7 @@ def statistical_audit(
     device : str or torch.device
     chunk_size : int, optional
         Rows per verifier call; default ``target_probs`` of about 8 MB on a CPU (256 MB on an
-        accelerator), at most 2^18 rows (:func:`spectr_audit.montecarlo.default_chunk_size`).
+        accelerator), at most 2^18 rows (:func:`spectr_audit.statistical.sampling.default_chunk_size`).
     stratify : bool or "auto"
         Run the per-draft-tuple stratified test; ``"auto"``: when the draft tuples number at
         most ``max_strata`` and each gets 32 samples on average.  Its sample has the main
@@ -446,12 +446,12 @@ def statistical_audit(
     (``full_partition`` False) deviations inside a cell are not seen.  Acceptance and block
     efficiency are measured for one iteration only (``num_tokens = L + 1``).
 
-    A verifier that returns a carried correction (:mod:`spectr_audit.correction`) is judged
+    A verifier that returns a carried correction (:mod:`spectr_audit.contract.correction`) is judged
     together with it: completions follow the corrected target, as the decoding loop would.
 
     Examples
     --------
-    >>> from spectr_audit.models import ContextFreeModel
+    >>> from spectr_audit.drafting.models import ContextFreeModel
     >>> from spectr_audit.registry import load_verifier
     >>> result = statistical_audit(load_verifier("speculative"), ContextFreeModel([0.6, 0.4]),
     ...                            ContextFreeModel([0.3, 0.7]), num_drafts=1, num_samples=20_000)

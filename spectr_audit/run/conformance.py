@@ -8,9 +8,9 @@ inputs untouched, is deterministic under a fixed ``torch.Generator``, never emit
 zero target probability, and, where it has an exact law (``output_probs``), that law is valid
 and its sampler follows it conditionally on the drafts.
 
-*Fidelity*: :func:`spectr_audit.runner.audit_case` on a standard small suite (the exact audit
+*Fidelity*: :func:`spectr_audit.run.runner.audit_case` on a standard small suite (the exact audit
 where a law exists); where the audit measured no fidelity (a black box and a runner without the
-statistical audit wired in), :func:`spectr_audit.statistical.statistical_audit` is run on the
+statistical audit wired in), :func:`spectr_audit.statistical.audit.statistical_audit` is run on the
 case so that a black box is still judged by its emitted strings.
 
 Statistical parts use fixed seeds; their false-alarm rate is stated on :func:`check_verifier`.
@@ -149,9 +149,9 @@ def standard_suite(num_drafts: IntOrInts = (1, 2), draft_len: IntOrInts = 1) -> 
 
     Returns
     -------
-    spectr_audit.suite.Suite
+    spectr_audit.run.suite.Suite
     """
-    from spectr_audit.suite import parse_suite
+    from spectr_audit.run.suite import parse_suite
 
     ks = _as_ints(num_drafts, "num_drafts")
     ls = _as_ints(draft_len, "draft_len")
@@ -183,7 +183,7 @@ def standard_suite(num_drafts: IntOrInts = (1, 2), draft_len: IntOrInts = 1) -> 
 
 
 def _to_verifier(verifier: Any, name: Optional[str], output_probs: Optional[Callable], draft_scheme: Optional[str]):
-    from spectr_audit.contract import FunctionVerifier, Verifier, as_verifier
+    from spectr_audit.contract.verifier import FunctionVerifier, Verifier, as_verifier
     from spectr_audit.registry import load_verifier
 
     is_plain_function = (callable(verifier) and not isinstance(verifier, (type, str, Verifier))
@@ -209,7 +209,7 @@ _CONTRACT_TARGET = [0.0, 0.3, 0.15, 0.25, 0.3]
 
 
 def _contract_models(draft_len: int, draft_scheme: str):
-    from spectr_audit.suite import model_from_spec
+    from spectr_audit.run.suite import model_from_spec
 
     if draft_len >= 2:
         return (model_from_spec({"markov": {"vocab_size": 3, "seed": 5}}, "conformance draft"),
@@ -229,8 +229,8 @@ def _contract_checks(verifier, num_drafts: int, draft_len: int, seed: int, batch
                      alpha: float) -> list[ConformanceCheck]:
     import torch
 
-    from spectr_audit.contract import check_output_probs, check_verify_output
-    from spectr_audit.harness import draft
+    from spectr_audit.contract.verifier import check_output_probs, check_verify_output
+    from spectr_audit.drafting.harness import draft
 
     where = f"K={num_drafts}, L={draft_len}"
     checks: list[ConformanceCheck] = []
@@ -311,7 +311,7 @@ def _law_checks(verifier, batch, num_samples: int, alpha: float, seed: int, wher
     import torch
     from scipy import stats
 
-    from spectr_audit.contract import check_output_probs
+    from spectr_audit.contract.verifier import check_output_probs
 
     batch_size, num_drafts, draft_len = batch.draft_tokens.shape
     vocab_size = batch.draft_probs.shape[-1]
@@ -381,7 +381,7 @@ def _sampled_fidelity(verifier, case, result, alpha: float, num_samples: int, se
     from spectr_audit.results import Check
 
     try:
-        from spectr_audit.statistical import statistical_audit
+        from spectr_audit.statistical.audit import statistical_audit
     except ImportError:  # pragma: no cover - a build without the statistical audit
         return dataclasses.replace(result, details={**result.details, "note": "no exact law and no statistical audit"})
     try:
@@ -433,7 +433,7 @@ def check_verifier(
     ----------
     verifier : callable, Verifier, class, object with ``verify``, or str
         A plain ``verify(draft_tokens, draft_probs, target_probs, generator)`` function, a
-        :class:`~spectr_audit.contract.Verifier`, or a built-in name / import string.
+        :class:`~spectr_audit.contract.verifier.Verifier`, or a built-in name / import string.
     num_drafts, draft_len : int or sequence of int
         The K and L to check (every combination).  Default: L = 1 and each K in (1, 2) that
         the verifier supports.
@@ -481,14 +481,14 @@ def check_verifier(
 
     Examples
     --------
-    >>> from spectr_audit.conformance import check_verifier
+    >>> from spectr_audit.run.conformance import check_verifier
     >>> report = check_verifier("kseq", num_drafts=2, draft_len=1, num_samples=2000)
     >>> report.passed
     True
     """
     from spectr_audit.results import AuditReport
-    from spectr_audit.runner import AuditOptions, audit_case, scheme_fits
-    from spectr_audit.suite import Suite, load_suite
+    from spectr_audit.run.runner import AuditOptions, audit_case, scheme_fits
+    from spectr_audit.run.suite import Suite, load_suite
 
     ks = None if num_drafts is None else _as_ints(num_drafts, "num_drafts")
     ls = _as_ints(draft_len, "draft_len")

@@ -17,8 +17,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from spectr_audit import power as sizing
-from spectr_audit._statistical_common import (
+from spectr_audit.statistical import power as sizing
+from spectr_audit.statistical._checks import (
     check_models,
     check_positive_int,
     check_prefix,
@@ -26,13 +26,13 @@ from spectr_audit._statistical_common import (
     check_seconds,
     chunk_schedule,
 )
-from spectr_audit.contract import as_verifier, check_output_probs
+from spectr_audit.contract.verifier import as_verifier, check_output_probs
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.gof import MIN_EXPECTED, TestResult, conditional_pearson_test, holm, independent_sum_test
-from spectr_audit.models import Model
-from spectr_audit.montecarlo import default_chunk_size, draw_drafts, verify_batch
-from spectr_audit.power import DEFAULT_ALPHA, DEFAULT_MIN_DETECTABLE_TV, DEFAULT_POWER
-from spectr_audit.statistical_result import LawAgreementResult, worst_cells
+from spectr_audit.statistical.gof import MIN_EXPECTED, TestResult, conditional_pearson_test, holm, independent_sum_test
+from spectr_audit.drafting.models import Model
+from spectr_audit.statistical.sampling import default_chunk_size, draw_drafts, verify_batch
+from spectr_audit.statistical.power import DEFAULT_ALPHA, DEFAULT_MIN_DETECTABLE_TV, DEFAULT_POWER
+from spectr_audit.statistical.results import LawAgreementResult, worst_cells
 
 __all__ = ["sampler_law_agreement"]
 
@@ -104,17 +104,17 @@ def sampler_law_agreement(
 
     * ``aggregated-pearson``: total counts against the summed per-sample laws.  Given the drafts
       the counts are sums of independent categoricals with a known covariance, and the null is
-      the weighted chi-square it implies (:func:`spectr_audit.gof.independent_sum_test`); above
+      the weighted chi-square it implies (:func:`spectr_audit.statistical.gof.independent_sum_test`); above
       ``MAX_COVARIANCE_CELLS`` cells, the multinomial chi-square, which bounds it (conservative);
     * ``per-tuple-pearson`` (small draft spaces): counts per draft tuple against that tuple's
-      law, one multinomial test per tuple, summed (:func:`spectr_audit.gof.conditional_pearson_test`);
+      law, one multinomial test per tuple, summed (:func:`spectr_audit.statistical.gof.conditional_pearson_test`);
       it sees a drift confined to a few tuples.
 
     A sample in a cell its own law gives probability 0 is a certain disagreement (``support``).
 
     Examples
     --------
-    >>> from spectr_audit.models import ContextFreeModel
+    >>> from spectr_audit.drafting.models import ContextFreeModel
     >>> from spectr_audit.registry import load_verifier
     >>> result = sampler_law_agreement(load_verifier("kseq"), ContextFreeModel([0.6, 0.4]),
     ...                                ContextFreeModel([0.3, 0.7]), num_drafts=2, num_samples=20_000)

@@ -32,9 +32,9 @@ import scipy.sparse as sp
 import torch
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact import enumerate_drafts
-from spectr_audit.models import Model
-from spectr_audit.multi_iteration import target_string_law
+from spectr_audit.exact.iteration import enumerate_drafts
+from spectr_audit.drafting.models import Model
+from spectr_audit.exact.multi_iteration import target_string_law
 
 __all__ = ["BlockLPResult", "CLARABEL_FALLBACK_OPTIONS", "CLARABEL_OPTIONS", "block_lp"]
 
@@ -164,7 +164,7 @@ def block_lp(
 
     Examples
     --------
-    >>> from spectr_audit.models import ContextFreeModel
+    >>> from spectr_audit.drafting.models import ContextFreeModel
     >>> result = block_lp(ContextFreeModel([2/3, 1/3]), ContextFreeModel([1/3, 2/3]), 1, 2)
     >>> round(result.unmodified_value * 9, 4), round(result.repair_value * 9, 4)   # 20/9 and 21/9
     (20.0, 21.0)

@@ -15,19 +15,19 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
-from spectr_audit.bounds import (
+from spectr_audit.bounds.acceptance import (
     optimal_acceptance,
     optimal_acceptance_lp,
     optimal_acceptance_lp_from_sets,
     spectr_guarantee,
 )
-from spectr_audit.contract import Verifier
+from spectr_audit.contract.verifier import Verifier
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
-from spectr_audit.exact import exact_iteration
-from spectr_audit.models import contexts_from
+from spectr_audit.exact.iteration import exact_iteration
+from spectr_audit.drafting.models import contexts_from
 from spectr_audit.registry import builtin_verifiers, load_verifier
 from spectr_audit.results import AuditReport, AuditResult, Check
-from spectr_audit.suite import Case, Suite
+from spectr_audit.run.suite import Case, Suite
 
 __all__ = ["AuditOptions", "audit_case", "plan_jobs", "run_suite", "scheme_fits", "select_verifiers", "EXACT_TOL", "BOUND_TOL"]
 
@@ -171,7 +171,7 @@ def _exact_checks(verifier, case, alpha_star, carries, checks, metrics, details)
 
 
 def _multi_iteration_check(verifier, case, checks, metrics, details) -> None:
-    from spectr_audit.multi_iteration import exact_multi_iteration
+    from spectr_audit.exact.multi_iteration import exact_multi_iteration
 
     num_tokens = case.num_tokens or case.draft_len + 1
     audit = exact_multi_iteration(
@@ -186,7 +186,7 @@ def _multi_iteration_check(verifier, case, checks, metrics, details) -> None:
 
 
 def _block_lp_check(case, carries, checks, metrics, details) -> None:
-    from spectr_audit.block_lp import block_lp
+    from spectr_audit.bounds.block_lp import block_lp
 
     lp = block_lp(case.draft_model, case.target_model, case.num_drafts, case.draft_len, prefix=case.prefix)
     metrics.update(block_lp_optimum=lp.unmodified_value, block_lp_repair_optimum=lp.repair_value)
@@ -205,7 +205,7 @@ def _block_lp_check(case, carries, checks, metrics, details) -> None:
 
 
 def _statistical_check(verifier, case, options, checks, metrics, details) -> None:
-    from spectr_audit.statistical import statistical_audit
+    from spectr_audit.statistical.audit import statistical_audit
 
     result = statistical_audit(
         verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len,
@@ -229,7 +229,7 @@ def _statistical_check(verifier, case, options, checks, metrics, details) -> Non
 
 
 def _sampler_check(verifier, case, options, checks, metrics, details) -> None:
-    from spectr_audit.law_agreement import sampler_law_agreement
+    from spectr_audit.statistical.agreement import sampler_law_agreement
 
     result = sampler_law_agreement(
         verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, prefix=case.prefix,
@@ -251,7 +251,7 @@ def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOpti
     L > 1, and optionally a sampler-versus-law check; black boxes get the statistical
     audit.  Every number lands in ``metrics``; only ``checks`` decide.
     """
-    from spectr_audit.correction import has_carried_correction
+    from spectr_audit.contract.correction import has_carried_correction
 
     checks: list[Check] = []
     metrics: dict = {}

@@ -12,10 +12,10 @@ import dataclasses
 
 import torch
 
-from spectr_audit.contract import Verifier, VerifyOutput
+from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.models import PAD, Model
-from spectr_audit.randomness import RandomSource, sample_categorical, uniform
+from spectr_audit.drafting.models import PAD, Model
+from spectr_audit.contract.randomness import RandomSource, sample_categorical, uniform
 
 __all__ = ["DraftBatch", "draft", "verify_step", "left_pad"]
 

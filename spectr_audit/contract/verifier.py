@@ -31,7 +31,7 @@ from typing import Any, Callable, Literal, Optional
 import torch
 
 from spectr_audit.errors import InvalidArgument, VerifierError
-from spectr_audit.randomness import RandomSource
+from spectr_audit.contract.randomness import RandomSource
 
 __all__ = [
     "DRAFT_SCHEMES",
@@ -70,7 +70,7 @@ class VerifyOutput:
         ``[batch_size]`` int64, in ``[0, vocab_size)``: the correction or bonus token.
     correction : object, optional
         A carried correction for verifiers that repair the *next* iteration's
-        target (see :mod:`spectr_audit.correction`); ``None`` for ordinary verifiers.
+        target (see :mod:`spectr_audit.contract.correction`); ``None`` for ordinary verifiers.
     """
 
     # [batch_size]

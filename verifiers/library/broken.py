@@ -2,7 +2,7 @@
 
 The statistical audit must flag every one of them (``tests/test_broken_verifiers.py``); each
 has an exact law (``output_probs``), so its true TV distance to the target can be computed
-with :func:`spectr_audit.exact.exact_iteration` and compared with what the audit needed to see
+with :func:`spectr_audit.exact.iteration.exact_iteration` and compared with what the audit needed to see
 it.  Every class declares ``expected = "inexact"``.  They reuse the reference verifiers' node
 rules with one thing changed, so the bug is the only difference.
 
@@ -26,7 +26,7 @@ always-accept             any   any   every draft token accepted (u = 0; vllm-as
 
 :data:`INCONSISTENT_VERIFIERS` holds verifiers whose sampler is exact but disagrees with their
 own ``output_probs`` (a fast sampler that drifted from its formula); only
-:func:`spectr_audit.statistical.sampler_law_agreement` can see those.
+:func:`spectr_audit.statistical.audit.sampler_law_agreement` can see those.
 
 Recorded audits (``python benchmarks/bench_montecarlo.py library``): the standard case is V = 8,
 context-free Dirichlet(1) draft (seed 1) and target (seed 2), K = 4 for multi-draft verifiers,
@@ -57,8 +57,8 @@ import importlib
 
 import torch
 
-from spectr_audit.contract import Verifier
-from spectr_audit.verifiers._tree import NodeRule, TreeVerifier, gather_tokens, normalise
+from spectr_audit.contract.verifier import Verifier
+from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise
 from spectr_audit.verifiers.block import BlockVerification
 from spectr_audit.verifiers.kseq import KSeqRule
 from spectr_audit.verifiers.speculative import MaximalCouplingRule, SpeculativeSampling
@@ -82,7 +82,7 @@ __all__ = [
     "load_broken",
 ]
 
-_MODULE = "spectr_audit.verifiers.broken"
+_MODULE = "spectr_audit.verifiers.library.broken"
 
 #: Short name -> "module:Class" of every broken verifier (each declares ``expected = "inexact"``).
 BROKEN_VERIFIERS: dict[str, str] = {
@@ -341,8 +341,8 @@ class BlockFirstFailure(BlockVerification):
     min_draft_len = 2
 
     def _verify(self, draft_tokens, draft_probs, target_probs, generator):
-        from spectr_audit.contract import VerifyOutput
-        from spectr_audit.randomness import sample_categorical, uniform
+        from spectr_audit.contract.verifier import VerifyOutput
+        from spectr_audit.contract.randomness import sample_categorical, uniform
 
         batch_size, _, draft_len = draft_tokens.shape
         pass_probs, residual = self._levels(draft_tokens, draft_probs, target_probs)

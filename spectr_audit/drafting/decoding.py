@@ -4,7 +4,7 @@
 independent rows (each row emits 1 to ``draft_len + 1`` tokens per iteration,
 so rows advance at different rates; contexts are kept right-aligned with
 ``PAD`` on the left, as the models expect).  Carried corrections returned by
-the verifier (:mod:`spectr_audit.correction`) are applied to the next
+the verifier (:mod:`spectr_audit.contract.correction`) are applied to the next
 iterations' targets.  :func:`complete` extends given strings with samples from
 the (possibly corrected) target: the statistical audit completes each emitted
 string to a fixed length with it.  :func:`emitted_tokens` turns verdicts into
@@ -17,12 +17,12 @@ from typing import Optional, Sequence
 
 import torch
 
-from spectr_audit.contract import Verifier, VerifyOutput
-from spectr_audit.correction import CarriedCorrection, CorrectionChain
+from spectr_audit.contract.verifier import Verifier, VerifyOutput
+from spectr_audit.contract.correction import CarriedCorrection, CorrectionChain
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.harness import draft
-from spectr_audit.models import PAD, Model
-from spectr_audit.randomness import RandomSource, sample_categorical, uniform
+from spectr_audit.drafting.harness import draft
+from spectr_audit.drafting.models import PAD, Model
+from spectr_audit.contract.randomness import RandomSource, sample_categorical, uniform
 
 __all__ = ["complete", "decode", "emitted_tokens"]
 
@@ -126,13 +126,13 @@ def decode(
     -----
     For an exact verifier (or one exact together with its carried correction) each row
     follows the target's law of ``num_tokens``-token strings; the exact law of this loop
-    is :func:`spectr_audit.multi_iteration.exact_multi_iteration`.  Rows that have
+    is :func:`spectr_audit.exact.multi_iteration.exact_multi_iteration`.  Rows that have
     finished are dropped from later iterations.
 
     Examples
     --------
     >>> import torch
-    >>> from spectr_audit.models import ContextFreeModel
+    >>> from spectr_audit.drafting.models import ContextFreeModel
     >>> from spectr_audit.registry import load_verifier
     >>> tokens = decode(load_verifier("block"), ContextFreeModel([0.6, 0.4]), ContextFreeModel([0.3, 0.7]),
     ...                 num_tokens=5, num_drafts=1, draft_len=3, batch_size=4,
@@ -206,7 +206,7 @@ def complete(
     Examples
     --------
     >>> import torch
-    >>> from spectr_audit.models import ContextFreeModel
+    >>> from spectr_audit.drafting.models import ContextFreeModel
     >>> out = complete(ContextFreeModel([0.0, 1.0]), torch.tensor([[0, -1]]), torch.tensor([1]), 3)
     >>> out.tolist()
     [[0, 1, 1]]

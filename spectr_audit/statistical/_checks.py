@@ -8,7 +8,7 @@ from typing import Iterator, Optional
 import torch
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.models import Model, contexts_from
+from spectr_audit.drafting.models import Model, contexts_from
 
 #: Smallest chunk of the geometric chunk schedule (the e-process then sees blatant bugs early).
 FIRST_CHUNK = 1 << 12
@@ -43,7 +43,7 @@ def check_models(draft_model: Model, target_model: Model) -> int:
     """Both are :class:`Model` with one vocabulary; returns V."""
     for name, model in (("draft_model", draft_model), ("target_model", target_model)):
         if not isinstance(model, Model):
-            raise InvalidArgument(f"{name}: expected a spectr_audit.models.Model, got {type(model).__name__}")
+            raise InvalidArgument(f"{name}: expected a spectr_audit.drafting.models.Model, got {type(model).__name__}")
     if draft_model.vocab_size != target_model.vocab_size:
         raise InvalidArgument(
             f"target_model: vocab_size {target_model.vocab_size} differs from draft_model's {draft_model.vocab_size}"

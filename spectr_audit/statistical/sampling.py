@@ -27,13 +27,13 @@ from typing import Optional, Sequence
 
 import torch
 
-from spectr_audit.contract import Verifier, VerifyOutput, check_verify_output
-from spectr_audit.decoding import complete, decode, emitted_tokens
+from spectr_audit.contract.verifier import Verifier, VerifyOutput, check_verify_output
+from spectr_audit.drafting.decoding import complete, decode, emitted_tokens
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact import DraftEnumeration
-from spectr_audit.harness import DraftBatch, draft
-from spectr_audit.models import PAD, ContextFreeModel, Model, contexts_from
-from spectr_audit.randomness import RandomSource, sample_categorical, uniform
+from spectr_audit.exact.iteration import DraftEnumeration
+from spectr_audit.drafting.harness import DraftBatch, draft
+from spectr_audit.drafting.models import PAD, ContextFreeModel, Model, contexts_from
+from spectr_audit.contract.randomness import RandomSource, sample_categorical, uniform
 
 __all__ = [
     "IMPOSSIBLE",
@@ -188,7 +188,7 @@ def build_partition(
 
     Examples
     --------
-    >>> from spectr_audit.models import ContextFreeModel
+    >>> from spectr_audit.drafting.models import ContextFreeModel
     >>> target = ContextFreeModel([0.5, 0.3, 0.2])
     >>> full = build_partition(target, 2, num_samples=10_000)
     >>> full.num_cells, full.is_full, full.describe(int(full.cells_of(torch.tensor([[2, 1]]))[0]))
@@ -339,7 +339,7 @@ def draw_drafts(
 
     Context-free draft and target models with i.i.d. drafting take a fast path (one inverse-CDF
     search per token, conditionals broadcast); everything else goes through
-    :func:`spectr_audit.harness.draft`.  Conditionals are materialised either way, so a
+    :func:`spectr_audit.drafting.harness.draft`.  Conditionals are materialised either way, so a
     verifier that writes into its inputs (a historic bug class) behaves as it would in an engine.
     """
     device = torch.device(device)
@@ -378,7 +378,7 @@ def emitted_strings(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([batch_size, num_tokens], [batch_size])
     """The emitted strings, left-aligned in ``[batch_size, num_tokens]`` with ``PAD`` after them, and their lengths.
 
-    :func:`spectr_audit.decoding.emitted_tokens`, widened to ``num_tokens`` columns.
+    :func:`spectr_audit.drafting.decoding.emitted_tokens`, widened to ``num_tokens`` columns.
     """
     batch_size, _, draft_len = draft_tokens.shape
     if num_tokens < draft_len + 1:
@@ -464,9 +464,9 @@ def sample_chunk(
     """Draft, verify and complete ``batch_size`` independent samples (one verification each).
 
     The emitted string is completed with target samples; when the verifier returns a carried
-    correction (:mod:`spectr_audit.correction`) the completion follows the corrected target, as
+    correction (:mod:`spectr_audit.contract.correction`) the completion follows the corrected target, as
     the decoding loop's next iterations would.  For ``num_tokens > draft_len + 1`` the decoding
-    loop of :mod:`spectr_audit.decoding` runs the verifier for as many iterations as needed, and
+    loop of :mod:`spectr_audit.drafting.decoding` runs the verifier for as many iterations as needed, and
     the first ``num_tokens`` tokens are the sample.
     """
     if num_tokens > draft_len + 1:
@@ -522,7 +522,7 @@ def sample_stratified_chunk(
 
 def _decode_chunk(verifier, draft_model, target_model, num_drafts, draft_len, num_tokens, batch_size, generator, *,
                   prefix, device) -> SampleChunk:
-    """Multi-iteration samples: the first ``num_tokens`` tokens of :func:`spectr_audit.decoding.decode`."""
+    """Multi-iteration samples: the first ``num_tokens`` tokens of :func:`spectr_audit.drafting.decoding.decode`."""
     tokens = decode(verifier, draft_model, target_model, num_tokens, num_drafts, draft_len, batch_size, generator,
                     prefix=tuple(prefix))
     return SampleChunk(tokens.to(device), None, None)

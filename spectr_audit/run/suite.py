@@ -48,7 +48,7 @@ from typing import Any, Optional
 import numpy as np
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.models import ContextFreeModel, MarkovModel, Model, as_distribution, random_markov
+from spectr_audit.drafting.models import ContextFreeModel, MarkovModel, Model, as_distribution, random_markov
 
 if sys.version_info >= (3, 11):
     import tomllib

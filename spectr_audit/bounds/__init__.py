@@ -1,0 +1,36 @@
+"""Optimality bounds: alpha* (closed form and LP), SpecTr's guarantee, and the block LPs.
+"""
+
+from __future__ import annotations
+
+from .acceptance import (
+    AcceptanceBound,
+    KSeqAcceptance,
+    LPBound,
+    kseq_acceptance,
+    optimal_acceptance,
+    optimal_acceptance_lp,
+    optimal_acceptance_lp_from_sets,
+    spectr_guarantee,
+)
+from .block_lp import (
+    BlockLPResult,
+    CLARABEL_FALLBACK_OPTIONS,
+    CLARABEL_OPTIONS,
+    block_lp,
+)
+
+__all__ = [
+    "AcceptanceBound",
+    "KSeqAcceptance",
+    "LPBound",
+    "kseq_acceptance",
+    "optimal_acceptance",
+    "optimal_acceptance_lp",
+    "optimal_acceptance_lp_from_sets",
+    "spectr_guarantee",
+    "BlockLPResult",
+    "CLARABEL_FALLBACK_OPTIONS",
+    "CLARABEL_OPTIONS",
+    "block_lp",
+]

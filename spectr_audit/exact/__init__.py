@@ -1,0 +1,28 @@
+"""The exact audit: single-iteration and multi-iteration laws by enumeration.
+"""
+
+from __future__ import annotations
+
+from .iteration import (
+    DraftEnumeration,
+    ExactIterationAudit,
+    enumerate_drafts,
+    exact_iteration,
+    string_of,
+)
+from .multi_iteration import (
+    MultiIterationAudit,
+    exact_multi_iteration,
+    target_string_law,
+)
+
+__all__ = [
+    "DraftEnumeration",
+    "ExactIterationAudit",
+    "enumerate_drafts",
+    "exact_iteration",
+    "string_of",
+    "MultiIterationAudit",
+    "exact_multi_iteration",
+    "target_string_law",
+]

@@ -1,0 +1,102 @@
+"""The statistical audit of black-box verifiers.
+
+Stages: validate (:mod:`._checks`), plan (:mod:`.power`), sample (:mod:`.sampling`), test
+(:mod:`.gof`); results in :mod:`.results`; a sampler against its own exact law in
+:mod:`.agreement`.
+"""
+
+from __future__ import annotations
+
+from .results import (
+    LawAgreementResult,
+    StatisticalAuditResult,
+    WorstCell,
+    worst_cells,
+)
+from .gof import (
+    TestResult,
+    PlugInEProcess,
+    binomial_above,
+    binomial_below,
+    conditional_pearson_test,
+    g_test,
+    holm,
+    independent_sum_test,
+    pearson_test,
+    pool_sparse,
+    stratified_pearson_test,
+    weighted_chi2_sf,
+)
+from .power import (
+    DEFAULT_ALPHA,
+    DEFAULT_POWER,
+    DEFAULT_MIN_DETECTABLE_TV,
+    effect_size_for_tv,
+    noncentrality_for_power,
+    required_samples,
+    min_detectable_tv,
+    chi2_power,
+)
+from .sampling import (
+    IMPOSSIBLE,
+    PREFIX,
+    PrefixPartition,
+    RARE,
+    SampleChunk,
+    build_partition,
+    complete_with_target,
+    default_chunk_size,
+    draw_drafts,
+    emitted_strings,
+    sample_chunk,
+    sample_stratified_chunk,
+    verify_batch,
+)
+from .audit import (
+    plan_sample_size,
+    sampler_law_agreement,
+    statistical_audit,
+)
+
+__all__ = [
+    "LawAgreementResult",
+    "StatisticalAuditResult",
+    "WorstCell",
+    "worst_cells",
+    "TestResult",
+    "PlugInEProcess",
+    "binomial_above",
+    "binomial_below",
+    "conditional_pearson_test",
+    "g_test",
+    "holm",
+    "independent_sum_test",
+    "pearson_test",
+    "pool_sparse",
+    "stratified_pearson_test",
+    "weighted_chi2_sf",
+    "DEFAULT_ALPHA",
+    "DEFAULT_POWER",
+    "DEFAULT_MIN_DETECTABLE_TV",
+    "effect_size_for_tv",
+    "noncentrality_for_power",
+    "required_samples",
+    "min_detectable_tv",
+    "chi2_power",
+    "IMPOSSIBLE",
+    "PREFIX",
+    "PrefixPartition",
+    "RARE",
+    "SampleChunk",
+    "build_partition",
+    "complete_with_target",
+    "default_chunk_size",
+    "draw_drafts",
+    "emitted_strings",
+    "sample_chunk",
+    "sample_stratified_chunk",
+    "verify_batch",
+    "plan_sample_size",
+    "sampler_law_agreement",
+    "statistical_audit",
+]

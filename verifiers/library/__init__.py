@@ -1,0 +1,1 @@
+"""Verifiers kept to be caught: the broken-verifier library and the historic engine bugs."""
