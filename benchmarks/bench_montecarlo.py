@@ -10,7 +10,7 @@ Usage::
 the K-SEQ case of the issue (V = 8, K = 4, L = 1, context-free Dirichlet models), with the
 stratified design off, and breaks one chunk down by stage; a no-op verifier shows the
 harness's own ceiling.  ``library`` audits every broken verifier on the library's standard
-case (tests/test_broken_verifiers.py): exact TV, the samples a doubling search needed to flag
+case (tests/verifiers/test_broken_verifiers.py): exact TV, the samples a doubling search needed to flag
 it, and the default-budget audit's p-value.  ``false-alarms`` counts rejections of correct
 verifiers at the default alpha.
 """
@@ -49,7 +49,7 @@ CORRECT_CASES = [("speculative", 1, 1), ("kseq", 4, 1), ("rrs", 4, 1), ("rrs-wor
 
 
 def standard_case(verifier: Verifier) -> tuple[int, int]:
-    """(K, L) of the library's standard case (same rule as tests/test_broken_verifiers.py)."""
+    """(K, L) of the library's standard case (same rule as tests/verifiers/test_broken_verifiers.py)."""
     num_drafts = 4 if verifier.supports(4, 1) or verifier.supports(4, 2) else 1
     return num_drafts, 1 if verifier.supports(num_drafts, 1) else 2
 

@@ -1,6 +1,6 @@
 """A library of broken verifiers: each one a small, realistic slip that breaks exactness.
 
-The statistical audit must flag every one of them (``tests/test_broken_verifiers.py``); each
+The statistical audit must flag every one of them (``tests/verifiers/test_broken_verifiers.py``); each
 has an exact law (``output_probs``), so its true TV distance to the target can be computed
 with :func:`spectr_audit.exact.iteration.exact_iteration` and compared with what the audit needed to see
 it.  Every class declares ``expected = "inexact"``.  They reuse the reference verifiers' node

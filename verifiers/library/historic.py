@@ -31,7 +31,7 @@ block-tokenwise-residual         1     >= 2  vllm-ascend #3794 / #7807    exact 
 
 Bugs that only a coin injection can see (a uniform of exactly 0, a CDF tie) change the law on
 a set of measure zero: their exact laws equal the correct ones, and
-``tests/test_historic_bugs.py`` pins them with :class:`spectr_audit.contract.randomness.InjectedUniforms`.
+``tests/verifiers/test_historic_bugs.py`` pins them with :class:`spectr_audit.contract.randomness.InjectedUniforms`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``FUZZ_EXAMPLES`` hypothesis cases per verifier for the verifier fuzz (random batch size, K,
 L, V, temperatures from near-greedy to flat, exact zeros), and ``AUDIT_EXAMPLES`` for the
-exact-audit fuzz.  Run ``python -m pytest tests/test_fuzz.py -q`` to reproduce; the counts
+exact-audit fuzz.  Run ``python -m pytest tests/integration/test_fuzz.py -q`` to reproduce; the counts
 are the ``max_examples`` below (hypothesis runs up to that many distinct cases).
 """
 

@@ -20,7 +20,7 @@ from spectr_audit.run.runner import audit_case
 from spectr_audit.run.suite import Case
 from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise
 
-from oracles import RULES, tree_law
+from tests.oracles.rules import RULES, tree_law
 
 TOKEN_VERIFIERS = ["speculative", "kseq", "rrs", "rrs-wor"]
 TREE_VERIFIERS = ["speculative", "spectr-tree", "rrs"]

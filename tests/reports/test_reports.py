@@ -32,7 +32,7 @@ from spectr_audit.reports.junit import render_junit, write_junit
 from spectr_audit.results import AuditReport, AuditResult, Check
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _result(verifier, case, passed=True, expected=None, error=None, details=None, **metrics):
