@@ -8,7 +8,8 @@ plugin must not pull torch, scipy or cvxpy at load time):
 * finding verifiers: :func:`load_verifier`;
 * the exact audit: :func:`exact_iteration`;
 * optimal-transport bounds: :func:`optimal_acceptance`, :func:`optimal_acceptance_lp`;
-* running suites: :func:`load_suite`, :func:`run_suite`, :func:`audit_case`;
+* running suites: :func:`audit` (one call: a verifier on a suite, the report back),
+  :func:`assert_passed`, :func:`load_suite`, :func:`run_suite`, :func:`audit_case`;
 * errors: :class:`SpectrAuditError`, :class:`InvalidArgument`, :class:`VerifierError`.
 """
 
@@ -36,6 +37,8 @@ _LAZY = {
     "audit_case": "spectr_audit.run.runner",
     "InjectedUniforms": "spectr_audit.contract.randomness",
     "check_verifier": "spectr_audit.run.conformance",
+    "audit": "spectr_audit.run.api",
+    "assert_passed": "spectr_audit.run.api",
     "statistical_audit": "spectr_audit.statistical.audit",
     "sampler_law_agreement": "spectr_audit.statistical.agreement",
 }
