@@ -7,7 +7,7 @@ Usage::
     python benchmarks/bench_montecarlo.py false-alarms [--runs 1000] [--samples 4096]
 
 ``throughput`` times the Monte-Carlo loop (drafting, verification, completion, counting) on
-the K-SEQ case of the issue (V = 8, K = 4, L = 1, context-free Dirichlet models), with the
+the standard K-SEQ case (V = 8, K = 4, L = 1, context-free Dirichlet models), with the
 stratified design off, and breaks one chunk down by stage; a no-op verifier shows the
 harness's own ceiling.  ``library`` audits every broken verifier on the library's standard
 case (tests/verifiers/test_broken_verifiers.py): exact TV, the samples a doubling search needed to flag
@@ -37,7 +37,7 @@ from spectr_audit.statistical.sampling import (
 )
 from spectr_audit.registry import load_verifier
 from spectr_audit.statistical.audit import statistical_audit
-from spectr_audit.verifiers.library.broken import broken_names, load_broken
+from spectr_audit.registry import broken_names, load_broken
 
 DRAFT8 = ContextFreeModel(np.random.default_rng(1).dirichlet(np.ones(8)))
 TARGET8 = ContextFreeModel(np.random.default_rng(2).dirichlet(np.ones(8)))

@@ -193,7 +193,7 @@ def bench_montecarlo(samples: int) -> dict:
 
 
 def print_summary(result: dict) -> None:
-    """The verifier table in Markdown (ratios to the memory pass), as pasted into issue notes."""
+    """The verifier table in Markdown (ratios to the memory pass), ready to paste into a report."""
     with_compiled = any("ratio_compiled" in row for row in result["verifiers"])
     extra = " ratio compiled |" if with_compiled else ""
     print(f"\n| verifier | V | K | L | B | memory pass ms | verify ms | ratio | ratio with validation |{extra}")

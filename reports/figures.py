@@ -40,6 +40,8 @@ __all__ = [
     "block_efficiency_figure",
     "report_figures",
     "real_lm_block_grid",
+    "real_lm_power",
+    "real_lm_power_summary",
     "real_lm_acceptance_figure",
     "real_lm_block_efficiency_figure",
     "real_lm_figures",
@@ -433,6 +435,66 @@ def real_lm_block_grid(rows: Sequence[Any]) -> tuple[list[int], list[tuple[str, 
         lengths.add(length)
         series.setdefault((method, k), {})[length] = row
     return sorted(lengths), [(method, k, cells) for (method, k), cells in series.items()]
+
+
+def real_lm_power(tables: Any) -> Optional[dict]:
+    """The minimum detectable TVs the real-LM suite's judged first-token tests reached.
+
+    Returns ``None`` without fidelity rows, else ``{"alpha", "power", "token", "sequence",
+    "not_detecting", "not_judged"}``: per level the ``(smallest, largest, count)`` of the
+    minimum detectable TVs below 1 (``None`` when the level has none); ``not_detecting``
+    counts judged tests whose sample detects no deviation at all (minimum detectable TV of 1
+    or more, or none); ``not_judged`` names the verifiers declared inexact, whose rows are
+    reported and not judged.
+    """
+    if not isinstance(tables, dict):
+        return None
+    rows = [_row(r) for r in tables.get("fidelity") or ()]
+    if not rows:
+        return None
+    judged = [r for r in rows if r.get("judged", True) is not False]
+    out: dict = {"alpha": _number(tables.get("alpha")), "power": _number(tables.get("power")), "not_detecting": 0,
+                 "not_judged": list(dict.fromkeys(str(r.get("verifier")) for r in rows
+                                                    if r.get("judged", True) is False))}
+    for level in ("token", "sequence"):
+        values = []
+        for r in judged:
+            if r.get("level") != level:
+                continue
+            value = _number(r.get("sampled_min_detectable_tv"))
+            if value is None or value >= 1.0:
+                out["not_detecting"] += 1
+            else:
+                values.append(value)
+        out[level] = (min(values), max(values), len(values)) if values else None
+    return out
+
+
+def real_lm_power_summary(tables: Any) -> Optional[str]:
+    """One line on the power the real-LM suite reached (``None`` without fidelity rows).
+
+    Examples
+    --------
+    >>> rows = [{"level": "token", "sampled_min_detectable_tv": 0.25}, {"level": "token",
+    ...          "sampled_min_detectable_tv": 0.5}, {"level": "sequence", "sampled_min_detectable_tv": 0.3}]
+    >>> real_lm_power_summary({"fidelity": rows, "power": 0.99})
+    'minimum detectable TV reached (power 0.99, ratio cells): 0.250 to 0.500 at the token level (2 tests), 0.300 at the sequence level (1 test)'
+    """
+    power = real_lm_power(tables)
+    if power is None:
+        return None
+    parts = []
+    for level in ("token", "sequence"):
+        reached = power[level]
+        if reached is None:
+            continue
+        low, high, count = reached
+        span = f"{low:.3f}" if abs(high - low) < 5e-4 else f"{low:.3f} to {high:.3f}"
+        parts.append(f"{span} at the {level} level ({count} test{'s' if count != 1 else ''})")
+    if power["not_detecting"]:
+        parts.append(f"{power['not_detecting']} test(s) too small to detect any deviation")
+    level = f"power {power['power']:.2f}, " if power["power"] is not None else ""
+    return f"minimum detectable TV reached ({level}ratio cells): " + (", ".join(parts) if parts else "none")
 
 
 def _legend_below(ax) -> None:

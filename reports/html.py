@@ -337,17 +337,24 @@ def _real_lm_fidelity_table(rows: Any, partition: str) -> list[str]:
     if not rows:
         return ["<p>No fidelity rows.</p>"]
     out = ['<table class="real-lm" id="real-lm-fidelity-table"><thead><tr><th class="text">verifier</th>'
-           '<th class="text">level</th><th>K</th><th>L</th><th>samples</th><th>sampled p</th>'
+           '<th class="text">level</th><th>K</th><th>L</th><th>samples</th><th>cells</th><th>sampled p</th>'
            "<th>min detectable TV</th><th>RB p</th><th>RB TV on cells<br>(incl. noise)</th>"
            "<th>RB mean &#8214;bias&#8214;<sup>2</sup> &plusmn; se</th></tr></thead><tbody>"]
     for r in rows:
         l2, l2_se = _num(r.get("rb_l2sq")), _num(r.get("rb_l2sq_se"))
         l2_text = _MISSING if l2 is None else f"{l2:.2e}" + ("" if l2_se is None else f" &plusmn; {l2_se:.1e}")
+        judged = r.get("judged", True) is not False
+        row_class = "" if judged else ' class="declared"'
+        name = html.escape(str(r.get("verifier", ""))) + ("" if judged else " (declared inexact, not judged)")
+        detectable = _num(r.get("sampled_min_detectable_tv"))
+        detectable_text = _MISSING if detectable is None else (
+            "&ge; 1 (none)" if detectable >= 1 else f"{detectable:.3f}")
         out.append(
-            f'<tr><td class="text">{html.escape(str(r.get("verifier", "")))}</td>'
+            f'<tr{row_class}><td class="text">{name}</td>'
             f'<td class="text">{html.escape(str(r.get("level", "")))}</td><td>{_fmt(r.get("num_drafts"))}</td>'
             f'<td>{_fmt(r.get("draft_len"))}</td><td>{_fmt(r.get("num_samples"))}</td>'
-            f'<td>{_pvalue(r.get("sampled_pvalue"))}</td><td>{_fixed(r.get("sampled_min_detectable_tv"))}</td>'
+            f'<td>{_fmt(r.get("num_cells")) if r.get("num_cells") else _MISSING}</td>'
+            f'<td>{_pvalue(r.get("sampled_pvalue"))}</td><td>{detectable_text}</td>'
             f'<td>{_pvalue(r.get("rb_pvalue"))}</td><td>{_fixed(r.get("rb_tv_partition"), 4)}</td>'
             f"<td>{l2_text}</td></tr>"
         )
@@ -357,10 +364,15 @@ def _real_lm_fidelity_table(rows: Any, partition: str) -> list[str]:
 
 def _real_lm_section(tables: dict, figures: bool) -> list[str]:
     """The real-LM suite's tables (``meta["real_lm"]``) and, with ``figures``, its two figures."""
+    from spectr_audit.reports.markdown import real_lm_power_note
+
     out = ['<h2 id="real-lm">Real language model (SmolLM2-135M)</h2>']
     setup = tables.get("setup")
     if setup:
         out.append(f'<p class="note">Setup: {html.escape(str(setup))}.</p>')
+    power = real_lm_power_note(tables)
+    if power:
+        out.append(f'<p id="real-lm-power">{html.escape(power)}</p>')
     out += ['<h3 id="real-lm-block-efficiency">Block efficiency</h3>',
             '<p class="note">Tokens emitted per target call (one verification step), in the shape of SpecTr\'s '
             "tables: one row per method and number of drafts K, one column per draft length L; brackets: 95% "
@@ -375,7 +387,8 @@ def _real_lm_section(tables: dict, figures: bool) -> list[str]:
     partition = str(tables.get("partition") or "")
     out += ['<h3 id="real-lm-fidelity">First-token fidelity at V = 49,152</h3>',
             '<p class="note">Sampled p: the first emitted token\'s cell against the target\'s cell law, with the '
-            "smallest TV on the cells it detects at the suite's power. RB: the Rao-Blackwellised law's deviation "
+            "smallest TV on the cells (after pooling sparse ones) it detects at the suite's power, at the level the "
+            "verdict applies to it. RB: the Rao-Blackwellised law's deviation "
             "from the target, cell by cell, and an unbiased estimate of its mean squared L2 distance over the "
             "vocabulary. p-values are unadjusted; the verdicts above use Holm-adjusted ones."
             + (f" Partition: {html.escape(partition)}." if partition else "") + "</p>",
@@ -421,7 +434,7 @@ def render_html(report: AuditReport, gate: Any = None, *, figures: bool = True, 
     if gate is not None and getattr(gate, "thresholds", ()):
         gate_line = (f' &middot; gate <span class="badge {"pass" if gate.passed else "fail"}">'
                      f'{"held" if gate.passed else "failed"}</span> ({len(gate.violations)} violations)')
-    meta = ", ".join(f"{html.escape(str(k))} {html.escape(str(v))}" for k, v in report.meta.items()
+    meta = ", ".join(f"{html.escape(str(k))} {_fmt(v, 2)}" for k, v in report.meta.items()
                      if not isinstance(v, (dict, list)))
     real_lm = report.meta.get("real_lm")
     real_lm = real_lm if isinstance(real_lm, dict) else None

@@ -1,8 +1,9 @@
 """The Markdown report: a summary table per verifier and case, then the findings.
 
-A report of the real-LM suite (``meta["real_lm"]``) ends with a section of its tables: block
-efficiency in the shape of SpecTr's tables (method, K, one column per L, 95% CIs), acceptance
-against alpha* for each K, and first-token fidelity.
+A report of the real-LM suite (``meta["real_lm"]``) ends with a section of its tables
+(:func:`render_real_lm_markdown`, also the CLI's ``real-lm-tables.md``): the power its
+first-token tests reached, block efficiency in the shape of SpecTr's tables (method, K, one
+column per L, 95% CIs), acceptance against alpha* for each K, and first-token fidelity.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Optional
 
 from spectr_audit.results import AuditReport, AuditResult
 
-__all__ = ["render_markdown", "write_markdown"]
+__all__ = ["real_lm_power_note", "render_markdown", "render_real_lm_markdown", "write_markdown"]
 
 
 def _fmt(value: Optional[float], digits: int = 4) -> str:
@@ -59,41 +60,37 @@ def _cell(text) -> str:
     return str(text).replace("|", "\\|")
 
 
-def _real_lm_markdown(tables: dict) -> list[str]:
-    """The real-LM suite's tables (``meta["real_lm"]``): block efficiency (SpecTr's shape), acceptance, fidelity."""
-    from spectr_audit.reports.figures import _row, real_lm_block_grid
+def _real_lm_block_lines(rows) -> list[str]:
+    """Block efficiency in the shape of SpecTr's tables: method, K, one column per L."""
+    from spectr_audit.reports.figures import real_lm_block_grid
 
-    lines = ["## Real language model (SmolLM2-135M)", ""]
-    if tables.get("setup"):
-        lines += [f"Setup: {tables['setup']}", ""]
-    lengths, series = real_lm_block_grid(tables.get("block_efficiency"))
-    lines += ["### Block efficiency", "",
-              "Tokens emitted per target call, one column per draft length L; brackets: 95% t-interval over prompts.",
-              ""]
-    if series:
-        lines.append("| method | K | " + " | ".join(f"L = {length}" for length in lengths) + " |")
-        lines.append("|---|---|" + "---|" * len(lengths))
-        for method, k, cells in series:
-            values = []
-            for length in lengths:
-                row = cells.get(length) or {}
-                value = _finite(row.get("block_efficiency"))
-                if value is None:
-                    values.append("–")
-                    continue
-                low, high = row.get("ci_low"), row.get("ci_high")
-                ci = "" if _finite(low) is None and _finite(high) is None else f" [{_fixed(low, 2)}, {_fixed(high, 2)}]"
-                values.append(f"{value:.2f}{ci}")
-            lines.append(f"| {_cell(method)} | {k} | " + " | ".join(values) + " |")
-    else:
-        lines.append("No block-efficiency rows.")
-    lines += ["", "### Token-level acceptance against alpha*", "",
-              "Mean over contexts; measured values with their 95% half-widths (K-SEQ on a subset of the contexts, "
-              "whose alpha* is in parentheses); – : not run at that K.", "",
-              "| K | alpha* | SpecTr bound | (1-1/e) alpha* | single draft | K-SEQ P_A (closed form) "
-              "| K-SEQ measured (alpha* there) | RRS measured |",
-              "|---|---|---|---|---|---|---|---|"]
-    for r in map(_row, tables.get("acceptance") or ()):
+    lengths, series = real_lm_block_grid(rows)
+    if not series:
+        return ["No block-efficiency rows."]
+    lines = ["| method | K | " + " | ".join(f"L = {length}" for length in lengths) + " |",
+             "|---|---|" + "---|" * len(lengths)]
+    for method, k, cells in series:
+        values = []
+        for length in lengths:
+            row = cells.get(length) or {}
+            value = _finite(row.get("block_efficiency"))
+            if value is None:
+                values.append("–")
+                continue
+            low, high = row.get("ci_low"), row.get("ci_high")
+            ci = "" if _finite(low) is None and _finite(high) is None else f" [{_fixed(low, 2)}, {_fixed(high, 2)}]"
+            values.append(f"{value:.2f}{ci}")
+        lines.append(f"| {_cell(method)} | {k} | " + " | ".join(values) + " |")
+    return lines
+
+
+def _real_lm_acceptance_lines(rows) -> list[str]:
+    from spectr_audit.reports.figures import _row
+
+    lines = ["| K | alpha* | SpecTr bound | (1-1/e) alpha* | single draft | K-SEQ P_A (closed form) "
+             "| K-SEQ measured (alpha* there) | RRS measured |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in map(_row, rows or ()):
         kseq, rrs = _finite(r.get("kseq_measured")), _finite(r.get("rrs_measured"))
         kseq_text = "–" if kseq is None else (f"{kseq:.3f} ± {_fixed(r.get('kseq_measured_half_width'))} "
                                               f"({_fixed(r.get('kseq_optimal_same_contexts'))})")
@@ -101,23 +98,76 @@ def _real_lm_markdown(tables: dict) -> list[str]:
         lines.append(f"| {r.get('num_drafts')} | {_fixed(r.get('optimal'))} | {_fixed(r.get('spectr_bound'))} | "
                      f"{_fixed(r.get('e_bound'))} | {_fixed(r.get('single_draft'))} | "
                      f"{_fixed(r.get('kseq_closed_form'))} | {kseq_text} | {rrs_text} |")
+    return lines
+
+
+def _detectable(value) -> str:
+    """A minimum detectable TV: a TV never exceeds 1, so 1 or more means nothing is detectable."""
+    number = _finite(value)
+    return "–" if number is None else ("≥ 1 (none)" if number >= 1 else f"{number:.3f}")
+
+
+def _real_lm_fidelity_lines(rows) -> list[str]:
+    lines = ["| verifier | level | K | L | samples | cells | sampled p | min detectable TV | RB p "
+             "| RB TV on cells (incl. noise) | RB mean ‖bias‖² ± se |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        l2, l2_se = _finite(r.get("rb_l2sq")), _finite(r.get("rb_l2sq_se"))
+        l2_text = "–" if l2 is None else f"{l2:.2e}" + ("" if l2_se is None else f" ± {l2_se:.1e}")
+        name = _cell(r.get("verifier")) + (" (declared inexact, not judged)" if r.get("judged", True) is False else "")
+        cells = r.get("num_cells")
+        lines.append(f"| {name} | {r.get('level')} | {r.get('num_drafts')} | "
+                     f"{r.get('draft_len')} | {r.get('num_samples')} | {cells if cells else '–'} | "
+                     f"{_pvalue(r.get('sampled_pvalue'))} | {_detectable(r.get('sampled_min_detectable_tv'))} | "
+                     f"{_pvalue(r.get('rb_pvalue'))} | {_fixed(r.get('rb_tv_partition'), 4)} | {l2_text} |")
+    return lines
+
+
+def real_lm_power_note(tables: dict) -> Optional[str]:
+    """What the real-LM suite's first-token tests could detect, and which verifiers were not judged."""
+    from spectr_audit.reports.figures import real_lm_power, real_lm_power_summary
+
+    summary = real_lm_power_summary(tables)
+    if summary is None:
+        return None
+    power = real_lm_power(tables)
+    alpha = f" at false-alarm rate {power['alpha']:g} per result" if power["alpha"] is not None else ""
+    text = (f"Power: {summary[0].upper()}{summary[1:]}{alpha}. A deviation smaller than a test's minimum detectable "
+            "TV on its cells can pass it; these tests refute exactness, they do not prove it.")
+    if power["not_judged"]:
+        text += (f" Declared inexact, measured and not judged: {', '.join(power['not_judged'])} (a test that does not "
+                 "reject cannot confirm an inexactness).")
+    return text
+
+
+def render_real_lm_markdown(tables: dict) -> str:
+    """The real-LM suite's tables (``meta["real_lm"]``) as a Markdown section: block efficiency in
+    SpecTr's shape, acceptance against alpha* for each K, first-token fidelity, and the power reached."""
+    from spectr_audit.reports.figures import _row
+
+    lines = ["## Real language model (SmolLM2-135M)", ""]
+    if tables.get("setup"):
+        lines += [f"Setup: {tables['setup']}", ""]
+    note = real_lm_power_note(tables)
+    if note:
+        lines += [note, ""]
+    lines += ["### Block efficiency", "",
+              "Tokens emitted per target call, one column per draft length L; brackets: 95% t-interval over prompts.",
+              "", *_real_lm_block_lines(tables.get("block_efficiency")),
+              "", "### Token-level acceptance against alpha*", "",
+              "Mean over contexts; measured values with their 95% half-widths (K-SEQ on a subset of the contexts, "
+              "whose alpha* is in parentheses); – : not run at that K.", "",
+              *_real_lm_acceptance_lines(tables.get("acceptance"))]
     fidelity = [_row(r) for r in tables.get("fidelity") or ()]
     if fidelity:
         partition = tables.get("partition")
         lines += ["", "### First-token fidelity at V = 49,152", "",
-                  (f"Partition: {partition}. " if partition else "") + "p-values unadjusted.", "",
-                  "| verifier | level | K | L | samples | sampled p | min detectable TV | RB p "
-                  "| RB TV on cells (incl. noise) | RB mean ‖bias‖² ± se |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in fidelity:
-            l2, l2_se = _finite(r.get("rb_l2sq")), _finite(r.get("rb_l2sq_se"))
-            l2_text = "–" if l2 is None else f"{l2:.2e}" + ("" if l2_se is None else f" ± {l2_se:.1e}")
-            lines.append(f"| {_cell(r.get('verifier'))} | {r.get('level')} | {r.get('num_drafts')} | "
-                         f"{r.get('draft_len')} | {r.get('num_samples')} | {_pvalue(r.get('sampled_pvalue'))} | "
-                         f"{_fixed(r.get('sampled_min_detectable_tv'))} | {_pvalue(r.get('rb_pvalue'))} | "
-                         f"{_fixed(r.get('rb_tv_partition'), 4)} | {l2_text} |")
+                  (f"Partition: {partition}. " if partition else "") + "p-values unadjusted; cells: after pooling "
+                  "sparse ones; min detectable TV: the smallest TV on those cells the sampled test detects with the "
+                  "suite's power, at the level the verdict applies to it.", "",
+                  *_real_lm_fidelity_lines(fidelity)]
     lines.append("")
-    return lines
+    return "\n".join(lines) + "\n"
 
 
 def render_markdown(report: AuditReport) -> str:
@@ -178,7 +228,7 @@ def render_markdown(report: AuditReport) -> str:
         lines.append("")
     real_lm = report.meta.get("real_lm")
     if isinstance(real_lm, dict):
-        lines += _real_lm_markdown(real_lm)
+        lines.append(render_real_lm_markdown(real_lm).rstrip("\n") + "\n")
     return "\n".join(lines) + "\n"
 
 

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from spectr_audit import defaults
+
 __all__ = ["main", "build_parser", "parse_model_spec"]
 
 
@@ -71,7 +73,7 @@ def _positive_int(text: str) -> int:
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+    p.add_argument("--seed", type=int, default=defaults.SEED, help=f"seed of every random draw (default {defaults.SEED})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--html", action="store_true",
                      help="also write report.html (self-contained, with figures) to the output directory")
     run.add_argument("--junit", metavar="PATH", default=None, help="also write a JUnit XML report to PATH")
-    run.add_argument("--alpha", type=_probability, default=1e-3, metavar="ALPHA",
-                     help="false-alarm rate of each statistical audit (default 0.001)")
+    run.add_argument("--alpha", type=_probability, default=defaults.ALPHA, metavar="ALPHA",
+                     help=f"false-alarm rate of each statistical audit (default {defaults.ALPHA:g})")
     run.add_argument("--max-samples", type=_positive_int, default=None, metavar="N",
                      help="sample budget of each statistical audit (default: planned by power analysis)")
     run.add_argument("--progress", choices=("auto", "bar", "lines", "none"), default="auto",
@@ -122,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     bound.add_argument("--num-drafts", type=int, required=True)
     bound.add_argument("--json", action="store_true")
 
-    lst = sub.add_parser("list", help="list built-in verifiers and suites")
+    lst = sub.add_parser("list", help="list the registered verifiers (every namespace) and the suites")
     lst.add_argument("--json", action="store_true")
     return parser
 
@@ -186,13 +188,25 @@ def _run_real_lm(args, out: Path):
     if args.verifier:
         raise _UsageError("--verifier: the real-lm suite runs its own verifier grid; drop --verifier")
     options = RealLMOptions.quick(seed=args.seed) if args.quick else RealLMOptions(seed=args.seed)
+    from spectr_audit.reports.markdown import render_real_lm_markdown
+
     try:
-        run = run_real_lm_suite(options, progress=lambda line: print(f"  {line}", file=sys.stderr))
+        report = run_real_lm_suite(options, progress=lambda line: print(f"  {line}", file=sys.stderr))
     except LMUnavailable as exc:
         raise _UsageError(str(exc)) from None
     out.mkdir(parents=True, exist_ok=True)
-    (out / "real-lm-tables.md").write_text(run.tables.to_markdown())
-    return run.report()
+    (out / "real-lm-tables.md").write_text(render_real_lm_markdown(report.meta["real_lm"]))
+    return report
+
+
+def _power_text(report) -> str:
+    """What a passing real-LM run could have detected (its tests refute exactness, never prove it)."""
+    if not isinstance(report.meta.get("real_lm"), dict):
+        return ""
+    from spectr_audit.reports.figures import real_lm_power_summary
+
+    summary = real_lm_power_summary(report.meta["real_lm"])
+    return "" if summary is None else f"; {summary}"
 
 
 def _cmd_run(args) -> int:
@@ -240,6 +254,7 @@ def _cmd_run(args) -> int:
         print(
             f"spectr-audit: suite {report.suite!r}: {len(report.results)} audits in {time.perf_counter() - start:.1f}s, "
             f"{len(findings)} with findings, {len(unexpected)} not as expected{gate_text} -> {verdict}"
+            + _power_text(report)
         )
         for r in unexpected:
             print(f"  unexpected: {r.verifier} on {r.case}: " + (r.error or ", ".join(c.name for c in r.failed_checks)))
@@ -312,7 +327,8 @@ def _cmd_bound(args) -> int:
         "minimising_set": sorted(closed.argmin_set()),
     }
     try:
-        lp = optimal_acceptance_lp(draft_model.probs, target_model.probs, args.num_drafts, max_variables=200_000)
+        lp = optimal_acceptance_lp(draft_model.probs, target_model.probs, args.num_drafts,
+                                   max_variables=defaults.LP_MAX_VARIABLES)
         out.update(lp_value=lp.value, lp_status=lp.status, lp_solver=lp.solver, lp_variables=lp.num_variables)
     except InvalidArgument as exc:
         out.update(lp_value=None, lp_status=f"skipped: {exc}")
@@ -325,33 +341,37 @@ def _cmd_bound(args) -> int:
 
 
 def _cmd_list(args) -> int:
-    from spectr_audit.registry import builtin_verifiers
+    from spectr_audit.registry import describe, entries, namespaces
     from spectr_audit.run.suite import builtin_suites
 
-    rows = [
-        {
-            "name": v.name,
-            "num_drafts": v.drafts_range(),
-            "draft_len": v.draft_len_range(),
-            "draft_scheme": v.draft_scheme,
-            "exact_law": v.has_exact_law,
-            "expected": v.expected,
-            "description": v.description,
-        }
-        for v in builtin_verifiers()
-    ]
+    rows = [describe(entry) for entry in entries()]
     if args.json:
-        print(json.dumps({"verifiers": rows, "suites": builtin_suites() + [REAL_LM_SUITE]}, indent=2))
+        print(json.dumps({"namespaces": namespaces(), "verifiers": rows, "suites": builtin_suites() + [REAL_LM_SUITE]},
+                         indent=2))
         return 0
-    print("verifiers:")
-    for r in rows:
-        declared = f" (declared {r['expected']})" if r["expected"] else ""
-        print(f"  {r['name']:<24} K {r['num_drafts']:<10} L {r['draft_len']:<10} drafts {r['draft_scheme']:<20} "
-              f"exact law: {'yes' if r['exact_law'] else 'no'}{declared}  {r['description']}")
+    # Columns aligned on the longest entry of each, across every namespace.
+    fields = {"name": "name", "num_drafts": "K", "draft_len": "L", "draft_scheme": "drafts"}
+    width = {key: max([len(title)] + [len(str(r.get(key, ""))) for r in rows]) for key, title in fields.items()}
+    print("verifiers (by short name, or namespace:name):")
+    for namespace in namespaces():
+        print(f"{namespace}:")
+        print("  " + "  ".join(f"{title:<{width[key]}}" for key, title in fields.items()) + "  exact law  notes")
+        for r in (r for r in rows if r["namespace"] == namespace):
+            if "error" in r:
+                print(f"  {r['name']:<{width['name']}}  unavailable: {r['error']}")
+                continue
+            cells = "  ".join(f"{str(r[key]):<{width[key]}}" for key in fields)
+            notes = [f"declared {r['expected']}"] if r["expected"] else []
+            if r["extra"]:
+                notes.append(f"extra: spectr-audit[{r['extra']}]")
+            notes.append(r["description"])
+            print(f"  {cells}  {'yes' if r['exact_law'] else 'no ':<9}  {'; '.join(n for n in notes if n)}")
     print("suites:")
-    for s in builtin_suites():
+    suites = builtin_suites()
+    suite_width = max(len(s) for s in suites + [REAL_LM_SUITE])
+    for s in suites:
         print(f"  {s}")
-    print(f"  {REAL_LM_SUITE:<16} (SmolLM2-135M in the loop; needs the lm extra, see README)")
+    print(f"  {REAL_LM_SUITE:<{suite_width}}  (SmolLM2-135M in the loop; needs the lm extra, see README)")
     return 0
 
 

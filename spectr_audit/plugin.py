@@ -42,6 +42,7 @@ from typing import Any, Optional
 
 import pytest
 
+from spectr_audit import defaults
 from spectr_audit.run.gate import add_gate_arguments, evaluate_gate, parse_threshold
 
 __all__ = ["SpectrAuditFixture", "spectr_audit"]
@@ -53,9 +54,9 @@ _CHECK_KWARGS = ("num_drafts", "draft_len", "suite", "name", "output_probs", "dr
 
 @dataclasses.dataclass(frozen=True)
 class _Settings:
-    seed: int = 0
-    num_samples: int = 20_000
-    alpha: float = 1e-3
+    seed: int = defaults.SEED
+    num_samples: int = defaults.CHECK_SAMPLES
+    alpha: float = defaults.ALPHA
     report: Optional[Path] = None
     thresholds: tuple = ()
 
@@ -110,18 +111,21 @@ def _alpha(text: str, argument: str = "--spectr-alpha") -> float:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("spectr-audit", "spectr-audit: audit speculative-decoding verifiers")
     group.addoption("--spectr-seed", dest="spectr_seed", type=_seed, default=None, metavar="N",
-                    help="seed of every random draw in audits (ini: spectr_audit_seed; default 0)")
+                    help=f"seed of every random draw in audits (ini: spectr_audit_seed; default {defaults.SEED})")
     group.addoption("--spectr-samples", dest="spectr_samples", type=_samples, default=None, metavar="N",
-                    help="sample budget of each statistical test (ini: spectr_audit_samples; default 20000)")
+                    help="sample budget of each statistical test (ini: spectr_audit_samples; "
+                    f"default {defaults.CHECK_SAMPLES})")
     group.addoption("--spectr-alpha", dest="spectr_alpha", type=_alpha, default=None, metavar="ALPHA",
-                    help="false-alarm rate of each check (ini: spectr_audit_alpha; default 0.001)")
+                    help=f"false-alarm rate of each check (ini: spectr_audit_alpha; default {defaults.ALPHA:g})")
     group.addoption("--spectr-report", dest="spectr_report", default=None, metavar="PATH",
                     help="write every audit of the session to PATH: .json, .md, .html or .xml (JUnit) "
                     "(ini: spectr_audit_report)")
     add_gate_arguments(group.addoption, prefix="--spectr-", dest="spectr_gate")
-    parser.addini("spectr_audit_seed", "spectr-audit: seed of every random draw (default 0)", default="0")
-    parser.addini("spectr_audit_samples", "spectr-audit: sample budget of each statistical test", default="20000")
-    parser.addini("spectr_audit_alpha", "spectr-audit: false-alarm rate of each check", default="0.001")
+    parser.addini("spectr_audit_seed", f"spectr-audit: seed of every random draw (default {defaults.SEED})",
+                  default=str(defaults.SEED))
+    parser.addini("spectr_audit_samples", "spectr-audit: sample budget of each statistical test",
+                  default=str(defaults.CHECK_SAMPLES))
+    parser.addini("spectr_audit_alpha", "spectr-audit: false-alarm rate of each check", default=repr(defaults.ALPHA))
     parser.addini("spectr_audit_report", "spectr-audit: path of the session report (.json/.md/.html/.xml)",
                   default="")
     parser.addini("spectr_audit_gate", "spectr-audit: gate thresholds 'METRIC OP NUMBER', one per line",
@@ -218,7 +222,7 @@ class SpectrAuditFixture:
 
         Returns
         -------
-        ConformanceReport
+        ConformanceResult
 
         Raises
         ------

@@ -100,14 +100,38 @@ def test_bound_json_closed_form_and_lp_agree(capsys):
     assert data["minimising_set"] == [0]
 
 
-def test_list_names_every_builtin(capsys):
-    from spectr_audit.registry import builtin_names
+def test_list_names_every_verifier_of_every_namespace(capsys):
+    from spectr_audit.registry import broken_names, builtin_names, engine_names, historic_names
 
     code, out, _ = run_cli(capsys, "list", "--json")
     assert code == 0
     data = json.loads(out)
-    assert [v["name"] for v in data["verifiers"]] == builtin_names()
+    assert data["namespaces"][:4] == ["builtin", "broken", "historic", "engine"]
+    by_namespace = {ns: [v["name"] for v in data["verifiers"] if v["namespace"] == ns] for ns in data["namespaces"]}
+    assert by_namespace["builtin"] == builtin_names()
+    assert by_namespace["broken"][: len(broken_names())] == broken_names()
+    assert by_namespace["historic"] == historic_names()
+    assert by_namespace["engine"] == engine_names()
+    kseq = next(v for v in data["verifiers"] if v["name"] == "kseq")
+    assert (kseq["num_drafts"], kseq["draft_len"], kseq["draft_scheme"], kseq["exact_law"]) == ("[1, inf)", "[1, 1]", "iid", True)
+    vllm = next(v for v in data["verifiers"] if v["name"] == "vllm")
+    assert vllm["exact_law"] is False and vllm["extra"] == "vllm"
     assert "default" in data["suites"]
+
+
+def test_list_text_aligns_columns_on_the_longest_name(capsys):
+    code, out, _ = run_cli(capsys, "list")
+    assert code == 0
+    lines = out.splitlines()
+    for namespace in ("builtin:", "broken:", "historic:", "engine:"):
+        assert namespace in lines
+    rows = [line for line in lines if line.startswith("  ") and ("[1, " in line or "[2, " in line)]
+    assert len(rows) >= 40
+    # the K column starts at one offset in every row of every namespace
+    offsets = {line.index(" [", 2) for line in rows}
+    assert len(offsets) == 1, offsets
+    longest = max(len(line[2:].split()[0]) for line in rows)
+    assert offsets == {2 + longest + 1}
 
 
 def test_run_writes_reports_and_exits_by_verdict(capsys, tmp_path):

@@ -120,7 +120,7 @@ def kseq_rho_star(
     # [...] or int
     num_drafts: Union[int, torch.Tensor],
 ) -> torch.Tensor:
-    """rho*, K-SEQ's acceptance scale, by bisection on ``[1, K]``; batched, no host sync.
+    """rho*, K-SEQ's acceptance scale, by the exact piecewise solve on ``[1, K]``; batched.
 
     Parameters
     ----------
@@ -140,14 +140,18 @@ def kseq_rho_star(
 
     Notes
     -----
-    This is the hot path of the K-SEQ verifier, so only shapes and dtypes are checked: rows
-    are assumed to be distributions and K >= 1 (use :func:`kseq_acceptance` for a validated
-    entry point).  It runs a fixed 64 bisection steps, each O(V) per row, with no Python loop
-    over rows or tokens and no device-to-host sync.
+    This is the solve of K-SEQ's exact law, so only shapes and dtypes are checked: rows are
+    assumed to be distributions and K >= 1 (use :func:`kseq_acceptance` for a validated entry
+    point).  Each row's tokens are sorted by ``q/p`` once (O(V log V)); ``f`` is evaluated at
+    every ratio inside ``[1, K]`` at once, and ``f = 0`` is solved on the segment that brackets
+    rho* by safeguarded Newton, which needs no further pass over the vocabulary.  No Python loop
+    runs over rows or tokens; rows stop once converged, which is checked on the host after each
+    Newton step (the sampler's solve, :func:`kseq_rho_star_sampler`, avoids that sync).
+    :func:`kseq_rho_star_bisection` is its slow oracle (docs/rules/kseq.md).
 
     ``f`` is non-decreasing on ``[1, K]`` with ``f(1) <= 0 <= f(K)``; every rho with
     ``f(rho) >= 0`` is valid (the residual ``q - (P_A / beta) min(p, q / rho)`` is
-    non-negative) and a rho just below rho* is not.  The bisection therefore keeps the upper
+    non-negative) and a rho just below rho* is not.  The solve therefore keeps the upper
     bracket, where ``f`` evaluated in floating point is non-negative, and returns it.
 
     ``f`` is a difference of nearly equal numbers, so it is evaluated in the form that keeps
@@ -344,8 +348,15 @@ _HOT_NEWTON_STEPS = 24
 #: Vocabulary size above which the sampler finds rho* without sorting (:func:`kseq_rho_star_sampler`).
 _SORT_FREE_MIN_VOCAB = 256
 
-#: Passes over the vocabulary of the sort-free rho* solve.
+#: Passes over the vocabulary of the sort-free rho* solve (at most: on the CPU rows stop once converged).
 _SORT_FREE_PASSES = 6
+
+#: The CPU stops the sort-free solve once every row's acceptance is provably within this of the best
+#: acceptance a valid rho allows (a bound from the bracket, see :func:`_bracket_models`).
+_SORT_FREE_CPU_LOSS = 1e-8
+import os
+_VARIANT = int(os.environ.get("RHO_VARIANT", "1"))
+_NO_EXIT = os.environ.get("RHO_NO_EXIT") == "1"
 
 
 def _grid_root(is_valid, below: torch.Tensor, above: torch.Tensor, *, rounds: int = 6, points: int = 16) -> torch.Tensor:
@@ -368,13 +379,56 @@ def _grid_root(is_valid, below: torch.Tensor, above: torch.Tensor, *, rounds: in
     return above
 
 
-def _complement(low_mass: torch.Tensor, margin: float) -> torch.Tensor:
-    """``1 - low_mass``, with values within ``margin`` of 0 (the rounding of ``1 - sum``) set to exactly 0.
+def _complement(low_mass: torch.Tensor, snap: float) -> torch.Tensor:
+    """``1 - low_mass``, with values within ``snap`` of 0 (the rounding of ``1 - sum``) set to exactly 0.
 
     Exact zeros matter: disjoint supports give beta = 0 and f(1) = 0 only if the high draft mass is 0.
     """
     high = 1 - low_mass
-    return torch.where(high > margin, high, torch.zeros_like(high))
+    return torch.where(high > snap, high, torch.zeros_like(high))
+
+
+def _bracket_models(
+    low: torch.Tensor,  # [n]
+    high: torch.Tensor,  # [n]
+    low_sums: torch.Tensor,  # [n, 2]: normalised P, Q over the tokens with q/p <= low
+    high_sums: torch.Tensor,  # [n, 2]: the same at high
+    snap: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # four [n, 4]
+    """Four segment functions on the bracket ``[low, high]``, as :func:`_segment_gap`'s ``(P_high, Q_high, P_low, Q_low)``.
+
+    Every function here is ``F(x, b(x))`` with ``F(x, b) = x b - 1 + (1 - b)^K`` and a linear model
+    ``b(x) = Q'/x + P'`` of ``beta(x) = sum_x min(p, q/x)``.  ``F(x, .)`` is convex with
+    ``F(x, 0) = 0``, so where ``F(x, b) > 0`` it is increasing in b from b on: a model
+    ``b >= beta`` is >= f wherever f > 0, and a model ``b <= beta`` that is > 0 makes f > 0.
+
+    Columns 0 and 1, the tokens split at ``low`` and at ``high`` (each exact on its own segment):
+    a token on the wrong side contributes max(p, q/x) instead of the min, so ``b >= beta`` and
+    their roots are lower bounds on f's root (the next candidates from below).
+
+    Columns 2 and 3, lower bounds on beta over the bracket: a token with ratio r in
+    ``(low, high]`` (masses P_mid, Q_mid) has ``min(p, q/x) >= p low / x`` and ``>= q / high``,
+    so ``b = (Q_low + low P_mid) / x + P_high`` and ``b = Q_low / x + P_high + Q_mid / high``
+    (sums at low, P_high at high) are <= beta, exact at ``low`` and at ``high`` respectively,
+    and exact everywhere when no token lies inside the bracket.  Their roots are valid rhos
+    (upper bounds on f's root) without another pass over the vocabulary.
+    """
+    d_lo, t_lo = low_sums[:, 0], low_sums[:, 1]
+    d_hi, t_hi = high_sums[:, 0], high_sums[:, 1]
+    d_mid = (d_hi - d_lo).clamp(min=0)
+    t_mid = (t_hi - t_lo).clamp(min=0)
+    t_low_2 = t_lo + low * d_mid  # the inside tokens as low tokens of ratio `low`
+    d_high_3 = _complement(d_hi, snap) + t_mid / high  # the inside tokens as high tokens with p = q / high
+    draft_high = torch.stack([_complement(d_lo, snap), _complement(d_hi, snap), _complement(d_hi, snap), d_high_3], -1)
+    target_high = torch.stack([_complement(t_lo, snap), _complement(t_hi, snap), _complement(t_low_2, snap), _complement(t_lo, snap)], -1)
+    draft_low = torch.stack([d_lo, d_hi, d_hi, (d_hi - t_mid / high).clamp(min=0)], -1)
+    target_low = torch.stack([t_lo, t_hi, t_low_2, t_lo], -1)
+    return draft_high, target_high, draft_low, target_low
+
+
+def _model_beta(x: torch.Tensor, draft_high: torch.Tensor, target_low: torch.Tensor) -> torch.Tensor:
+    """A segment model's beta at x: ``Q_low / x + P_high``."""
+    return target_low / x + draft_high
 
 
 def kseq_rho_star_sampler(
@@ -393,18 +447,20 @@ def kseq_rho_star_sampler(
     (then the residual is non-negative and the output law is exactly q) that is as small as the
     inputs' precision allows (acceptance).  Small vocabularies take the sorted solve with a fixed
     number of Newton steps.  Larger ones avoid the O(V log V) sort: each pass classifies tokens at
-    two candidates c (``q/p <= c``) and sums p, q and the count over the low tokens with one batched
-    matrix product, which gives f(c) exactly and f on the whole segment around c.  The next two
-    candidates are the roots of the segment functions through the bracket's lower and upper ends
-    (a Newton-like step that knows f's curvature; where the upper end's root is no better, the
-    lower end's root overshot by four of its steps), each rounded up to the next value of the
-    inputs' dtype so that it lands on the valid side of a root inside the segment (the roots come
-    from a grid search inside the bracket to 1/16^6 of its width: no pass over the vocabulary).
-    The answer is the smallest candidate found valid, refined by an exact segment solve when no
-    ratio lies between it and the largest invalid candidate.  f(c) counts as valid only above a
-    margin of 16 ulps of the inputs' dtype, which covers the rounding of float32 sums; with float32
-    rows that leaves residual mass of order 1e-6 on tokens whose exact residual at rho* is 0 (the
-    output law is still exactly q: any valid rho gives it).
+    two candidates c (``q/p <= c``) and sums p and q over the low tokens with one batched matrix
+    product, accumulated in float64, which gives f(c) and f on the whole segment around c.  The
+    bracket's two ends give lower and upper bounds on beta between them (:func:`_bracket_models`),
+    hence a lower and an upper bound on the root, found by a grid search inside the bracket to
+    1/16^6 of its width (no pass over the vocabulary) and rounded up to the next value of the
+    inputs' dtype: the next two candidates.  Where the upper bound is no better than the bracket's
+    end, the second candidate halves the rest.  The answer is the upper bound's root on the final
+    bracket, solved to float64 precision: valid however many passes ran, and rho*'s own segment
+    solve once no token lies inside the bracket.  f counts as valid only above a margin of
+    ``max(16, K)`` ulps of the inputs' dtype (plus the rounding of float64 sums over V), which
+    covers tokens classified across c by the rounding of ``q/p``; with float32 rows that leaves
+    residual mass of order 1e-6 on tokens whose exact residual at rho* is 0 (the output law is
+    still exactly q: any valid rho gives it).  On the CPU rows stop after fewer passes once the
+    acceptance is provably within :data:`_SORT_FREE_CPU_LOSS` of the best valid one.
 
     Parameters
     ----------
@@ -413,81 +469,106 @@ def kseq_rho_star_sampler(
     num_drafts : torch.Tensor, shape ``[n]``
         K >= 1 per row, float64.
     passes : int
-        Passes over the vocabulary (sort-free path).
+        Passes over the vocabulary (sort-free path; at most, on the CPU).
     """
     n, vocab_size = draft_probs.shape
     k = num_drafts.to(torch.float64)
     if vocab_size <= _SORT_FREE_MIN_VOCAB:
         return _rho_star_sorted(draft_probs.double(), target_probs.double(), k, hot=True)
     dtype, device = draft_probs.dtype, draft_probs.device
-    margin = 16 * torch.finfo(dtype).eps
+    eps64 = torch.finfo(torch.float64).eps
+    # [n] f(c) >= margin counts as valid: tokens within rounding of c may be classified on either side
+    # (each moves beta by up to p ulp/2, f by K times that), and float64 sums over V round
+    margin = torch.finfo(dtype).eps * k.clamp(min=16) + 16 * vocab_size * eps64
+    snap = 4 * vocab_size * eps64  # the rounding of 1 - (a float64 sum over the vocabulary)
     fused = compiled_enabled()
     if fused:  # one fused kernel per pass (spectr_audit.verifiers.compiled), nothing materialised
-        totals = torch.stack([draft_probs.sum(-1), target_probs.sum(-1)], dim=-1).double().unsqueeze(-1)
+        totals = torch.stack(
+            [draft_probs.sum(-1, dtype=torch.float64), target_probs.sum(-1, dtype=torch.float64)], dim=-1
+        ).unsqueeze(-1)  # [n, 2, 1]
     else:
         ratio = (target_probs / draft_probs).unsqueeze(1)  # [n, 1, V]; inf (p = 0 < q), nan (0/0): never "low"
-        # [n, 3, V]: p, q and ones, so one bmm against the low masks gives P_low, Q_low and the low count
-        stacked = torch.stack([draft_probs, target_probs, torch.ones_like(draft_probs)], dim=1)
-        totals = stacked[:, :2].sum(-1).double().unsqueeze(-1)  # [n, 2, 1]
+        # [n, 2, V] float64 p and q, so one bmm against the low masks sums both in float64: a float32
+        # product rounds V terms far above the margin (and may run in TF32 on a GPU)
+        stacked = torch.empty(n, 2, vocab_size, dtype=torch.float64, device=device)
+        stacked[:, 0].copy_(draft_probs)
+        stacked[:, 1].copy_(target_probs)
+        totals = stacked.sum(-1, keepdim=True)  # [n, 2, 1]
+        # [n, 2, V], reused by every pass: a comparison written straight into a float buffer is one cheap
+        # pass, where a bool mask and its conversion cost an allocation and two more
+        low_mask = torch.empty(n, 2, vocab_size, dtype=torch.float64, device=device)
     ones = torch.ones(n, dtype=torch.float64, device=device)
     low, high = ones.clone(), k.clone()
-    low_sums = torch.zeros(n, 3, dtype=torch.float64, device=device)
-    high_sums = torch.full((n, 3), -1.0, dtype=torch.float64, device=device)  # count -1: not evaluated
+    low_sums = torch.zeros(n, 2, dtype=torch.float64, device=device)  # set by the first pass (c = 1)
+    high_sums = torch.ones(n, 2, dtype=torch.float64, device=device)  # set by the first pass (c = K)
     up = torch.tensor(float("inf"), dtype=dtype, device=device)
     kk = k.unsqueeze(-1)
-    candidates = torch.stack([ones, k], dim=-1)  # [n, 2]: two candidates per pass, one from each side
-    # [n, 2, V], reused by every pass: a comparison written straight into a float buffer is one cheap
-    # pass, where a bool mask and its conversion cost an allocation and two more
-    low_mask = None if fused else torch.empty(n, 2, vocab_size, dtype=dtype, device=device)
-    for _ in range(passes):
+    candidates = torch.stack([ones, k], dim=-1)  # [n, 2]: two candidates per pass
+    for step in range(passes):
         threshold = candidates.to(dtype)
         candidates = threshold.double()
         if fused:
-            sums = kseq_low_sums(draft_probs, target_probs, threshold).double()  # [n, 3, 2]
+            sums = kseq_low_sums(draft_probs, target_probs, threshold)  # [n, 2, 2] float64
         else:
             torch.le(ratio, threshold.unsqueeze(-1), out=low_mask)
-            sums = torch.bmm(stacked, low_mask.transpose(1, 2)).double()  # [n, 3, 2]
-        sums = torch.cat([sums[:, :2] / totals, sums[:, 2:]], dim=1)  # normalised P_low, Q_low; count
+            sums = torch.bmm(stacked, low_mask.transpose(1, 2))  # [n, 2, 2] float64
+        sums = sums / totals  # normalised P_low, Q_low at each candidate
         d_low, t_low = sums[:, 0], sums[:, 1]  # [n, 2]
-        d_high, t_high = _complement(d_low, margin), _complement(t_low, margin)
-        gap = _segment_gap(candidates, d_high, t_high, d_low, t_low, kk)
+        gap = _segment_gap(candidates, _complement(d_low, snap), _complement(t_low, snap), d_low, t_low, kk)
+        # f(1) = (1 - beta)^K - (1 - beta) <= 0 is exactly 0 for p = q, disjoint supports or K = 1, and
+        # negative otherwise by far more than the rounding: judged without the margin.  f(K) >= 0 always.
+        valid = (gap >= torch.where(candidates == 1, 0.0, margin.unsqueeze(-1))) | (candidates >= kk)
         for side in range(2):
-            c, s = candidates[:, side], sums[:, :, side]
-            # rho = 1 is judged without the margin: f(1) = (1 - beta)^K - (1 - beta) is exactly 0 for p = q,
-            # disjoint supports or K = 1, and negative otherwise by far more than the rounding
-            valid = gap[:, side] >= torch.where(c == 1, 0.0, margin)
-            new_high = valid & (c <= high)
-            new_low = ~valid & (c >= low)
+            c, s, v = candidates[:, side], sums[:, :, side], valid[:, side]
+            new_high, new_low = v & (c <= high), ~v & (c >= low)
             high = torch.where(new_high, c, high)
             high_sums = torch.where(new_high.unsqueeze(-1), s, high_sums)
             low = torch.where(new_low, c, low)
             low_sums = torch.where(new_low.unsqueeze(-1), s, low_sums)
-        # Next candidates: the roots of the segment functions through the bracket's two ends, found by a
-        # grid search inside the bracket (robust where Newton crawls, e.g. p close to q; no pass over the
-        # vocabulary), on the side where they are >= margin, rounded up to the next value of the dtype.
-        ends = torch.stack([low_sums, high_sums.clamp(min=0)], dim=-1)  # [n, 3, 2]
-        e_low_d, e_low_t = ends[:, 0], ends[:, 1]
-        e_high_d, e_high_t = _complement(e_low_d, margin), _complement(e_low_t, margin)
-        above = _grid_root(
-            lambda x: _segment_gap(x, *(t.unsqueeze(-1) for t in (e_high_d, e_high_t, e_low_d, e_low_t, kk))) >= margin,
-            low.unsqueeze(-1).expand(n, 2), high.unsqueeze(-1).expand(n, 2),
+        if step == passes - 1:
+            break
+        # Next candidates: the lower and the upper bound on the root from the bracket's models, rounded up
+        # to the next value of the dtype (so the lower one is valid once the bracket holds no token).
+        models = _bracket_models(low, high, low_sums, high_sums, snap)  # four [n, 4]
+        columns = tuple(m.unsqueeze(-1) for m in models)
+        roots = _grid_root(
+            lambda x: _segment_gap(x, *columns, kk.unsqueeze(-1)) >= margin[:, None, None],
+            low.unsqueeze(-1).expand(n, 4), high.unsqueeze(-1).expand(n, 4),
         )
-        roots = torch.nextafter(above.to(dtype), up).double()
-        # Where the upper end's root does not lie above the lower end's (the lower end's model creeps up
-        # on rho*, e.g. p close to q), overshoot the lower end's root by 4 of its steps instead.
-        from_low, from_high = roots[:, 0], roots[:, 1]
-        overshoot = from_low + 4 * (from_low - low)
-        roots = torch.stack([from_low, torch.where(from_high > from_low, from_high, overshoot)], dim=-1)
-        inside = (roots > low.unsqueeze(-1)) & (roots < high.unsqueeze(-1)) & torch.isfinite(roots)
-        middle = (0.5 * (low + high)).unsqueeze(-1)
-        candidates = torch.where(inside, roots, middle)
-    same_segment = low_sums[:, 2] == high_sums[:, 2]
-    d_low, t_low = low_sums[:, 0], low_sums[:, 1]
-    d_high, t_high = _complement(d_low, margin), _complement(t_low, margin)
-    refined = _solve_segment(d_high, t_high, d_low, t_low, k, low, high, steps=_HOT_NEWTON_STEPS)
-    # the same margin as the candidates: move up until f is at least `margin` (one Newton step on the segment)
-    gap, slope = _segment_gap_and_slope(refined, d_high, t_high, d_low, t_low, k)
-    refined = refined + (margin - gap).clamp(min=0) / slope
-    return torch.where(same_segment, torch.minimum(refined, high), high)
-
-
+        from_below, from_above = roots[:, :2].amax(-1), roots[:, 2:].amin(-1)
+        if device.type == "cpu" and not _NO_EXIT:  # a host check costs no device round trip here
+            # beta(x) <= the exact models' beta at from_below (<= f's root), >= the bounds' at from_above
+            most = _model_beta(from_below.unsqueeze(-1), models[0][:, :2], models[3][:, :2]).amin(-1)
+            least = _model_beta(from_above.unsqueeze(-1), models[0][:, 2:], models[3][:, 2:]).amax(-1)
+            loss = kseq_accept_prob(most, k) - kseq_accept_prob(least, k)
+            if bool((loss <= _SORT_FREE_CPU_LOSS).all()):
+                break
+        lower = torch.nextafter(from_below.to(dtype), up).double()
+        upper = torch.nextafter(from_above.to(dtype), up).double()
+        lower_inside = (lower > low) & (lower < high)
+        lower = torch.where(lower_inside, lower, 0.5 * (low + high))
+        if _VARIANT >= 1:
+            ends = torch.stack([low, high], -1)
+            f_ends, slope_ends = _segment_gap_and_slope(ends, models[0][:, :2], models[1][:, :2], models[2][:, :2], models[3][:, :2], kk)
+            y0, y1 = f_ends[:, 0] - margin, f_ends[:, 1] - margin
+            span = (y1 - y0).clamp(min=1e-300)
+            t = (-y0 / span).clamp(0, 1)
+            s0, s1 = 1 / slope_ends[:, 0], 1 / slope_ends[:, 1]
+            h00, h10, h01, h11 = 2*t**3 - 3*t**2 + 1, t**3 - 2*t**2 + t, -2*t**3 + 3*t**2, t**3 - t**2
+            guess = h00 * low + h10 * span * s0 + h01 * high + h11 * span * s1
+            if _VARIANT == 2:
+                guess = torch.maximum(guess, lower + 4 * (lower - low))
+            guess = torch.nextafter(guess.to(dtype), up).double()
+            upper = torch.where((guess > lower) & (guess < upper), guess, upper)
+        # where the upper bound is no better than the bracket's end (much mass inside it), halve the rest
+        upper = torch.where((upper > lower) & (upper < high), upper, 0.5 * (lower + high))
+        candidates = torch.stack([lower, upper], dim=-1)
+    # The answer: the upper bound's root on the final bracket, solved to float64 precision, then moved up
+    # to where the bound is at least `margin` (one Newton step on its segment).
+    draft_high, target_high, draft_low, target_low = (m[:, 2:] for m in _bracket_models(low, high, low_sums, high_sums, snap))
+    bracket = (low.unsqueeze(-1).expand(n, 2), high.unsqueeze(-1).expand(n, 2))
+    refined = _solve_segment(draft_high, target_high, draft_low, target_low, kk, *bracket, steps=_HOT_NEWTON_STEPS)
+    gap, slope = _segment_gap_and_slope(refined, draft_high, target_high, draft_low, target_low, kk)
+    refined = refined + (margin.unsqueeze(-1) - gap).clamp(min=0) / slope
+    rho = torch.minimum(refined.amin(-1), high)
+    return torch.where(k <= 1, ones, rho)  # K = 1: f(1) = 0 exactly

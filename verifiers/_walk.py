@@ -6,8 +6,8 @@ drafts' next tokens are tried *in order*, draft ``i`` is accepted with a
 probability ``accept_probs[i]`` that is fixed once the drafts are known, the
 first accepted one is the output, and if none is accepted the output is drawn
 from a ``residual`` distribution.  A :class:`NodeRule` returns those two
-things; :class:`TreeVerifier` walks the draft tree with it (the SpecTr tree of
-ALGORITHMS.md section 3: a drawn token that matches surviving drafts continues
+things; :class:`TreeVerifier` walks the draft tree with it (the SpecTr tree,
+docs/rules/spectr-tree.md: a drawn token that matches surviving drafts continues
 along them, otherwise the walk stops) and derives both the sampler and the
 exact law from the same numbers.
 """

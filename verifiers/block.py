@@ -1,6 +1,6 @@
-"""Block verification (Sun et al., ICLR 2025; ALGORITHMS.md section 4).
+"""Block verification (Sun et al., ICLR 2025; docs/rules/block.md).
 
-Block verification and greedy block verification (section 5) share one shape.
+Block verification and greedy block verification (docs/rules/greedy-block.md) share one shape.
 Along the single draft ``x_1..x_L`` each prefix ``x^i`` carries a weight
 ``w_i`` (``w_0 = 1``), and with
 
@@ -17,7 +17,7 @@ p(. | x^tau))_+`` normalised.  Then ``P(tau >= i | x^i) = min(1, w_i)``.
   p(x_i|x^{i-1}))``, so ``s_i = r_i + 1 - w_i`` and ``h_i = r_i / (r_i + 1 - w_i)``,
   the paper's rule.
 * Greedy block verification uses the raw joint ratio ``w_i = q(x^i) / p(x^i)``;
-  ``h_i = (A - D_+) / (A - D)`` of section 5 is the same expression divided by
+  its ``h_i = (A - D_+) / (A - D)`` is the same expression divided by
   ``p(x^i)``.  Computing ``s_i`` directly (not as ``r_i + 1 - w_i``) avoids a
   cancellation when ``w_i > 1``.
 """

@@ -1,15 +1,15 @@
-"""Greedy block verification (ALGORITHMS.md section 5), with and without its next-iteration repair.
+"""Greedy block verification (docs/rules/greedy-block.md), with and without its next-iteration repair.
 
 Greedy block verification accepts the drafted prefix ``x^i`` with the joint
 ratio, ``P(tau >= i | x^i) = min(1, q(x^i) / p(x^i))``: the maximal coupling
 of the draft's and the target's laws of ``i``-token strings, at every ``i`` at
 once.  That is more than any verifier exact with the unmodified target can
-accept (section 7), and one iteration alone is not exact: the correction
+accept (the block LPs, docs/audit/bounds.md), and one iteration alone is not exact: the correction
 token ``y ~ (q(x^tau y) - p(x^tau y))_+`` leaves the string ``x^tau y`` with
 the right probability but its continuation must be drawn from the joint
 residual ``(q(x^tau y z) - p(x^tau y z))_+`` until depth ``L``.
 
-The repair (section 5) is ``q~(x|u) = (q(ux) - B(ux)) / (q(u) - B(u) + E(u))``
+The general repair (docs/rules/greedy-block.md) is ``q~(x|u) = (q(ux) - B(ux)) / (q(u) - B(u) + E(u))``
 with this verifier's prefix law ``B`` and exact emission law ``E`` (averaged
 over the draft, given the iteration's start).  For this verifier
 ``B(u) = min(p(u), q(u)) + E(u)`` for ``|u| <= L`` and
@@ -69,7 +69,7 @@ class RepairedGreedyBlockVerification(GreedyBlockVerification):
     Same verdicts as ``greedy-block``; ``VerifyOutput.correction`` carries the repair
     ``q~(x | u) ∝ (q(ux) - p(ux))_+`` for nodes ``u`` below the emitted string that lie
     fewer than L tokens below the iteration start (joint probabilities from that start;
-    see the module docstring for why this is the section 5 repair).  Judge it with the
+    see the module docstring for why this is the general repair).  Judge it with the
     multi-iteration audit (:mod:`spectr_audit.exact.multi_iteration`); the single-iteration
     audit, which continues with the unmodified target, reports it inexact by design.
     """

@@ -33,7 +33,7 @@ def _rho_per_distinct_k(solver, draft_dist: torch.Tensor, target_dist: torch.Ten
 
 
 class KSeqRule(NodeRule):
-    """K-SEQ at one node, with k = the number of surviving drafts (ALGORITHMS.md section 2).
+    """K-SEQ at one node, with k = the number of surviving drafts (docs/rules/kseq.md).
 
     The exact law uses rho* from :func:`~spectr_audit.verifiers._rho_star.kseq_rho_star`; the sampler a valid
     rho equal to it to the rows' precision, found without sorting

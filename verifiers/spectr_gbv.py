@@ -1,7 +1,6 @@
 """SpecTr-GBV (Lin, Sheng, Cai, Zhou, 2026): the PUBLISHED rule, under audit.
 
-Sources: the paper's body was not available.  The seed note summarising it
-(``seeds/003_*.txt`` in the shared folder; ALGORITHMS.md calls it 002) describes
+Sources (docs/rules/spectr-gbv.md): the paper describes
 Algorithm 1 (iterate over the K drafts, skip sub-blocks already rejected,
 acceptance h_ik by Eq. 2, residual Eq. 4) and Algorithm 2 (modify the target at
 unaccepted positions before the next iteration).  The public implementation (repository junemily/SpecTr-GBV,
@@ -32,7 +31,7 @@ sample, by the target ``q(. | x_sel[1..tau])``), and ``1 - (1 - x)^K`` and
 cancellation that the literal formulas suffer for joint probabilities near 0 or 1).  For K = 1 the rule is greedy
 block verification (``c(y) = min(p(y), q(y))``).
 
-What the audit found (ALGORITHMS.md section 4's example: context-free
+What the audit found (block verification's worked example, docs/rules/block.md: context-free
 p = (2/3, 1/3), q = (1/3, 2/3), L = 2; single iteration by
 ``spectr_audit.exact.iteration.exact_iteration``, the loop by
 ``spectr_audit.exact.multi_iteration.exact_multi_iteration``, optima by
@@ -238,8 +237,10 @@ class PublishedSpecTrGBV(Verifier):
     correction/bonus token's uniform.  The exact law enumerates the coin outcomes of
     the tests actually performed (at most ``2^(K L)`` paths; K * L <= 12).
 
-    Audit findings (paper example p = (2/3, 1/3), q = (1/3, 2/3), L = 2): exact in one
-    iteration only for K = 1... see ``expected`` and the issue-3 closing note.
+    Audit findings (paper example p = (2/3, 1/3), q = (1/3, 2/3), L = 2): inexact in one
+    iteration at every K; at K = 1 (greedy block verification) the prefix cap holds, so a
+    repair of later iterations exists, and for K >= 2 it is exceeded, so none does (see the
+    module docstring and docs/rules/spectr-gbv.md).
     """
 
     name = "spectr-gbv-published"
@@ -309,8 +310,8 @@ class PublishedSpecTrGBVWithCorrection(PublishedSpecTrGBV):
     """The published rule plus a carried correction standing in for Algorithm 2.
 
     The sources say only that Algorithm 2 modifies the target distribution at the
-    unaccepted positions before the next iteration; neither the seed note nor the
-    public code gives the formula.  ASSUMPTION: the modification continues the
+    unaccepted positions before the next iteration; the public code does not
+    implement it and its formula is not available to this project.  ASSUMPTION: the modification continues the
     published residual below the emitted string: at every node ``u`` that extends the
     emitted string and lies fewer than L tokens below the iteration start, the next
     target is ``q(ux) (1 - min(1, p(ux)/q(ux))^K)`` normalised (joint probabilities

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from .acceptance import (
-    AcceptanceBound,
-    KSeqAcceptance,
-    LPBound,
+    KSeqAcceptanceResult,
+    OptimalAcceptanceLPResult,
+    OptimalAcceptanceResult,
     kseq_acceptance,
     optimal_acceptance,
     optimal_acceptance_lp,
@@ -21,9 +21,9 @@ from .block_lp import (
 )
 
 __all__ = [
-    "AcceptanceBound",
-    "KSeqAcceptance",
-    "LPBound",
+    "KSeqAcceptanceResult",
+    "OptimalAcceptanceLPResult",
+    "OptimalAcceptanceResult",
     "kseq_acceptance",
     "optimal_acceptance",
     "optimal_acceptance_lp",

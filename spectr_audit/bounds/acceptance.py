@@ -1,17 +1,17 @@
 """Optimal multi-draft acceptance, and the acceptance K-SEQ reaches.
 
-Notation follows ALGORITHMS.md: p is the draft distribution, q the target distribution,
+Notation (docs/audit/bounds.md): p is the draft distribution, q the target distribution,
 K the number of drafts, V the vocabulary size.  In code they are ``draft_probs``,
 ``target_probs``, ``num_drafts`` and ``vocab_size``.
 
 Three numbers describe how often a token-level multi-draft verifier can keep a draft token:
 
 * alpha*, the optimal membership acceptance: the largest ``P(Y in S(X_1..X_K))`` over all
-  couplings of the drafts with an output ``Y ~ q`` (section 6).  :func:`optimal_acceptance`
+  couplings of the drafts with an output ``Y ~ q`` (docs/audit/bounds.md).  :func:`optimal_acceptance`
   computes it in closed form at any vocabulary size; :func:`optimal_acceptance_lp` solves the
   transport LP on small cases and is the closed form's slow oracle.  No exact verifier can
   exceed alpha*: a measured acceptance above it proves the verifier inexact.
-* K-SEQ's acceptance ``P_A`` at ``rho*`` (section 2): :func:`kseq_acceptance`,
+* K-SEQ's acceptance ``P_A`` at ``rho*`` (docs/rules/kseq.md): :func:`kseq_acceptance`,
   :func:`kseq_rho_star`, :func:`kseq_accept_prob`.
 * SpecTr's guarantee ``P_A >= (1 - (1 - 1/K)^K) alpha*``: :func:`spectr_guarantee`.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import operator
 from collections.abc import Mapping
 from typing import Optional, Sequence, Union
 
@@ -35,13 +34,14 @@ from spectr_audit.verifiers._rho_star import (
     kseq_accept_prob,
     kseq_rho_star,
 )
-from spectr_audit.contract.verifier import PROB_ATOL
+from spectr_audit import defaults
+from spectr_audit._validation import SIMPLEX_ATOL, as_float64, check_simplex
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
 
 __all__ = [
-    "AcceptanceBound",
-    "KSeqAcceptance",
-    "LPBound",
+    "KSeqAcceptanceResult",
+    "OptimalAcceptanceLPResult",
+    "OptimalAcceptanceResult",
     "kseq_acceptance",
     "optimal_acceptance",
     "optimal_acceptance_lp",
@@ -65,7 +65,7 @@ _TIE_ATOL = 1e-12
 
 
 @dataclasses.dataclass(frozen=True)
-class AcceptanceBound:
+class OptimalAcceptanceResult:
     """The optimal membership acceptance alpha*, per row, and the set that attains it.
 
     Attributes
@@ -117,7 +117,7 @@ class AcceptanceBound:
 
 
 @dataclasses.dataclass(frozen=True)
-class LPBound:
+class OptimalAcceptanceLPResult:
     """The optimal membership acceptance found by the transport LP.
 
     Attributes
@@ -143,7 +143,7 @@ class LPBound:
 
 
 @dataclasses.dataclass(frozen=True)
-class KSeqAcceptance:
+class KSeqAcceptanceResult:
     """K-SEQ's acceptance at rho*, per row.
 
     Attributes
@@ -179,68 +179,12 @@ class KSeqAcceptance:
 # ---------------------------------------------------------------------------------------------
 
 
-def _sum_atol(dtype: torch.dtype, vocab_size: int) -> float:
-    """Row-sum tolerance: PROB_ATOL, widened for half precision whose rounding grows with V."""
-    if dtype in (torch.float16, torch.bfloat16):
-        eps = torch.finfo(dtype).eps
-        return max(PROB_ATOL, 4 * eps * math.sqrt(vocab_size) + eps)
-    return PROB_ATOL
-
-
-def _as_float64(name: str, probs: ProbsLike) -> tuple[torch.Tensor, float]:
-    """Convert to a float64 tensor (same device for torch input); also return the sum tolerance."""
-    if isinstance(probs, torch.Tensor):
-        if not probs.is_floating_point():
-            raise InvalidArgument(f"{name}: expected a floating-point tensor, got dtype {probs.dtype}")
-        dtype = probs.dtype
-        tensor = probs.detach().to(torch.float64)
-    else:
-        try:
-            array = np.asarray(probs, dtype=np.float64)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgument(
-                f"{name}: expected a torch tensor, numpy array or nested list of floats, "
-                f"got {type(probs).__name__} ({exc})"
-            ) from None
-        dtype = torch.float64
-        tensor = torch.as_tensor(array)
-    if tensor.dim() == 0:
-        raise InvalidArgument(f"{name}: expected shape [..., vocab_size], got a scalar")
-    if tensor.shape[-1] == 0:
-        raise InvalidArgument(f"{name}: vocab_size must be >= 1, got shape {tuple(tensor.shape)}")
-    return tensor, _sum_atol(dtype, tensor.shape[-1])
-
-
-def _check_simplex(name: str, probs: torch.Tensor, atol: float) -> None:
-    """Finite, non-negative rows that sum to 1 within ``atol``."""
-    if probs.numel() == 0:
-        return
-    finite = torch.isfinite(probs)
-    if not bool(finite.all()):
-        bad = tuple((~finite).nonzero()[0].tolist())
-        raise InvalidArgument(f"{name}: probabilities must be finite; found {probs[bad].item()} at index {bad}")
-    negative = probs < 0
-    if bool(negative.any()):
-        bad = tuple(negative.nonzero()[0].tolist())
-        raise InvalidArgument(
-            f"{name}: probabilities must be non-negative; found {probs[bad].item()} at index {bad}"
-        )
-    sums = probs.sum(-1)
-    off = (sums - 1).abs() > atol
-    if bool(off.any()):
-        bad = tuple(off.nonzero()[0].tolist())
-        raise InvalidArgument(
-            f"{name}: each distribution must sum to 1 within {atol:.1e}; the row at batch index {bad} "
-            f"sums to {sums[bad].item():.6g}"
-        )
-
-
 def _validated_pair(
     draft_probs: ProbsLike, target_probs: ProbsLike, *, one_dim: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Both distributions as float64 tensors of one shape, each row renormalised to sum 1."""
-    target, target_atol = _as_float64("target_probs", target_probs)
-    draft, draft_atol = _as_float64("draft_probs", draft_probs)
+    target, target_atol = as_float64("target_probs", target_probs)
+    draft, draft_atol = as_float64("draft_probs", draft_probs)
     if one_dim and target.dim() != 1:
         raise InvalidArgument(f"target_probs: expected shape [vocab_size], got {tuple(target.shape)}")
     if draft.shape != target.shape:
@@ -252,8 +196,8 @@ def _validated_pair(
         raise InvalidArgument(
             f"draft_probs: expected the device of target_probs ({target.device}), got {draft.device}"
         )
-    _check_simplex("draft_probs", draft, draft_atol)
-    _check_simplex("target_probs", target, target_atol)
+    check_simplex("draft_probs", draft, draft_atol, index_name="batch index")
+    check_simplex("target_probs", target, target_atol, index_name="batch index")
     # Renormalise in float64 so that the bounds describe exact distributions.
     return draft / draft.sum(-1, keepdim=True), target / target.sum(-1, keepdim=True)
 
@@ -295,7 +239,7 @@ def optimal_acceptance(
     # [..., vocab_size]
     target_probs: ProbsLike,
     num_drafts: int,
-) -> AcceptanceBound:
+) -> OptimalAcceptanceResult:
     """The optimal membership acceptance alpha* for K i.i.d. drafts, in closed form.
 
     ``alpha* = max P(Y in {X_1..X_K})`` over couplings of ``X_i ~ p`` i.i.d. with ``Y ~ q``;
@@ -313,7 +257,7 @@ def optimal_acceptance(
 
     Returns
     -------
-    AcceptanceBound
+    OptimalAcceptanceResult
         ``value`` is a float64 tensor of shape ``[...]`` (0-d for a single row; ``.item()``
         gives a float); ``argmin_set()`` gives the minimising token set of a row.
 
@@ -354,7 +298,7 @@ def optimal_acceptance(
     min_value = prefix_values.amin(-1)
     near_min = prefix_values <= min_value.unsqueeze(-1) + _TIE_ATOL
     argmin_size = near_min.to(torch.uint8).argmax(-1)  # first prefix within the tie tolerance
-    return AcceptanceBound(
+    return OptimalAcceptanceResult(
         value=min_value.clamp(0.0, 1.0),
         argmin_set_size=argmin_size.to(torch.int64),
         token_order=order,
@@ -389,7 +333,7 @@ def _solve_set_lp(
     target: np.ndarray,
     solver: Optional[str],
     max_variables: int,
-) -> LPBound:
+) -> OptimalAcceptanceLPResult:
     """Maximise sum pi(S, y) s.t. per-set mass <= P(S), per-token mass <= q(y)."""
     import cvxpy as cp
     import scipy.sparse as sp
@@ -423,7 +367,7 @@ def _solve_set_lp(
     else:
         candidates = tuple(name for name in _LP_SOLVERS if name in installed)
     failures: list[str] = []
-    inaccurate: Optional[LPBound] = None
+    inaccurate: Optional[OptimalAcceptanceLPResult] = None
     for name in candidates:
         try:
             problem.solve(solver=name)
@@ -431,7 +375,7 @@ def _solve_set_lp(
             failures.append(f"{name}: {exc}")
             continue
         if problem.status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE):
-            result = LPBound(
+            result = OptimalAcceptanceLPResult(
                 value=float(problem.value),
                 status=str(problem.status),
                 solver=name,
@@ -455,8 +399,8 @@ def optimal_acceptance_lp_from_sets(
     target_probs: ProbsLike,
     *,
     solver: Optional[str] = None,
-    max_variables: int = 200_000,
-) -> LPBound:
+    max_variables: int = defaults.LP_MAX_VARIABLES,
+) -> OptimalAcceptanceLPResult:
     """alpha* for any law of the draft set, by the transport LP.
 
     Parameters
@@ -475,7 +419,7 @@ def optimal_acceptance_lp_from_sets(
 
     Returns
     -------
-    LPBound
+    OptimalAcceptanceLPResult
         The optimum, the solver status and name, and the LP size.
 
     Raises
@@ -511,10 +455,10 @@ def optimal_acceptance_lp_from_sets(
     >>> round(bound.value, 6), bound.status, bound.num_variables
     (0.885714, 'optimal', 6)
     """
-    target, atol = _as_float64("target_probs", target_probs)
+    target, atol = as_float64("target_probs", target_probs)
     if target.dim() != 1:
         raise InvalidArgument(f"target_probs: expected shape [vocab_size], got {tuple(target.shape)}")
-    _check_simplex("target_probs", target, atol)
+    check_simplex("target_probs", target, atol, index_name="batch index")
     vocab_size = target.shape[0]
     if not isinstance(set_probs, Mapping):
         raise InvalidArgument(
@@ -541,8 +485,8 @@ def optimal_acceptance_lp_from_sets(
         frozen = frozenset(tokens)
         cleaned[frozen] = cleaned.get(frozen, 0.0) + mass
     total = sum(cleaned.values())
-    if abs(total - 1.0) > PROB_ATOL:
-        raise InvalidArgument(f"set_probs: masses must sum to 1 within {PROB_ATOL:.1e}, got {total:.6g}")
+    if abs(total - 1.0) > SIMPLEX_ATOL:
+        raise InvalidArgument(f"set_probs: masses must sum to 1 within {SIMPLEX_ATOL:.1e}, got {total:.6g}")
     target_np = target.cpu().numpy()
     target_np = target_np / target_np.sum()
     normalised = {key: mass / total for key, mass in cleaned.items()}
@@ -557,8 +501,8 @@ def optimal_acceptance_lp(
     num_drafts: int,
     *,
     solver: Optional[str] = None,
-    max_variables: int = 200_000,
-) -> LPBound:
+    max_variables: int = defaults.LP_MAX_VARIABLES,
+) -> OptimalAcceptanceLPResult:
     """alpha* for K i.i.d. drafts by the transport LP (small cases; oracle for the closed form).
 
     Parameters
@@ -577,7 +521,7 @@ def optimal_acceptance_lp(
 
     Returns
     -------
-    LPBound
+    OptimalAcceptanceLPResult
         See :func:`optimal_acceptance_lp_from_sets`.
 
     Notes
@@ -618,7 +562,7 @@ def kseq_acceptance(
     target_probs: ProbsLike,
     # [...] or int
     num_drafts: Union[int, torch.Tensor],
-) -> KSeqAcceptance:
+) -> KSeqAcceptanceResult:
     """K-SEQ's acceptance ``P_A = 1 - (1 - beta(rho*))^K``, validated and batched.
 
     Parameters
@@ -632,7 +576,7 @@ def kseq_acceptance(
 
     Returns
     -------
-    KSeqAcceptance
+    KSeqAcceptanceResult
         ``value`` (P_A), ``rho_star`` and ``beta``, each float64 of shape ``[...]``.
 
     Notes
@@ -661,4 +605,4 @@ def kseq_acceptance(
         k = _check_num_drafts(num_drafts)
     rho = kseq_rho_star(draft, target, k)
     beta = _kseq_beta(draft, target, rho)
-    return KSeqAcceptance(value=kseq_accept_prob(beta, k), rho_star=rho, beta=beta)
+    return KSeqAcceptanceResult(value=kseq_accept_prob(beta, k), rho_star=rho, beta=beta)

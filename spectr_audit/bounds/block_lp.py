@@ -1,4 +1,4 @@
-"""The sequence-level optimum on small cases: the block LPs of ALGORITHMS.md section 7.
+"""The sequence-level optimum on small cases: the block LPs (docs/audit/bounds.md).
 
 For every draft tuple (K drafts of L tokens) a verifier chooses a law
 ``pi(s | tuple)`` over the strings it may emit: a prefix (length 0..L) of one of
@@ -33,6 +33,7 @@ import torch
 
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.exact.iteration import enumerate_drafts
+from spectr_audit import defaults
 from spectr_audit.drafting.models import Model
 from spectr_audit.exact.multi_iteration import target_string_law
 
@@ -41,10 +42,14 @@ __all__ = ["BlockLPResult", "CLARABEL_FALLBACK_OPTIONS", "CLARABEL_OPTIONS", "bl
 #: Statuses under which a value is reported.
 _SOLVED = ("optimal",)
 
-#: CLARABEL's defaults stop near 1e-8; the audit compares optima with exact efficiencies.
-CLARABEL_OPTIONS = {"tol_gap_abs": 1e-11, "tol_gap_rel": 1e-11, "tol_feas": 1e-11, "tol_ktratio": 1e-9}
+#: CLARABEL's defaults stop near 1e-8; the audit compares optima with exact efficiencies
+#: (``defaults.LP_SOLVER_TOL``).
+CLARABEL_OPTIONS = {"tol_gap_abs": defaults.LP_SOLVER_TOL, "tol_gap_rel": defaults.LP_SOLVER_TOL,
+                    "tol_feas": defaults.LP_SOLVER_TOL, "tol_ktratio": 1e-9}
 #: Tried next when a badly scaled case does not reach an optimal status under CLARABEL_OPTIONS.
-CLARABEL_FALLBACK_OPTIONS = {"tol_gap_abs": 1e-9, "tol_gap_rel": 1e-9, "tol_feas": 1e-9}
+CLARABEL_FALLBACK_OPTIONS = {"tol_gap_abs": defaults.LP_SOLVER_FALLBACK_TOL,
+                             "tol_gap_rel": defaults.LP_SOLVER_FALLBACK_TOL,
+                             "tol_feas": defaults.LP_SOLVER_FALLBACK_TOL}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +128,51 @@ def _solve(problem, solver: str, attempts: Sequence[dict]) -> tuple[float, str]:
     return math.nan, status
 
 
+def _distinct_strings(length: np.ndarray, code: np.ndarray, string_target: np.ndarray):
+    """The distinct candidate strings: their lengths and codes, the string of each variable, and q(s)."""
+    strings, string_of_var = np.unique(np.stack([length, code], 1), axis=0, return_inverse=True)
+    string_of_var = string_of_var.reshape(-1)
+    string_q = np.zeros(strings.shape[0])
+    string_q[string_of_var] = string_target
+    return strings[:, 0], strings[:, 1], string_of_var, string_q
+
+
+def _exactness_rows(string_length: np.ndarray, string_code: np.ndarray, target_full: np.ndarray,
+                    vocab_size: int, full: int) -> sp.csr_matrix:
+    """Unmodified continuation: one row per w of ``full`` tokens with q(w) > 0, summing ratio(s) over s prefix of w.
+
+    ``sum_{s prefix of w} E(s)/q(s) = 1`` is the LP's ``sum_tuple P(tuple) sum_s pi(s|tuple) q(w)/q(s) = q(w)``
+    divided by q(w) (docs/audit/bounds.md).
+    """
+    rows, cols = [], []
+    for m in range(1, full + 1):
+        sel = np.nonzero(string_length == m)[0]
+        tail = vocab_size ** (full - m)
+        rows.append((string_code[sel, None] * tail + np.arange(tail)).reshape(-1))  # every w extending s
+        cols.append(np.repeat(sel, tail))
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    possible = target_full > 0
+    keep = possible[rows]
+    row_index = np.cumsum(possible) - 1
+    return sp.csr_matrix(
+        (np.ones(int(keep.sum())), (row_index[rows[keep]], cols[keep])), shape=(int(possible.sum()), len(string_code))
+    )
+
+
+def _cap_rows(string_length: np.ndarray, string_code: np.ndarray, string_q: np.ndarray, caps: np.ndarray,
+              vocab_size: int, full: int) -> sp.csr_matrix:
+    """Prefix caps: one row per u of 1 .. ``full`` tokens, ``sum_{s extends u} q(s)/q(u) ratio(s)`` (caps: q(u))."""
+    offsets = np.cumsum([0] + [vocab_size**m for m in range(1, full + 1)])
+    rows, cols = [], []
+    for m in range(1, full + 1):
+        sel = np.nonzero(string_length >= m)[0]
+        rows.append(offsets[m - 1] + string_code[sel] // vocab_size ** (string_length[sel] - m))
+        cols.append(sel)
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    # Strings with q(s) > 0 only extend prefixes with q(u) > 0.
+    return sp.csr_matrix((string_q[cols] / caps[rows], (rows, cols)), shape=(offsets[-1], len(string_code)))
+
+
 def block_lp(
     draft_model: Model,
     target_model: Model,
@@ -182,44 +232,27 @@ def block_lp(
     else:
         attempts = [CLARABEL_OPTIONS, CLARABEL_FALLBACK_OPTIONS, {}] if solver == "CLARABEL" else [{}]
     vocab_size = draft_model.vocab_size
-    enum = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, "iid", prefix)
-    num_tuples = enum.weights.shape[0]
-    tuple_weight = enum.weights.double().numpy()
-    tuple_of, length, code, string_target = _candidates(enum.draft_tokens, enum.target_probs, vocab_size)
+    enumeration = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, "iid", prefix)
+    num_tuples = enumeration.weights.shape[0]
+    tuple_weight = enumeration.weights.double().numpy()
+    tuple_of, length, code, string_target = _candidates(enumeration.draft_tokens, enumeration.target_probs, vocab_size)
     num_vars = tuple_of.shape[0]
     # Variables scaled for the solver: mass[v] = P(tuple) pi(s|tuple) per candidate and ratio[s] = E(s)/q(s)
     # per distinct string, linked by sum_tuple mass = q(s) ratio(s); the constraints on ratio then have
     # coefficients in [0, 1] instead of q(w)/q(s), which spans many orders of magnitude.
-    strings, string_of_var = np.unique(np.stack([length, code], 1), axis=0, return_inverse=True)
-    string_of_var = string_of_var.reshape(-1)
-    num_strings = strings.shape[0]
-    string_length, string_code = strings[:, 0], strings[:, 1]
-    string_q = np.zeros(num_strings)
-    string_q[string_of_var] = string_target
+    string_length, string_code, string_of_var, string_q = _distinct_strings(length, code, string_target)
+    num_strings = string_q.shape[0]
     mass = cp.Variable(num_vars, nonneg=True)
     ratio = cp.Variable(num_strings, nonneg=True)
     normalise = sp.csr_matrix((np.ones(num_vars), (tuple_of, np.arange(num_vars))), shape=(num_tuples, num_vars))
     gather = sp.csr_matrix((np.ones(num_vars), (string_of_var, np.arange(num_vars))), shape=(num_strings, num_vars))
     link = gather @ mass == cp.multiply(string_q, ratio)
     objective = cp.Maximize(length @ mass)
-
-    # Unmodified continuation: for every w of L + 1 tokens with q(w) > 0, sum_{s prefix of w} E(s)/q(s) = 1
-    # (section 7's sum_tuple P(tuple) sum_s pi(s|tuple) q(w)/q(s) = q(w), divided by q(w)).
     full = draft_len + 1
-    target_full = target_string_law(target_model, full, prefix).numpy()
-    rows, cols = [], []
-    for m in range(1, full + 1):
-        sel = np.nonzero(string_length == m)[0]
-        tail = vocab_size ** (full - m)
-        rows.append((string_code[sel, None] * tail + np.arange(tail)).reshape(-1))  # every w extending s
-        cols.append(np.repeat(sel, tail))
-    rows, cols = np.concatenate(rows), np.concatenate(cols)
-    possible = target_full > 0
-    keep = possible[rows]
-    row_index = np.cumsum(possible) - 1
-    exactness = sp.csr_matrix(
-        (np.ones(int(keep.sum())), (row_index[rows[keep]], cols[keep])), shape=(int(possible.sum()), num_strings)
-    )
+
+    # Unmodified continuation: for every w of L + 1 tokens with q(w) > 0, sum_{s prefix of w} E(s)/q(s) = 1.
+    exactness = _exactness_rows(string_length, string_code, target_string_law(target_model, full, prefix).numpy(),
+                                vocab_size, full)
     # The exactness rows, weighted by q(w), sum to total mass 1, as do the normalisations: drop the last
     # normalisation so that the equality system has full rank (interior-point solvers stall otherwise).
     unmodified = cp.Problem(
@@ -228,16 +261,8 @@ def block_lp(
     unmodified_value, unmodified_status = _solve(unmodified, solver, attempts)
 
     # Repair allowed: B(u) <= q(u) for every u of 1 .. L + 1 tokens, as sum_{s extends u} q(s)/q(u) ratio(s) <= 1.
-    offsets = np.cumsum([0] + [vocab_size**m for m in range(1, full + 1)])
     caps = np.concatenate([target_string_law(target_model, m, prefix).numpy() for m in range(1, full + 1)])
-    rows, cols = [], []
-    for m in range(1, full + 1):
-        sel = np.nonzero(string_length >= m)[0]
-        rows.append(offsets[m - 1] + string_code[sel] // vocab_size ** (string_length[sel] - m))
-        cols.append(sel)
-    rows, cols = np.concatenate(rows), np.concatenate(cols)
-    # Strings with q(s) > 0 only extend prefixes with q(u) > 0.
-    cap = sp.csr_matrix((string_q[cols] / caps[rows], (rows, cols)), shape=(offsets[-1], num_strings))
+    cap = _cap_rows(string_length, string_code, string_q, caps, vocab_size, full)
     repair = cp.Problem(objective, [normalise @ mass == tuple_weight, link, cap @ ratio <= 1])
     repair_value, repair_status = _solve(repair, solver, attempts)
     return BlockLPResult(
@@ -249,8 +274,8 @@ def block_lp(
         solver=solver,
         unmodified_value=unmodified_value,
         unmodified_status=unmodified_status,
-        unmodified_num_constraints=int(possible.sum()) + num_strings + num_tuples - 1,
+        unmodified_num_constraints=int(exactness.shape[0]) + num_strings + num_tuples - 1,
         repair_value=repair_value,
         repair_status=repair_status,
-        repair_num_constraints=int(offsets[-1]) + num_strings + num_tuples,
+        repair_num_constraints=int(cap.shape[0]) + num_strings + num_tuples,
     )

@@ -1,7 +1,9 @@
 """The verifier contract: everything a verifier may import.
 
-The contract (:mod:`.verifier`), carried corrections (:mod:`.correction`) and the one
-randomness seam (:mod:`.randomness`).  It imports nothing of the audit.
+The contract (:mod:`.verifier`), carried corrections (:mod:`.correction`), the one
+randomness seam (:mod:`.randomness`), draft trees (:mod:`.tree`), the tree-verifier
+contract (:mod:`.tree_verifier`) and chains as trees (:mod:`.chain_trees`).  It imports
+nothing of the audit.
 """
 
 from __future__ import annotations
@@ -35,6 +37,34 @@ from .randomness import (
     sample_categorical_with_total,
     uniform,
 )
+from .tree import (
+    TREE_DRAFT_SCHEMES,
+    TreeDraftScheme,
+    DraftTree,
+    draft_scheme_violation,
+    topk_order,
+)
+from .tree_verifier import (
+    TreeVerifier,
+    TreeVerifyOutput,
+    FunctionTreeVerifier,
+    as_tree_verifier,
+    check_tree_inputs,
+    check_tree_output,
+    check_tree_output_probs,
+)
+from .chain_trees import (
+    TreeInputs,
+    ChainVerifierAsTree,
+    TreeVerifierAsChain,
+    chain_node_index,
+    chains_as_tree_inputs,
+    tree_inputs_as_chains,
+    chain_output_as_tree,
+    tree_output_as_chain,
+    chain_law_as_tree,
+    tree_law_as_chain,
+)
 
 __all__ = [
     "DRAFT_SCHEMES",
@@ -60,4 +90,26 @@ __all__ = [
     "sample_categorical_from_cdf",
     "sample_categorical_with_total",
     "uniform",
+    "TREE_DRAFT_SCHEMES",
+    "TreeDraftScheme",
+    "DraftTree",
+    "draft_scheme_violation",
+    "topk_order",
+    "TreeVerifier",
+    "TreeVerifyOutput",
+    "FunctionTreeVerifier",
+    "as_tree_verifier",
+    "check_tree_inputs",
+    "check_tree_output",
+    "check_tree_output_probs",
+    "TreeInputs",
+    "ChainVerifierAsTree",
+    "TreeVerifierAsChain",
+    "chain_node_index",
+    "chains_as_tree_inputs",
+    "tree_inputs_as_chains",
+    "chain_output_as_tree",
+    "tree_output_as_chain",
+    "chain_law_as_tree",
+    "tree_law_as_chain",
 ]

@@ -171,8 +171,8 @@ class JointResidualCorrection:
     from the correcting iteration's start (``q`` is the target that iteration
     verified against).  Where that mass is zero the target is left unchanged.
     With ``exponent = 1`` this is ``(q(ux) - p(ux))_+`` normalised, which is
-    exactly the repair of ALGORITHMS.md section 5 for greedy block
-    verification: its ``q~(x|u) = (q(ux) - B(ux)) / (q(u) - B(u) + E(u))``
+    exactly the repair of greedy block verification (docs/rules/greedy-block.md):
+    its ``q~(x|u) = (q(ux) - B(ux)) / (q(u) - B(u) + E(u))``
     with greedy block verification's prefix and exact emission laws ``B, E``
     simplifies to that residual at depths ``< draft_len`` and to ``q`` at
     depth ``draft_len``.  Only the joint ratio ``p(u) / q(u)`` of the

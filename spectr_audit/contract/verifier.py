@@ -25,11 +25,11 @@ by cell.  Audits compare emitted strings only, never verdict fields alone.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable, Literal, Optional
 
 import torch
 
+from spectr_audit._validation import LAW_MASS_ATOL, LAW_NEGATIVE_ATOL, SIMPLEX_ATOL, check_simplex
 from spectr_audit.errors import InvalidArgument, VerifierError
 from spectr_audit.contract.randomness import RandomSource
 
@@ -49,9 +49,10 @@ __all__ = [
 DraftScheme = Literal["iid", "without_replacement"]
 DRAFT_SCHEMES: tuple[str, ...] = ("iid", "without_replacement")
 
-#: Tolerance on ``|sum(probs) - 1|`` for float32/float64 inputs.  Half-precision
-#: inputs get a tolerance scaled to their rounding (see ``_simplex_atol``).
-PROB_ATOL = 1e-4
+#: Tolerance on ``|sum(probs) - 1|`` for float32/float64 inputs: the one simplex tolerance,
+#: :data:`spectr_audit._validation.SIMPLEX_ATOL`.  Half-precision inputs get it widened to their
+#: rounding (:func:`spectr_audit._validation.simplex_atol`).
+PROB_ATOL = SIMPLEX_ATOL
 
 Expected = Optional[Literal["exact", "inexact"]]
 
@@ -91,14 +92,6 @@ class VerifyOutput:
         return out
 
 
-def _simplex_atol(dtype: torch.dtype, vocab_size: int) -> float:
-    """Tolerance on a row sum: generous for half precision, whose rounding grows with V."""
-    if dtype in (torch.float16, torch.bfloat16):
-        eps = torch.finfo(dtype).eps
-        return max(PROB_ATOL, 4 * eps * math.sqrt(vocab_size) + eps)
-    return PROB_ATOL
-
-
 def _check_probs(name: str, probs: torch.Tensor, expected_shape: tuple[int, ...]) -> None:
     if not isinstance(probs, torch.Tensor):
         raise InvalidArgument(f"{name}: expected a torch.Tensor, got {type(probs).__name__}")
@@ -106,33 +99,7 @@ def _check_probs(name: str, probs: torch.Tensor, expected_shape: tuple[int, ...]
         raise InvalidArgument(f"{name}: expected a floating-point tensor, got dtype {probs.dtype}")
     if tuple(probs.shape) != tuple(expected_shape):
         raise InvalidArgument(f"{name}: expected shape {tuple(expected_shape)}, got {tuple(probs.shape)}")
-    if probs.numel() == 0:
-        return
-    # One pass finds the extremes (NaN propagates into them, inf and negatives show up there); the
-    # offending index is located only when something is wrong.
-    low, high = torch.aminmax(probs)
-    if not bool(torch.isfinite(low) & torch.isfinite(high)):
-        bad = (~torch.isfinite(probs)).nonzero()[0].tolist()
-        raise InvalidArgument(
-            f"{name}: probabilities must be finite; found {probs[tuple(bad)].item()} at index {tuple(bad)}"
-        )
-    if bool(low < 0):
-        bad = (probs < 0).nonzero()[0].tolist()
-        raise InvalidArgument(
-            f"{name}: probabilities must be non-negative; found {probs[tuple(bad)].item():.3g} at index {tuple(bad)}"
-        )
-    # Row sums in the rows' own precision for float32/float64 (a float64 copy of every row would cost
-    # more than the verifier; float32's cascade summation is accurate to ~1e-7, far inside the tolerance),
-    # half precision in float32.
-    sums = (probs if probs.dtype in (torch.float32, torch.float64) else probs.float()).sum(-1).double()
-    atol = _simplex_atol(probs.dtype, probs.shape[-1])
-    off = (sums - 1).abs() > atol
-    if bool(off.any()):
-        bad = off.nonzero()[0].tolist()
-        raise InvalidArgument(
-            f"{name}: each distribution must sum to 1 within {atol:.1e}; the row at index {tuple(bad)} "
-            f"sums to {sums[tuple(bad)].item():.6g}"
-        )
+    check_simplex(name, probs)
 
 
 def _normalised64(probs: torch.Tensor) -> torch.Tensor:
@@ -252,11 +219,11 @@ def check_output_probs(
     low, high = torch.aminmax(output_probs)  # one pass: NaN propagates into both, inf shows in one
     if not bool(torch.isfinite(low) & torch.isfinite(high)):
         raise VerifierError(f"{who}: output_probs contains NaN or Inf")
-    if bool(low < -1e-12):
+    if bool(low < -LAW_NEGATIVE_ATOL):
         raise VerifierError(f"{who}: output_probs contains negative probabilities (min {low.item():.3g})")
     totals = (output_probs if output_probs.dtype == torch.float64 else output_probs.double()).sum((1, 2, 3))
-    if batch_size and bool(((totals - 1).abs() > 1e-6).any()):
-        bad = ((totals - 1).abs() > 1e-6).nonzero()[0].item()
+    if batch_size and bool(((totals - 1).abs() > LAW_MASS_ATOL).any()):
+        bad = ((totals - 1).abs() > LAW_MASS_ATOL).nonzero()[0].item()
         raise VerifierError(f"{who}: output_probs row {bad} sums to {totals[bad].item():.9g}, not 1")
     return output_probs
 
@@ -283,6 +250,10 @@ class Verifier:
     guarantees : frozenset of str
         Optimality claims the audit should check: ``"spectr"`` for
         acceptance >= (1 - (1 - 1/K)^K) alpha*, ``"optimal"`` for acceptance = alpha*.
+    takes_logits : bool
+        ``False`` (this base): ``verify`` takes processed probabilities.  ``True`` for a
+        :class:`spectr_audit.contract.logits.LogitsVerifier`, which takes raw draft and target
+        logits and :class:`~spectr_audit.contract.sampling.SamplingParams`, as engines do.
     """
 
     name: str = ""
@@ -294,6 +265,7 @@ class Verifier:
     max_draft_len: Optional[int] = None
     expected: Expected = None
     guarantees: frozenset = frozenset()
+    takes_logits: bool = False
 
     # -- public, validated -------------------------------------------------
     def verify(

@@ -19,6 +19,11 @@ from .harness import (
     verify_step,
     left_pad,
 )
+from .tree import (
+    TreeDraftBatch,
+    draft_tree,
+    verify_tree_step,
+)
 from .decoding import (
     complete,
     decode,
@@ -38,6 +43,9 @@ __all__ = [
     "draft",
     "verify_step",
     "left_pad",
+    "TreeDraftBatch",
+    "draft_tree",
+    "verify_tree_step",
     "complete",
     "decode",
     "emitted_tokens",

@@ -9,11 +9,12 @@ batch may have different true lengths).
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
+from spectr_audit._validation import as_distribution
 from spectr_audit.errors import InvalidArgument
 
 __all__ = [
@@ -29,27 +30,6 @@ __all__ = [
 
 #: Padding id in right-aligned contexts.
 PAD = -1
-
-
-def as_distribution(values, argument: str, vocab_size: Optional[int] = None, atol: float = 1e-6) -> torch.Tensor:
-    """Validate a 1-D probability vector (list, numpy or torch); return float64 torch."""
-    try:
-        tensor = torch.as_tensor(np.asarray(values, dtype=np.float64) if not isinstance(values, torch.Tensor) else values)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"{argument}: expected a sequence of probabilities, got {values!r}") from exc
-    tensor = tensor.to(torch.float64)
-    if tensor.dim() != 1 or tensor.numel() == 0:
-        raise InvalidArgument(f"{argument}: expected a non-empty 1-D probability vector, got shape {tuple(tensor.shape)}")
-    if vocab_size is not None and tensor.numel() != vocab_size:
-        raise InvalidArgument(f"{argument}: expected {vocab_size} probabilities, got {tensor.numel()}")
-    if not bool(torch.isfinite(tensor).all()):
-        raise InvalidArgument(f"{argument}: probabilities must be finite, got {tensor.tolist()}")
-    if bool((tensor < 0).any()):
-        raise InvalidArgument(f"{argument}: probabilities must be non-negative, got {tensor.tolist()}")
-    total = float(tensor.sum())
-    if abs(total - 1) > atol:
-        raise InvalidArgument(f"{argument}: probabilities must sum to 1 (within {atol:g}), got sum {total:.9g}")
-    return tensor / total
 
 
 class Model:

@@ -38,49 +38,7 @@ True
 
 from __future__ import annotations
 
-import importlib
-
-from spectr_audit.contract.verifier import Verifier
-from spectr_audit.errors import InvalidArgument
+# The adapters are one namespace ("engine") of the one registry, which holds their table.
+from spectr_audit.registry import ENGINES, engine_names, load_engine
 
 __all__ = ["ENGINES", "engine_names", "load_engine"]
-
-_PACKAGE = "spectr_audit.engines"
-
-#: Short name -> ("module:Class", pip extra).  Imported only when asked for.
-ENGINES: dict[str, tuple[str, str]] = {
-    "transformers": (f"{_PACKAGE}.transformers_sd:TransformersSpeculativeSampling", "transformers"),
-    "vllm": (f"{_PACKAGE}.vllm_v1:VLLMRejectionSampler", "vllm"),
-    "vllm-no-draft-probs": (f"{_PACKAGE}.vllm_v1:VLLMRejectionSamplerNoDraftProbs", "vllm"),
-    "lmdeploy": (f"{_PACKAGE}.lmdeploy_rs:LMDeployRejectionSampler", "lmdeploy"),
-    "lmdeploy-no-draft-probs": (f"{_PACKAGE}.lmdeploy_rs:LMDeployRejectionSamplerNoDraftProbs", "lmdeploy"),
-    "keras-hub": (f"{_PACKAGE}.keras_hub_sd:KerasHubSpeculativeSampler", "keras-hub"),
-    "sglang": (f"{_PACKAGE}.sglang_chain:SGLangChainVerifier", "sglang"),
-    "sglang-block": (f"{_PACKAGE}.sglang_chain:SGLangBlockVerifier", "sglang"),
-}
-
-
-def engine_names() -> list[str]:
-    """Short names of the engine adapters."""
-    return list(ENGINES)
-
-
-def load_engine(name: str, **kwargs) -> Verifier:
-    """Build the adapter called ``name`` (keyword arguments go to its constructor).
-
-    Raises
-    ------
-    InvalidArgument
-        For an unknown name, or when the engine is not installed (the message names the extra).
-    """
-    if name not in ENGINES:
-        raise InvalidArgument(f"name: unknown engine {name!r}; known: {', '.join(ENGINES)}")
-    spec, extra = ENGINES[name]
-    module, _, attr = spec.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-        return cls(**kwargs)
-    except ImportError as exc:
-        raise InvalidArgument(
-            f"name: engine {name!r} needs the optional extra: pip install 'spectr-audit[{extra}]' ({exc})"
-        ) from exc

@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 
+from spectr_audit import defaults
 from spectr_audit.engines import engine_names, load_engine
 from spectr_audit.errors import InvalidArgument
 
@@ -29,9 +30,9 @@ def main(argv=None) -> int:
     parser.add_argument("--draft", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4], help="draft distribution")
     parser.add_argument("--target", type=float, nargs="+", default=[0.4, 0.3, 0.2, 0.1], help="target distribution")
     parser.add_argument("--draft-len", type=int, default=1)
-    parser.add_argument("--samples", type=int, default=20_000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--alpha", type=float, default=1e-3)
+    parser.add_argument("--samples", type=int, default=defaults.CHECK_SAMPLES)
+    parser.add_argument("--seed", type=int, default=defaults.SEED)
+    parser.add_argument("--alpha", type=float, default=defaults.ALPHA)
     args = parser.parse_args(argv)
 
     from spectr_audit.bounds.acceptance import optimal_acceptance

@@ -99,7 +99,7 @@ class VLLMRejectionSampler(EngineVerifier):
     -----
     The CPU kernel casts vLLM's float64 uniforms to float32 before the test
     ``target / draft >= u`` (an inclusive test: a uniform that rounds to 0 would accept a draft
-    of target probability 0, HISTORIC_BUGS #9; the rounding has probability about 2^-150).
+    of target probability 0, docs/historic-bugs.md entry 9; the rounding has probability about 2^-150).
     """
 
     name = "vllm"

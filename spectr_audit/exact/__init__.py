@@ -5,24 +5,24 @@ from __future__ import annotations
 
 from .iteration import (
     DraftEnumeration,
-    ExactIterationAudit,
+    ExactIterationResult,
     enumerate_drafts,
     exact_iteration,
     string_of,
 )
 from .multi_iteration import (
-    MultiIterationAudit,
+    MultiIterationResult,
     exact_multi_iteration,
     target_string_law,
 )
 
 __all__ = [
     "DraftEnumeration",
-    "ExactIterationAudit",
+    "ExactIterationResult",
     "enumerate_drafts",
     "exact_iteration",
     "string_of",
-    "MultiIterationAudit",
+    "MultiIterationResult",
     "exact_multi_iteration",
     "target_string_law",
 ]

@@ -3,7 +3,7 @@
 For small V, K and L every draft tuple is enumerated with its probability under
 the drafting scheme, the verifier's exact conditional law (``output_probs``) is
 summed, and the law ``E(s)`` of the emitted string is obtained in float64.
-From it (DESIGN.md, "What the audit measures"):
+From it (docs/audit/exact.md):
 
 * ``F(w)``: the law of the first ``L + 1`` tokens when decoding continues with
   the unmodified target after the step; the step is exact iff ``F = q``;
@@ -27,7 +27,7 @@ from spectr_audit.contract.verifier import Verifier, check_output_probs, check_v
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.drafting.models import Model, contexts_from
 
-__all__ = ["DraftEnumeration", "ExactIterationAudit", "enumerate_drafts", "exact_iteration", "string_of"]
+__all__ = ["DraftEnumeration", "ExactIterationResult", "enumerate_drafts", "exact_iteration", "string_of"]
 
 #: Refuse enumerations larger than this many draft tuples.
 MAX_TUPLES = 2_000_000
@@ -133,7 +133,7 @@ def enumerate_drafts(
                 f"distribution with {len(support)} tokens of positive probability"
             )
         if math.perm(len(support), num_drafts) > MAX_TUPLES:
-            raise InvalidArgument(f"num_drafts: too many ordered draft tuples for an exact audit")
+            raise InvalidArgument("num_drafts: too many ordered draft tuples for an exact audit")
         index = torch.tensor(list(itertools.permutations(support, num_drafts)), dtype=torch.int64)
         picked = probs[index]  # [N, K]
         # Mass left before each pick, summed over the tokens not yet drawn (1 - cumsum would cancel
@@ -170,7 +170,7 @@ def string_of(code: int, length: int, vocab_size: int) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class ExactIterationAudit:
+class ExactIterationResult:
     """Exact law of one verification step and the quantities derived from it.
 
     Laws over strings of length m are flat float64 tensors of size ``V**m``,
@@ -195,8 +195,10 @@ class ExactIterationAudit:
     token_tv_distance: float
     prefix_cap_excess: float
     worst_prefix: tuple
+    #: E[len(s)], the mean emitted length
     block_efficiency: float
-    membership_acceptance: float
+    #: membership acceptance: P(first emitted token is among the drafts' first tokens)
+    acceptance: float
 
     @property
     def first_token_law(self) -> torch.Tensor:  # [vocab_size]
@@ -218,6 +220,72 @@ class ExactIterationAudit:
         ]
 
 
+def _emitted_laws(verifier: Verifier, enumeration: DraftEnumeration, num_drafts: int, draft_len: int, vocab_size: int,
+                  chunk_size: int) -> tuple[list, float]:
+    """``E_m`` (the law of emitted strings of each length m + 1) and the membership acceptance, over every tuple."""
+    num_tuples = enumeration.weights.shape[0]
+    emitted = [torch.zeros(vocab_size ** (m + 1), dtype=torch.float64) for m in range(draft_len + 1)]
+    membership = torch.zeros((), dtype=torch.float64)
+    powers = vocab_size ** torch.arange(draft_len - 1, -1, -1, dtype=torch.int64)
+    # Every tuple is made of the enumerated sequences: validate their conditionals once (as one-draft
+    # inputs) instead of every tuple's copy of them, where the verifier takes the standard entry point.
+    validate_tuples = type(verifier).output_probs is not Verifier.output_probs
+    if not validate_tuples:
+        check_verify_inputs(enumeration.sequences.unsqueeze(1), enumeration.sequence_draft_probs.unsqueeze(1),
+                            enumeration.sequence_target_probs.unsqueeze(1))
+    law_kwargs = {} if validate_tuples else {"validate": False}
+    for start in range(0, num_tuples, chunk_size):
+        sl = slice(start, start + chunk_size)
+        (tokens, draft_probs, target_probs), weights = enumeration.chunk(sl), enumeration.weights[sl]
+        law = check_output_probs(
+            verifier.output_probs(tokens, draft_probs, target_probs, **law_kwargs).double(),
+            tokens.shape[0], num_drafts, draft_len, vocab_size, who=verifier.name,
+        )
+        weighted = law * weights.view(-1, 1, 1, 1)  # [n, K, L + 1, V]
+        for accepted in range(draft_len + 1):
+            # code of the accepted prefix draft_tokens[:, k, :accepted], then append the next token
+            prefix_code = (tokens[:, :, :accepted] * powers[draft_len - accepted :]).sum(-1)  # [n, K]
+            codes = prefix_code.unsqueeze(-1) * vocab_size + torch.arange(vocab_size)
+            emitted[accepted].scatter_add_(0, codes.reshape(-1), weighted[:, :, accepted, :].reshape(-1))
+        # membership: first emitted token among the drafts' first tokens
+        first_tokens = torch.zeros(tokens.shape[0], vocab_size, dtype=torch.bool).scatter(1, tokens[:, :, 0], True)
+        membership += weighted[:, :, 1:, :].sum() + (weighted[:, :, 0, :].sum(1) * first_tokens).sum()
+    return emitted, float(membership)
+
+
+def _target_and_implied_laws(target_model: Model, prefix: Sequence[int], emitted: list,
+                             vocab_size: int) -> tuple[list, torch.Tensor]:
+    """Target laws q(w) over strings of length 1 .. L + 1, and the implied law F of the first L + 1 tokens."""
+    target_law, implied = [], None
+    joint = torch.ones(1, dtype=torch.float64)
+    for m in range(len(emitted)):
+        contexts = _all_strings(vocab_size, m)
+        cond = target_model(contexts_from(prefix, contexts)).double()  # [V^m, V]
+        implied = emitted[0] if m == 0 else (implied.unsqueeze(-1) * cond).reshape(-1) + emitted[m]
+        joint = (joint.unsqueeze(-1) * cond).reshape(-1)
+        target_law.append(joint)
+    return target_law, implied
+
+
+def _prefix_laws(emitted: list, vocab_size: int) -> list:
+    """``B_m(u) = E_m(u) + sum_x B_{m+1}(ux)``: P(the emitted string starts with u), m = 1 .. L + 1."""
+    prefix_law = [emitted[-1]]
+    for m in range(len(emitted) - 2, -1, -1):
+        prefix_law.insert(0, emitted[m] + prefix_law[0].reshape(-1, vocab_size).sum(-1))
+    return prefix_law
+
+
+def _worst_prefix_cap(prefix_law: list, target_law: list, vocab_size: int) -> tuple[float, tuple]:
+    """``max_u B(u) - q(u)`` and the u where it occurs (0 and () when no cap is exceeded)."""
+    excess, worst = 0.0, ()
+    for m, (cap, target) in enumerate(zip(prefix_law, target_law)):
+        over = cap - target
+        value, code = over.max(0)
+        if float(value) > excess:
+            excess, worst = float(value), string_of(int(code), m + 1, vocab_size)
+    return excess, worst
+
+
 def exact_iteration(
     verifier: Verifier,
     draft_model: Model,
@@ -228,7 +296,7 @@ def exact_iteration(
     prefix: Sequence[int] = (),
     draft_scheme: Optional[str] = None,
     chunk_size: int = 8192,
-) -> ExactIterationAudit:
+) -> ExactIterationResult:
     """Exact law of one step of ``verifier`` after ``prefix``, by enumerating draft tuples.
 
     Parameters
@@ -246,7 +314,7 @@ def exact_iteration(
 
     Returns
     -------
-    ExactIterationAudit
+    ExactIterationResult
 
     Notes
     -----
@@ -265,65 +333,21 @@ def exact_iteration(
     if not verifier.has_exact_law:
         raise InvalidArgument(f"verifier: {verifier.name!r} has no exact law (output_probs); use the statistical audit")
     verifier.check_supports(num_drafts, draft_len)
-    scheme = draft_scheme or verifier.draft_scheme
-    enum = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, scheme, prefix)
+    draft_scheme = draft_scheme or verifier.draft_scheme
+    enumeration = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, draft_scheme, prefix)
     vocab_size = draft_model.vocab_size
-    num_tuples = enum.weights.shape[0]
-    emitted = [torch.zeros(vocab_size ** (m + 1), dtype=torch.float64) for m in range(draft_len + 1)]
-    membership = torch.zeros((), dtype=torch.float64)
-    powers = vocab_size ** torch.arange(draft_len - 1, -1, -1, dtype=torch.int64)
-    # Every tuple is made of the enumerated sequences: validate their conditionals once (as one-draft
-    # inputs) instead of every tuple's copy of them, where the verifier takes the standard entry point.
-    validate_tuples = type(verifier).output_probs is not Verifier.output_probs
-    if not validate_tuples:
-        check_verify_inputs(
-            enum.sequences.unsqueeze(1), enum.sequence_draft_probs.unsqueeze(1), enum.sequence_target_probs.unsqueeze(1)
-        )
-    for start in range(0, num_tuples, chunk_size):
-        sl = slice(start, start + chunk_size)
-        (tokens, draft_probs, target_probs), weights = enum.chunk(sl), enum.weights[sl]
-        law_kwargs = {} if validate_tuples else {"validate": False}
-        law = check_output_probs(
-            verifier.output_probs(tokens, draft_probs, target_probs, **law_kwargs).double(),
-            tokens.shape[0], num_drafts, draft_len, vocab_size, who=verifier.name,
-        )
-        weighted = law * weights.view(-1, 1, 1, 1)  # [n, K, L + 1, V]
-        for accepted in range(draft_len + 1):
-            # code of the accepted prefix draft_tokens[:, k, :accepted], then append the next token
-            prefix_code = (tokens[:, :, :accepted] * powers[draft_len - accepted :]).sum(-1)  # [n, K]
-            codes = prefix_code.unsqueeze(-1) * vocab_size + torch.arange(vocab_size)
-            emitted[accepted].scatter_add_(0, codes.reshape(-1), weighted[:, :, accepted, :].reshape(-1))
-        # membership: first emitted token among the drafts' first tokens
-        first_tokens = torch.zeros(tokens.shape[0], vocab_size, dtype=torch.bool).scatter(1, tokens[:, :, 0], True)
-        membership += weighted[:, :, 1:, :].sum() + (weighted[:, :, 0, :].sum(1) * first_tokens).sum()
-
-    # Target laws q(w) over strings of length 1 .. L + 1 and the implied law F.
-    target_law, implied = [], None
-    joint = torch.ones(1, dtype=torch.float64)
-    for m in range(draft_len + 1):
-        contexts = _all_strings(vocab_size, m)
-        cond = target_model(contexts_from(prefix, contexts)).double()  # [V^m, V]
-        implied = emitted[0] if m == 0 else (implied.unsqueeze(-1) * cond).reshape(-1) + emitted[m]
-        joint = (joint.unsqueeze(-1) * cond).reshape(-1)
-        target_law.append(joint)
-    # B_m(u) = E_m(u) + sum_x B_{m+1}(ux)
-    prefix_law = [emitted[-1]]
-    for m in range(draft_len - 1, -1, -1):
-        prefix_law.insert(0, emitted[m] + prefix_law[0].reshape(-1, vocab_size).sum(-1))
-    excess, worst = 0.0, ()
-    for m, (cap, target) in enumerate(zip(prefix_law, target_law)):
-        over = cap - target
-        value, code = over.max(0)
-        if float(value) > excess:
-            excess, worst = float(value), string_of(int(code), m + 1, vocab_size)
+    emitted, membership = _emitted_laws(verifier, enumeration, num_drafts, draft_len, vocab_size, chunk_size)
+    target_law, implied = _target_and_implied_laws(target_model, prefix, emitted, vocab_size)
+    prefix_law = _prefix_laws(emitted, vocab_size)
+    excess, worst = _worst_prefix_cap(prefix_law, target_law, vocab_size)
     diff = implied - target_law[-1]
     lengths = torch.arange(1, draft_len + 2, dtype=torch.float64)
     block_efficiency = float(sum(lengths[m] * emitted[m].sum() for m in range(draft_len + 1)))
-    return ExactIterationAudit(
+    return ExactIterationResult(
         vocab_size=vocab_size,
         num_drafts=num_drafts,
         draft_len=draft_len,
-        num_draft_tuples=num_tuples,
+        num_draft_tuples=enumeration.weights.shape[0],
         emitted_law=tuple(emitted),
         target_law=tuple(target_law),
         implied_law=implied,
@@ -334,5 +358,5 @@ def exact_iteration(
         prefix_cap_excess=excess,
         worst_prefix=worst,
         block_efficiency=block_efficiency,
-        membership_acceptance=float(membership),
+        acceptance=membership,
     )

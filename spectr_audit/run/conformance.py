@@ -22,9 +22,11 @@ import dataclasses
 import math
 from typing import Any, Callable, Optional, Sequence, Union
 
+from spectr_audit import defaults
+from spectr_audit._validation import check_prob
 from spectr_audit.errors import InvalidArgument, SpectrAuditError, VerifierError
 
-__all__ = ["ConformanceCheck", "ConformanceReport", "ConformanceFailure", "check_verifier", "standard_suite"]
+__all__ = ["ConformanceCheck", "ConformanceResult", "ConformanceFailure", "check_verifier", "standard_suite"]
 
 IntOrInts = Union[int, Sequence[int]]
 
@@ -44,7 +46,7 @@ class ConformanceCheck:
 
 
 @dataclasses.dataclass(frozen=True)
-class ConformanceReport:
+class ConformanceResult:
     """Everything :func:`check_verifier` found.  Numbers and words only; ``passed`` decides.
 
     Attributes
@@ -93,7 +95,7 @@ class ConformanceReport:
 class ConformanceFailure(SpectrAuditError, AssertionError):
     """Raised by :func:`check_verifier` when a check fails; ``report`` holds every result."""
 
-    def __init__(self, report: ConformanceReport):
+    def __init__(self, report: ConformanceResult):
         super().__init__(report.message())
         self.report = report
 
@@ -229,7 +231,7 @@ def _contract_checks(verifier, num_drafts: int, draft_len: int, seed: int, batch
                      alpha: float) -> list[ConformanceCheck]:
     import torch
 
-    from spectr_audit.contract.verifier import check_output_probs, check_verify_output
+    from spectr_audit.contract.verifier import check_verify_output
     from spectr_audit.drafting.harness import draft
 
     where = f"K={num_drafts}, L={draft_len}"
@@ -364,10 +366,10 @@ def _law_checks(verifier, batch, num_samples: int, alpha: float, seed: int, wher
             worst_detail = (f"drafts {drafts}: Pearson p = {pvalue:.3g} over {per_tuple} samples; worst cell "
                             f"{list(worst_cell)}: observed {observed.get(worst_cell, 0)} vs expected "
                             f"{expected[worst_cell]:.1f}")
-    level = alpha / num_tuples
+    tuple_alpha = alpha / num_tuples
     checks.append(ConformanceCheck(
-        "sampler follows the exact law", where, worst_p > level,
-        worst_detail if worst_p <= level else f"smallest p-value {worst_p:.3g} > {level:.3g}"))
+        "sampler follows the exact law", where, worst_p > tuple_alpha,
+        worst_detail if worst_p <= tuple_alpha else f"smallest p-value {worst_p:.3g} > {tuple_alpha:.3g}"))
     return checks
 
 
@@ -376,7 +378,7 @@ def _law_checks(verifier, batch, num_samples: int, alpha: float, seed: int, wher
 # ---------------------------------------------------------------------------------------------
 
 
-def _sampled_fidelity(verifier, case, result, alpha: float, num_samples: int, seed: int):
+def _sampled_fidelity(verifier, case, result, alpha: float, max_samples: int, seed: int):
     """Add the statistical audit to a result that measured no fidelity (a black box)."""
     from spectr_audit.results import Check
 
@@ -386,7 +388,7 @@ def _sampled_fidelity(verifier, case, result, alpha: float, num_samples: int, se
         return dataclasses.replace(result, details={**result.details, "note": "no exact law and no statistical audit"})
     try:
         audit = statistical_audit(verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len,
-                                  prefix=case.prefix, alpha=alpha, max_samples=num_samples, seed=seed)
+                                  prefix=case.prefix, alpha=alpha, max_samples=max_samples, seed=seed)
     except (SpectrAuditError, ValueError, RuntimeError, TypeError, IndexError) as exc:
         return dataclasses.replace(result, error=f"statistical audit: {type(exc).__name__}: {exc}")
     metrics = dict(result.metrics)
@@ -412,6 +414,52 @@ def _measured_fidelity(result) -> bool:
     return any(key in result.metrics for key in ("tv_distance", "max_abs_error", "pvalue"))
 
 
+def _check_arguments(seed, num_samples, alpha, batch_size, draft_scheme, suite) -> float:
+    """Validate :func:`check_verifier`'s numbers and options (InvalidArgument naming the bad one); returns alpha."""
+    from spectr_audit.run.suite import Suite
+
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
+    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 100:
+        raise InvalidArgument(f"num_samples: expected an integer >= 100, got {num_samples!r}")
+    alpha = check_prob("alpha", alpha)
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise InvalidArgument(f"batch_size: expected a positive integer, got {batch_size!r}")
+    if draft_scheme is not None and draft_scheme not in ("iid", "without_replacement"):
+        raise InvalidArgument(f"draft_scheme: expected 'iid' or 'without_replacement', got {draft_scheme!r}")
+    if suite is not None and not isinstance(suite, (str, Suite)):
+        raise InvalidArgument(f"suite: expected a Suite or a suite name/path, got {type(suite).__name__}")
+    return alpha
+
+
+def _supported_drafts(verifier, ks: Optional[tuple], ls: tuple) -> tuple:
+    """The K to check: those given (every (K, L) supported, or InvalidArgument), else each of 1, 2 that fits."""
+    if ks is None:
+        ks = tuple(k for k in (1, 2) if any(verifier.supports(k, length) for length in ls)) or (verifier.min_drafts,)
+    unsupported = [(k, length) for k in ks for length in ls if not verifier.supports(k, length)]
+    if unsupported:
+        raise InvalidArgument(
+            f"num_drafts, draft_len: verifier {verifier.name!r} supports num_drafts in {verifier.drafts_range()} "
+            f"and draft_len in {verifier.draft_len_range()}; got (K, L) = {unsupported}"
+        )
+    return ks
+
+
+def _fitting_cases(verifier, suite, ks: tuple, ls: tuple) -> tuple:
+    """The suite (the standard one for ``ks`` x ``ls`` by default) and its cases the verifier can run."""
+    from spectr_audit.run.runner import scheme_fits
+    from spectr_audit.run.suite import load_suite
+
+    if suite is None:
+        suite = standard_suite(ks, ls)
+    elif isinstance(suite, str):
+        suite = load_suite(suite)
+    cases = [c for c in suite.cases if verifier.supports(c.num_drafts, c.draft_len) and scheme_fits(verifier, c)]
+    if not cases:
+        raise InvalidArgument(f"suite: no case of {suite.name!r} fits verifier {verifier.name!r}")
+    return suite, cases
+
+
 def check_verifier(
     verifier: Any,
     *,
@@ -420,13 +468,13 @@ def check_verifier(
     name: Optional[str] = None,
     output_probs: Optional[Callable] = None,
     draft_scheme: Optional[str] = None,
-    seed: int = 0,
-    num_samples: int = 20_000,
-    alpha: float = 1e-3,
+    seed: int = defaults.SEED,
+    num_samples: int = defaults.CHECK_SAMPLES,
+    alpha: float = defaults.ALPHA,
     batch_size: int = 64,
     suite: Any = None,
     raise_on_failure: bool = True,
-) -> ConformanceReport:
+) -> ConformanceResult:
     """Check that a verifier honours the contract and is lossless on a standard suite.
 
     Parameters
@@ -461,7 +509,7 @@ def check_verifier(
 
     Returns
     -------
-    ConformanceReport
+    ConformanceResult
 
     Raises
     ------
@@ -487,55 +535,30 @@ def check_verifier(
     True
     """
     from spectr_audit.results import AuditReport
-    from spectr_audit.run.runner import AuditOptions, audit_case, scheme_fits
-    from spectr_audit.run.suite import Suite, load_suite
+    from spectr_audit.run.runner import AuditOptions, audit_case
 
     ks = None if num_drafts is None else _as_ints(num_drafts, "num_drafts")
     ls = _as_ints(draft_len, "draft_len")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
-    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 100:
-        raise InvalidArgument(f"num_samples: expected an integer >= 100, got {num_samples!r}")
-    if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
-        raise InvalidArgument(f"alpha: expected a number in (0, 1), got {alpha!r}")
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise InvalidArgument(f"batch_size: expected a positive integer, got {batch_size!r}")
-    if draft_scheme is not None and draft_scheme not in ("iid", "without_replacement"):
-        raise InvalidArgument(f"draft_scheme: expected 'iid' or 'without_replacement', got {draft_scheme!r}")
-    if suite is not None and not isinstance(suite, (str, Suite)):
-        raise InvalidArgument(f"suite: expected a Suite or a suite name/path, got {type(suite).__name__}")
+    alpha = _check_arguments(seed, num_samples, alpha, batch_size, draft_scheme, suite)
     verifier = _to_verifier(verifier, name, output_probs, draft_scheme)
-    if ks is None:
-        ks = tuple(k for k in (1, 2) if any(verifier.supports(k, length) for length in ls)) or (verifier.min_drafts,)
-    unsupported = [(k, length) for k in ks for length in ls if not verifier.supports(k, length)]
-    if unsupported:
-        raise InvalidArgument(
-            f"num_drafts, draft_len: verifier {verifier.name!r} supports num_drafts in {verifier.drafts_range()} "
-            f"and draft_len in {verifier.draft_len_range()}; got (K, L) = {unsupported}"
-        )
-    if suite is None:
-        suite = standard_suite(ks, ls)
-    elif isinstance(suite, str):
-        suite = load_suite(suite)
-    cases = [c for c in suite.cases if verifier.supports(c.num_drafts, c.draft_len) and scheme_fits(verifier, c)]
-    if not cases:
-        raise InvalidArgument(f"suite: no case of {suite.name!r} fits verifier {verifier.name!r}")
+    ks = _supported_drafts(verifier, ks, ls)
+    suite, cases = _fitting_cases(verifier, suite, ks, ls)
     combos = [(k, length) for k in ks for length in ls
               if verifier.draft_scheme == "iid" or (length == 1 and k <= 5)]
     # Bonferroni over every statistical test this call may run.
     num_tests = len(combos) * int(verifier.has_exact_law) + len(cases) * int(not verifier.has_exact_law)
-    level = alpha / max(1, num_tests)
+    test_alpha = alpha / max(1, num_tests)
     checks: list[ConformanceCheck] = []
     for k, length in combos:
-        checks += _contract_checks(verifier, k, length, seed, batch_size, num_samples, level)
-    options = AuditOptions(seed=seed, alpha=level, max_samples=num_samples)
+        checks += _contract_checks(verifier, k, length, seed, batch_size, num_samples, test_alpha)
+    options = AuditOptions(seed=seed, alpha=test_alpha, max_samples=num_samples)
     results = []
     for case in cases:
         result = audit_case(verifier, case, options)
         if result.error is None and not _measured_fidelity(result):
-            result = _sampled_fidelity(verifier, case, result, level, num_samples, seed)
+            result = _sampled_fidelity(verifier, case, result, test_alpha, num_samples, seed)
         results.append(result)
-    report = ConformanceReport(
+    report = ConformanceResult(
         verifier=verifier.name,
         checks=tuple(checks),
         audit=AuditReport(results=tuple(results), suite=suite.name,

@@ -21,6 +21,7 @@ from spectr_audit.bounds.acceptance import (
     optimal_acceptance_lp_from_sets,
     spectr_guarantee,
 )
+from spectr_audit import defaults
 from spectr_audit.contract.verifier import Verifier
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
 from spectr_audit.exact.iteration import exact_iteration
@@ -29,39 +30,48 @@ from spectr_audit.registry import builtin_verifiers, load_verifier
 from spectr_audit.results import AuditReport, AuditResult, Check
 from spectr_audit.run.suite import Case, Suite
 
-__all__ = ["AuditOptions", "audit_case", "plan_jobs", "run_suite", "scheme_fits", "select_verifiers", "EXACT_TOL", "BOUND_TOL"]
+__all__ = ["AuditOptions", "audit_case", "declared_verdict", "error_result", "plan_jobs", "run_suite", "scheme_fits", "select_verifiers", "EXACT_TOL", "BOUND_TOL"]
 
-#: Exact laws must match the target to this absolute error (float64 enumeration).
-EXACT_TOL = 1e-12
-#: The multi-iteration law chains corrections over several iterations: more rounding than one step.
-MULTI_TOL = 1e-9
-#: Slack for comparisons with LP / closed-form optima.
-BOUND_TOL = 1e-9
-#: Slack for block efficiencies against the block LP (CLARABEL's tolerance, see block_lp).
-LP_TOL = 1e-6
+# The tolerances of the checks (documented in spectr_audit.defaults).
+EXACT_TOL = defaults.EXACT_TOL
+MULTI_TOL = defaults.MULTI_TOL
+BOUND_TOL = defaults.BOUND_TOL
+LP_TOL = defaults.LP_TOL
 #: Run the alpha* LP next to the closed form when it has at most this many variables.
-LP_MAX_VARIABLES = 20_000
+LP_MAX_VARIABLES = defaults.LP_CROSS_CHECK_MAX_VARIABLES
 
 
 @dataclasses.dataclass(frozen=True)
 class AuditOptions:
     """Knobs of a run that are not part of a case."""
 
-    seed: int = 0
+    seed: int = defaults.SEED
     #: Statistical audits: false-alarm rate, and caps on samples / seconds.
-    alpha: float = 1e-3
+    alpha: float = defaults.ALPHA
     max_samples: Optional[int] = None
     max_seconds: Optional[float] = None
-    min_detectable_tv: float = 0.005
-    power: float = 0.99
+    min_detectable_tv: float = defaults.MIN_DETECTABLE_TV
+    power: float = defaults.POWER
     #: Sample cap of the sampler-versus-exact-law check of verifiers with ``output_probs``.
-    sampler_max_samples: Optional[int] = 200_000
+    sampler_max_samples: Optional[int] = defaults.SAMPLER_MAX_SAMPLES
     device: str = "cpu"
 
 
-def _declared(verifier: Verifier) -> Optional[bool]:
+def declared_verdict(verifier: Verifier) -> Optional[bool]:
+    """The ``expected`` of the verifier's results: True declared exact, False declared inexact, None undeclared."""
     expected = getattr(verifier, "expected", None)
     return None if expected is None else expected == "exact"
+
+
+def error_result(verifier: Verifier, case: str, exc: BaseException, checks: Sequence[Check] = (),
+                 metrics: Optional[dict] = None) -> AuditResult:
+    """The result of an audit that raised ``exc`` (call it in the ``except`` block): the error, a short
+    traceback, the declaration, and whatever checks and metrics were done before."""
+    return AuditResult(
+        verifier=verifier.name, case=case, checks=tuple(checks), metrics=dict(metrics or {}),
+        expected=declared_verdict(verifier), error=f"{type(exc).__name__}: {exc}",
+        details={"traceback": traceback.format_exc(limit=4)},
+    )
 
 
 def _first_position(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,7 +145,7 @@ def _exact_checks(verifier, case, alpha_star, carries, checks, metrics, details)
         max_abs_error=audit.max_abs_error,
         token_tv_distance=audit.token_tv_distance,
         prefix_cap_excess=audit.prefix_cap_excess,
-        acceptance=audit.membership_acceptance,
+        acceptance=audit.acceptance,
         block_efficiency=audit.block_efficiency,
         num_draft_tuples=audit.num_draft_tuples,
     )
@@ -155,7 +165,7 @@ def _exact_checks(verifier, case, alpha_star, carries, checks, metrics, details)
     checks.append(Check("prefix-cap", audit.prefix_cap_excess <= EXACT_TOL, audit.prefix_cap_excess, EXACT_TOL,
                         "max over prefixes u of B(u) - q(u); above 0 no later correction can repair the step"))
     if alpha_star is not None:
-        acceptance = audit.membership_acceptance
+        acceptance = audit.acceptance
         # An LP optimum is only as accurate as the solver (about 1e-9 relative); the closed form is exact.
         tol = LP_TOL if details.get("optimal_acceptance_source") == "lp" else BOUND_TOL
         metrics["acceptance_ratio"] = acceptance / alpha_star if alpha_star > 0 else None
@@ -254,7 +264,6 @@ def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOpti
     from spectr_audit.contract.correction import has_carried_correction
 
     checks: list[Check] = []
-    metrics: dict = {}
     details: dict = {}
     metrics: dict = {"num_drafts": case.num_drafts, "draft_len": case.draft_len, "vocab_size": case.vocab_size}
     start = time.perf_counter()
@@ -278,15 +287,11 @@ def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOpti
         if not checks:
             checks.append(Check("ran", True, None, None, "no applicable check"))
     except Exception as exc:  # one bad verifier or case must never lose the other results
-        return AuditResult(
-            verifier=verifier.name, case=case.name, checks=tuple(checks), metrics=metrics,
-            expected=_declared(verifier), error=f"{type(exc).__name__}: {exc}",
-            details={"traceback": traceback.format_exc(limit=4)},
-        )
+        return error_result(verifier, case.name, exc, checks, metrics)
     metrics["seconds"] = time.perf_counter() - start
     return AuditResult(
         verifier=verifier.name, case=case.name, checks=tuple(checks), metrics=metrics,
-        expected=_declared(verifier), details=details,
+        expected=declared_verdict(verifier), details=details,
     )
 
 

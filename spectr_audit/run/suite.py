@@ -12,7 +12,7 @@ Format::
     verifiers = ["kseq", "rrs"]        # optional: default, every compatible built-in
 
     [[case]]
-    name = "seed-000"
+    name = "spectr-example"
     draft = [0.6, 0.4]                 # a list: a context-free distribution
     target = [0.3, 0.7]
     num_drafts = 2                     # an int, or a list to expand into several cases
@@ -48,7 +48,8 @@ from typing import Any, Optional
 import numpy as np
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.drafting.models import ContextFreeModel, MarkovModel, Model, as_distribution, random_markov
+from spectr_audit._validation import as_distribution
+from spectr_audit.drafting.models import ContextFreeModel, MarkovModel, Model, random_markov
 
 if sys.version_info >= (3, 11):
     import tomllib

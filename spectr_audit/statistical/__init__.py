@@ -8,6 +8,7 @@ Stages: validate (:mod:`._checks`), plan (:mod:`.power`), sample (:mod:`.samplin
 from __future__ import annotations
 
 from .results import (
+    FamilyResult,
     LawAgreementResult,
     StatisticalAuditResult,
     WorstCell,
@@ -59,6 +60,7 @@ from .audit import (
 )
 
 __all__ = [
+    "FamilyResult",
     "LawAgreementResult",
     "StatisticalAuditResult",
     "WorstCell",

@@ -7,27 +7,12 @@ from typing import Iterator, Optional
 
 import torch
 
+from spectr_audit._validation import check_positive_int, check_prob  # noqa: F401 (the audits' checks)
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.drafting.models import Model, contexts_from
 
 #: Smallest chunk of the geometric chunk schedule (the e-process then sees blatant bugs early).
 FIRST_CHUNK = 1 << 12
-
-
-def check_prob(name: str, value) -> float:
-    """A number in the open interval (0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise InvalidArgument(f"{name}: expected a number in (0, 1), got {value!r}")
-    return float(value)
-
-
-def check_positive_int(name: str, value, allow_none: bool = True) -> Optional[int]:
-    """An integer >= 1 (or None when allowed)."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgument(f"{name}: expected an integer >= 1, got {value!r}")
-    return value
 
 
 def check_seconds(value) -> Optional[float]:

@@ -2,7 +2,7 @@
 
 :func:`statistical_audit` runs a verifier on many drafted batches, completes each emitted
 string with target samples to N tokens, and tests the counts against the exact target law
-(DESIGN.md, "What the audit measures", item 4).  One audit is one *family* of sub-tests of
+(docs/audit/statistical.md).  One audit is one *family* of sub-tests of
 the null hypothesis "the verifier is exact":
 
 ``pearson``, ``g-test``
@@ -54,17 +54,19 @@ from typing import Optional, Sequence, Union
 import torch
 
 from spectr_audit.statistical import power as sizing
-from spectr_audit.statistical._checks import (
-    check_models,
-    check_positive_int,
-    check_prefix,
-    check_prob,
-    check_seconds,
-    chunk_schedule,
-    root_laws,
+from spectr_audit._validation import check_positive_int, check_prob
+from spectr_audit.statistical._checks import root_laws
+from spectr_audit.statistical._stages import (
+    CommonArgs,
+    budgeted,
+    deciding_test,
+    holm_family,
+    stream_chunks,
+    support_test,
+    validate_common,
+    with_min_detectable_tv,
 )
 from spectr_audit.bounds.acceptance import optimal_acceptance, optimal_acceptance_lp_from_sets, spectr_guarantee
-from spectr_audit.contract.verifier import as_verifier
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
 from spectr_audit.exact.iteration import DraftEnumeration, enumerate_drafts
 from spectr_audit.statistical.gof import (
@@ -74,7 +76,6 @@ from spectr_audit.statistical.gof import (
     binomial_above,
     binomial_below,
     g_test,
-    holm,
     mean_above,
     mean_below,
     pearson_test,
@@ -84,11 +85,11 @@ from spectr_audit.drafting.models import Model, contexts_from
 from spectr_audit.statistical.sampling import (
     PrefixPartition,
     build_partition,
-    default_chunk_size,
     sample_chunk,
     sample_stratified_chunk,
 )
 from spectr_audit.statistical.power import DEFAULT_ALPHA, DEFAULT_MIN_DETECTABLE_TV, DEFAULT_POWER
+from spectr_audit.statistical.agreement import sampler_law_agreement  # re-exported
 from spectr_audit.statistical.results import LawAgreementResult, StatisticalAuditResult, WorstCell, worst_cells
 
 __all__ = [
@@ -110,15 +111,6 @@ MIN_PER_STRATUM = 32
 MAX_STRATIFIED_CELLS = 2048
 
 
-def __getattr__(name: str):
-    # sampler_law_agreement lives in its own module, which imports this one's neighbours.
-    if name == "sampler_law_agreement":
-        from spectr_audit.statistical.agreement import sampler_law_agreement
-
-        return sampler_law_agreement
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # ---------------------------------------------------------------------------------------------
 # Bounds for the exactness sub-tests
 # ---------------------------------------------------------------------------------------------
@@ -128,10 +120,10 @@ def _optimal_acceptance(
     draft_root: torch.Tensor,  # [vocab_size]
     target_root: torch.Tensor,  # [vocab_size]
     num_drafts: int,
-    scheme: str,
+    draft_scheme: str,
 ) -> Optional[float]:
     """alpha* at the first position for the drafting scheme; None when too large to compute."""
-    if scheme == "iid":
+    if draft_scheme == "iid":
         return optimal_acceptance(draft_root, target_root, num_drafts).item()
     # Without replacement: the transport LP over the law of the set of distinct drafts.
     support = [t for t in range(draft_root.numel()) if draft_root[t] > 0]
@@ -170,7 +162,7 @@ def _block_efficiency_bound(draft_model, target_model, prefix, num_drafts, draft
     return bound
 
 
-def _draft_enumeration(draft_model, target_model, num_drafts, draft_len, scheme, prefix, draft_root,
+def _draft_enumeration(draft_model, target_model, num_drafts, draft_len, draft_scheme, prefix, draft_root,
                        stratify, max_strata) -> Optional[DraftEnumeration]:
     """Every draft tuple with its probability, when the stratified design applies."""
     if not stratify:
@@ -179,7 +171,7 @@ def _draft_enumeration(draft_model, target_model, num_drafts, draft_len, scheme,
     if stratify == "auto" and support ** (draft_len * num_drafts) > max_strata:
         return None
     try:
-        enumeration = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, scheme, prefix)
+        enumeration = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, draft_scheme, prefix)
     except InvalidArgument:
         if stratify is True:
             raise
@@ -267,8 +259,44 @@ def plan_sample_size(
 
 
 # ---------------------------------------------------------------------------------------------
-# Sampling loops
+# The stages: validate -> plan -> sample -> test
 # ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _AuditArgs(CommonArgs):
+    """The audit's validated arguments: those shared with the sampler-vs-law check, then its own."""
+
+    num_tokens: int
+    stratify: Union[bool, str]
+    sequential: bool
+    claimed_acceptance: Optional[float]
+    claimed_block_efficiency: Optional[float]
+    max_cells: int
+    max_strata: int
+
+    @property
+    def one_iteration(self) -> bool:
+        """Whether the completed strings are one iteration's (``N = L + 1``): acceptance is measured."""
+        return self.num_tokens == self.draft_len + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """The family of sub-tests, the bounds they test against, and the sample they are counted on."""
+
+    #: the exactness family, in Holm order
+    names: tuple
+    #: each sub-test's Bonferroni share of alpha (the level the e-process stops at)
+    test_alpha: float
+    alpha_star: Optional[float]
+    block_efficiency_bound: Optional[float]
+    #: the draft tuples of the stratified design (None when it does not run)
+    enumeration: Optional[DraftEnumeration]
+    partition: PrefixPartition
+    #: samples of the main design
+    total: int
+    stop_reason: str
 
 
 @dataclasses.dataclass
@@ -283,14 +311,105 @@ class _MainTally:
     stop_reason: str = "planned"
 
 
-def _run_main(verifier, draft_model, target_model, num_drafts, draft_len, num_tokens, total, partition, generator,
-              chunk_size, prefix, device, eprocess, stop_pvalue, deadline) -> _MainTally:
+@dataclasses.dataclass(frozen=True)
+class _Samples:
+    """What the sampling stage counted."""
+
+    main: _MainTally
+    #: ``[num_strata, num_cells]`` counts of the stratified design (None when it did not run)
+    strat_counts: Optional[torch.Tensor]
+    eprocess: Optional[PlugInEProcess]
+    stop_reason: str
+    seconds: float
+
+    @property
+    def strat_samples(self) -> int:
+        """Samples of the stratified design."""
+        return int(self.strat_counts.sum()) if self.strat_counts is not None else 0
+
+
+def _validate(common: CommonArgs, num_tokens, stratify, sequential, claimed_acceptance, claimed_block_efficiency,
+              max_cells, max_strata) -> _AuditArgs:
+    """Validate stage: the audit's own arguments, after the shared ones."""
+    draft_len = common.draft_len
+    num_tokens = draft_len + 1 if num_tokens is None else check_positive_int("num_tokens", num_tokens, False)
+    if num_tokens < draft_len + 1:
+        raise InvalidArgument(f"num_tokens: must be >= draft_len + 1 = {draft_len + 1}, got {num_tokens}")
+    if stratify not in (True, False, "auto"):
+        raise InvalidArgument(f"stratify: expected True, False or 'auto', got {stratify!r}")
+    if claimed_acceptance is not None and not 0 <= claimed_acceptance <= 1:
+        raise InvalidArgument(f"claimed_acceptance: expected a number in [0, 1], got {claimed_acceptance!r}")
+    if claimed_block_efficiency is not None and not 1 <= claimed_block_efficiency <= draft_len + 1:
+        raise InvalidArgument(
+            f"claimed_block_efficiency: expected a number in [1, {draft_len + 1}], got {claimed_block_efficiency!r}")
+    return _AuditArgs(**vars(common), num_tokens=num_tokens, stratify=stratify, sequential=sequential,
+                      claimed_acceptance=claimed_acceptance, claimed_block_efficiency=claimed_block_efficiency,
+                      max_cells=max_cells, max_strata=max_strata)
+
+
+def _plan(args: _AuditArgs) -> _Plan:
+    """Plan stage: the bounds, the family of sub-tests, the sample size and its partition."""
+    draft_model, target_model, draft_scheme = args.draft_model, args.target_model, args.verifier.draft_scheme
+    num_drafts, draft_len, prefix = args.num_drafts, args.draft_len, args.prefix
+    draft_root, target_root = root_laws(draft_model, target_model, prefix, args.device)
+    one_iteration = args.one_iteration
+    alpha_star = _optimal_acceptance(draft_root, target_root, num_drafts, draft_scheme) if one_iteration else None
+    block_efficiency_bound = (
+        _block_efficiency_bound(draft_model, target_model, prefix, num_drafts, draft_len, args.device)
+        if one_iteration and draft_len >= 2 and draft_scheme == "iid" else None)
+    enumeration = (_draft_enumeration(draft_model, target_model, num_drafts, draft_len, draft_scheme, prefix,
+                                      draft_root, args.stratify, args.max_strata) if one_iteration else None)
+    names = ["pearson", "g-test"]
+    names += ["acceptance<=optimal"] if alpha_star is not None else []
+    names += ["block-efficiency<=bound"] if block_efficiency_bound is not None else []
+    names += ["e-process"] if args.sequential else []
+    planned, partition = plan_sample_size(
+        target_model, args.num_tokens, prefix=prefix, alpha=args.alpha, min_detectable_tv=args.min_detectable_tv,
+        power=args.power, num_tests=len(names) + (enumeration is not None), min_expected=args.min_expected,
+        max_cells=args.max_cells, device=args.device,
+    )
+    total, stop_reason = budgeted(planned, args.num_samples, args.max_samples)
+    if total != planned:
+        partition = build_partition(target_model, args.num_tokens, total, prefix=prefix,
+                                    min_expected=args.min_expected, max_cells=args.max_cells, device=args.device)
+    if args.stratify == "auto" and enumeration is not None and (
+        total < MIN_PER_STRATUM * enumeration.weights.numel() or partition.num_cells > MAX_STRATIFIED_CELLS
+    ):
+        enumeration = None
+    names += ["stratified-pearson"] if enumeration is not None else []
+    return _Plan(tuple(names), args.alpha / len(names), alpha_star, block_efficiency_bound, enumeration, partition,
+                 total, stop_reason)
+
+
+def _sample(args: _AuditArgs, plan: _Plan) -> _Samples:
+    """Sample stage: the main design, then the stratified one unless the main design already decided."""
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    eprocess = PlugInEProcess(plan.partition.cell_probs) if args.sequential else None
+    start = time.perf_counter()
+    max_seconds = args.max_seconds
+    deadline = (None if max_seconds is None
+                else start + (max_seconds / 2 if plan.enumeration is not None else max_seconds))
+    main = _run_main(args, plan, generator, eprocess, deadline)
+    stop_reason = main.stop_reason if main.stop_reason != "planned" else plan.stop_reason
+    strat_counts = None
+    if plan.enumeration is not None and stop_reason not in ("support", "e-process"):
+        strat_counts, complete = _run_stratified(args, plan, generator,
+                                                 None if max_seconds is None else start + max_seconds)
+        if not complete:
+            stop_reason = "max_seconds"
+    return _Samples(main, strat_counts, eprocess, stop_reason, time.perf_counter() - start)
+
+
+def _run_main(args: _AuditArgs, plan: _Plan, generator, eprocess, deadline) -> _MainTally:
     """Stream chunks of the i.i.d.-draft design into counts; stop early on certainty or a budget."""
+    partition = plan.partition
     tally = _MainTally(torch.zeros(partition.num_cells, dtype=torch.float64))
     impossible = partition.cell_probs == 0
-    for size in chunk_schedule(total, chunk_size):
-        chunk = sample_chunk(verifier, draft_model, target_model, num_drafts, draft_len, num_tokens, size, generator,
-                             prefix=prefix, device=device, validate_inputs=tally.num_samples == 0)
+
+    def step(size: int, done: int) -> Optional[str]:
+        chunk = sample_chunk(args.verifier, args.draft_model, args.target_model, args.num_drafts, args.draft_len,
+                             args.num_tokens, size, generator, prefix=args.prefix, device=args.device,
+                             validate_inputs=done == 0)
         chunk_counts = torch.bincount(partition.cells_of(chunk.strings), minlength=partition.num_cells).double().cpu()
         tally.counts += chunk_counts
         tally.num_samples += size
@@ -300,43 +419,147 @@ def _run_main(verifier, draft_model, target_model, num_drafts, draft_len, num_to
             tally.length_sum += float(lengths.sum())
             tally.length_sq_sum += float((lengths * lengths).sum())
         if bool((chunk_counts[impossible] > 0).any()):
-            tally.stop_reason = "support"
-            break
+            return "support"
         if eprocess is not None:
             eprocess.update(chunk_counts)
-            if eprocess.pvalue <= stop_pvalue:
-                tally.stop_reason = "e-process"
-                break
-        if deadline is not None and time.perf_counter() >= deadline and tally.num_samples < total:
-            tally.stop_reason = "max_seconds"
-            break
+            if eprocess.pvalue <= plan.test_alpha:
+                return "e-process"
+        return None
+
+    _, tally.stop_reason = stream_chunks(plan.total, args.chunk_size, deadline, step)
     return tally
 
 
-def _run_stratified(verifier, enumeration, draft_model, target_model, partition, num_tokens, total, generator,
-                    chunk_size, prefix, device, deadline) -> tuple[torch.Tensor, bool]:
+def _run_stratified(args: _AuditArgs, plan: _Plan, generator, deadline) -> tuple[torch.Tensor, bool]:
     """Counts ``[num_strata, num_cells]`` of a sample allocated to draft tuples in proportion to P(t) (>= 2 each).
 
     Returns the counts and whether the whole allocation ran (a deadline can cut it short).
     """
+    enumeration, partition = plan.enumeration, plan.partition
     weights = enumeration.weights
-    allocation = torch.clamp(torch.round(weights / weights.sum() * total), min=2).to(torch.int64)
+    allocation = torch.clamp(torch.round(weights / weights.sum() * plan.total), min=2).to(torch.int64)
     rows = torch.repeat_interleave(torch.arange(weights.numel()), allocation)
     # A random order, so that every chunk mixes tuples as an engine's batch would.
     rows = rows[torch.randperm(rows.numel(), generator=generator, device=generator.device).cpu()]
     num_strata, num_cells = weights.numel(), partition.num_cells
     flat = torch.zeros(num_strata * num_cells, dtype=torch.float64)
-    done = 0
-    for size in chunk_schedule(rows.numel(), chunk_size):
+
+    def step(size: int, done: int) -> None:
         strata = rows[done : done + size]
-        chunk = sample_stratified_chunk(verifier, enumeration, strata, draft_model, target_model, num_tokens,
-                                        generator, prefix=prefix, device=device, validate_inputs=done == 0)
+        chunk = sample_stratified_chunk(args.verifier, enumeration, strata, args.draft_model, args.target_model,
+                                        args.num_tokens, generator, prefix=args.prefix, device=args.device,
+                                        validate_inputs=done == 0)
         cells = partition.cells_of(chunk.strings).cpu()
-        flat += torch.bincount(strata * num_cells + cells, minlength=num_strata * num_cells).double()
-        done += size
-        if deadline is not None and time.perf_counter() >= deadline and done < rows.numel():
-            break
-    return flat.reshape(num_strata, num_cells), done == rows.numel()
+        flat.add_(torch.bincount(strata * num_cells + cells, minlength=num_strata * num_cells).double())
+
+    _, stop_reason = stream_chunks(rows.numel(), args.chunk_size, deadline, step)
+    return flat.reshape(num_strata, num_cells), stop_reason == "planned"
+
+
+def _exactness_tests(args: _AuditArgs, plan: _Plan, samples: _Samples) -> list[TestResult]:
+    """The exactness family's sub-tests, in the order of ``plan.names``."""
+    main, probs = samples.main, plan.partition.cell_probs
+    results: dict[str, TestResult] = {}
+    for name, test in (("pearson", pearson_test), ("g-test", g_test)):
+        results[name] = with_min_detectable_tv(test(main.counts, probs, args.min_expected), main.num_samples,
+                                               plan.test_alpha, args.power)
+    if plan.alpha_star is not None:
+        results["acceptance<=optimal"] = binomial_above(
+            main.acceptance_count, main.num_samples, plan.alpha_star, "acceptance<=optimal",
+            f"P(first emitted token among the drafts' first tokens) vs alpha* = {plan.alpha_star:.6g}")
+    if plan.block_efficiency_bound is not None:
+        results["block-efficiency<=bound"] = mean_above(
+            main.length_sum, main.length_sq_sum, main.num_samples, plan.block_efficiency_bound,
+            "block-efficiency<=bound",
+            f"mean emitted length vs 1 + sum_i alpha*(p^i, q^i, K) = {plan.block_efficiency_bound:.6g} (z statistic)")
+    if samples.eprocess is not None:
+        results["e-process"] = samples.eprocess.result()
+    strat_counts = samples.strat_counts
+    if plan.enumeration is not None:
+        if strat_counts is not None and bool((strat_counts.sum(1) >= 2).all()):
+            results["stratified-pearson"] = stratified_pearson_test(
+                strat_counts, plan.enumeration.weights, probs, args.min_expected,
+                max_cells=max(MAX_STRATIFIED_CELLS, plan.partition.num_cells))
+        else:
+            results["stratified-pearson"] = TestResult(
+                "stratified-pearson", math.nan, 1.0, None, samples.strat_samples,
+                detail="not run: stopped before every draft tuple had 2 samples")
+    return [results[name] for name in plan.names]
+
+
+def _support_violations(partition: PrefixPartition, samples: _Samples) -> float:
+    """Completed strings, of both designs, in cells of target probability 0."""
+    impossible = partition.cell_probs == 0
+    violations = float(samples.main.counts[impossible].sum())
+    if samples.strat_counts is not None:
+        violations += float(samples.strat_counts.sum(0)[impossible].sum())
+    return violations
+
+
+def _optimality_tests(args: _AuditArgs, plan: _Plan, main: _MainTally) -> tuple[tuple, Optional[float]]:
+    """The optimality family (Holm within it) and the acceptance claimed (given, or SpecTr's guarantee)."""
+    claimed_acceptance = args.claimed_acceptance
+    if (claimed_acceptance is None and plan.alpha_star is not None and "spectr" in args.verifier.guarantees
+            and args.verifier.draft_scheme == "iid"):
+        claimed_acceptance = spectr_guarantee(args.num_drafts) * plan.alpha_star
+    tests = []
+    if claimed_acceptance is not None and args.one_iteration:
+        tests.append(binomial_below(main.acceptance_count, main.num_samples, claimed_acceptance,
+                                    "acceptance>=claimed", f"acceptance vs the claimed {claimed_acceptance:.6g}"))
+    claimed_block_efficiency = args.claimed_block_efficiency
+    if claimed_block_efficiency is not None and args.one_iteration:
+        tests.append(mean_below(main.length_sum, main.length_sq_sum, main.num_samples, claimed_block_efficiency,
+                                "block-efficiency>=claimed",
+                                f"mean emitted length vs the claimed {claimed_block_efficiency:.6g} (z statistic)"))
+    return holm_family(tests), claimed_acceptance
+
+
+def _test(args: _AuditArgs, plan: _Plan, samples: _Samples) -> StatisticalAuditResult:
+    """Test stage: the exactness family (Holm, then the support check), the optimality family, the result."""
+    main, partition = samples.main, plan.partition
+    family = holm_family(_exactness_tests(args, plan, samples))
+    violations = _support_violations(partition, samples)
+    stop_reason = samples.stop_reason
+    if violations:
+        stop_reason = "support" if stop_reason in ("planned", "support") else stop_reason
+    support = support_test(violations, main.num_samples + samples.strat_samples,
+                           "completed strings of target probability 0 (any one proves inexactness)")
+    deciding = deciding_test(family, support)
+    optimality, claimed_acceptance = _optimality_tests(args, plan, main)
+    pearson = family[plan.names.index("pearson")]
+    power_left = (sizing.chi2_power(main.num_samples * sizing.effect_size_for_tv(args.min_detectable_tv) ** 2,
+                                    pearson.num_cells, plan.test_alpha) if pearson.num_cells >= 2 else 0.0)
+    one_iteration = args.one_iteration
+    return StatisticalAuditResult(
+        verifier=args.verifier.name,
+        test=deciding.name,
+        statistic=deciding.statistic,
+        pvalue=float(deciding.pvalue_adjusted),
+        alpha=args.alpha,
+        num_samples=main.num_samples + samples.strat_samples,
+        seed=args.seed,
+        min_detectable_tv=pearson.min_detectable_tv,
+        power=args.power,
+        subtests=family + (support,),
+        worst_cells=worst_cells(main.counts, main.num_samples * partition.cell_probs, partition.describe),
+        seconds=samples.seconds,
+        requested_tv=float(args.min_detectable_tv),
+        power_at_requested_tv=power_left,
+        num_tests=len(plan.names),
+        num_tokens=args.num_tokens,
+        num_cells=partition.num_cells,
+        pooled_mass=pearson.pooled_mass,
+        full_partition=partition.is_full,
+        optimality=optimality,
+        acceptance_count=main.acceptance_count if one_iteration else 0,
+        acceptance_samples=main.num_samples if one_iteration else 0,
+        optimal_acceptance=plan.alpha_star,
+        claimed_acceptance=claimed_acceptance,
+        length_sum=main.length_sum if one_iteration else 0.0,
+        length_sq_sum=main.length_sq_sum if one_iteration else 0.0,
+        block_efficiency_bound=plan.block_efficiency_bound,
+        stop_reason=stop_reason,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,169 +681,12 @@ def statistical_audit(
     >>> result.rejects(), result.num_tests
     (False, 5)
     """
-    # --- validation, at the boundary, once -----------------------------------------------------
-    verifier = as_verifier(verifier)
-    vocab_size = check_models(draft_model, target_model)
-    num_drafts = check_positive_int("num_drafts", num_drafts, allow_none=False)
-    draft_len = check_positive_int("draft_len", draft_len, allow_none=False)
-    verifier.check_supports(num_drafts, draft_len)
-    num_tokens = draft_len + 1 if num_tokens is None else check_positive_int("num_tokens", num_tokens, False)
-    if num_tokens < draft_len + 1:
-        raise InvalidArgument(f"num_tokens: must be >= draft_len + 1 = {draft_len + 1}, got {num_tokens}")
-    prefix = check_prefix(prefix, vocab_size)
-    alpha = check_prob("alpha", alpha)
-    power = check_prob("power", power)
-    sizing.effect_size_for_tv(min_detectable_tv)
-    num_samples = check_positive_int("num_samples", num_samples)
-    max_samples = check_positive_int("max_samples", max_samples)
-    max_seconds = check_seconds(max_seconds)
-    if stratify not in (True, False, "auto"):
-        raise InvalidArgument(f"stratify: expected True, False or 'auto', got {stratify!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
-    if claimed_acceptance is not None and not 0 <= claimed_acceptance <= 1:
-        raise InvalidArgument(f"claimed_acceptance: expected a number in [0, 1], got {claimed_acceptance!r}")
-    if claimed_block_efficiency is not None and not 1 <= claimed_block_efficiency <= draft_len + 1:
-        raise InvalidArgument(
-            f"claimed_block_efficiency: expected a number in [1, {draft_len + 1}], got {claimed_block_efficiency!r}")
-    device = torch.device(device)
-    chunk_size = (check_positive_int("chunk_size", chunk_size)
-                  or default_chunk_size(num_drafts, draft_len, vocab_size, device))
-    scheme = verifier.draft_scheme
-    one_iteration = num_tokens == draft_len + 1
-
-    # --- the family of sub-tests and the sample size -------------------------------------------
-    draft_root, target_root = root_laws(draft_model, target_model, prefix, device)
-    alpha_star = _optimal_acceptance(draft_root, target_root, num_drafts, scheme) if one_iteration else None
-    length_bound = (_block_efficiency_bound(draft_model, target_model, prefix, num_drafts, draft_len, device)
-                    if one_iteration and draft_len >= 2 and scheme == "iid" else None)
-    enumeration = (_draft_enumeration(draft_model, target_model, num_drafts, draft_len, scheme, prefix, draft_root,
-                                      stratify, max_strata) if one_iteration else None)
-    names = ["pearson", "g-test"]
-    names += ["acceptance<=optimal"] if alpha_star is not None else []
-    names += ["block-efficiency<=bound"] if length_bound is not None else []
-    names += ["e-process"] if sequential else []
-    planned, partition = plan_sample_size(
-        target_model, num_tokens, prefix=prefix, alpha=alpha, min_detectable_tv=min_detectable_tv, power=power,
-        num_tests=len(names) + (enumeration is not None), min_expected=min_expected, max_cells=max_cells,
-        device=device,
+    common = validate_common(
+        verifier, draft_model, target_model, num_drafts, draft_len, prefix=prefix, alpha=alpha,
+        min_detectable_tv=min_detectable_tv, power=power, num_samples=num_samples, max_samples=max_samples,
+        max_seconds=max_seconds, seed=seed, device=device, chunk_size=chunk_size, min_expected=min_expected,
     )
-    total = num_samples if num_samples is not None else planned
-    stop_reason = "planned"
-    if max_samples is not None and max_samples < total:
-        total, stop_reason = max_samples, "max_samples"
-    if total != planned:
-        partition = build_partition(target_model, num_tokens, total, prefix=prefix, min_expected=min_expected,
-                                    max_cells=max_cells, device=device)
-    if stratify == "auto" and enumeration is not None and (
-        total < MIN_PER_STRATUM * enumeration.weights.numel() or partition.num_cells > MAX_STRATIFIED_CELLS
-    ):
-        enumeration = None
-    names += ["stratified-pearson"] if enumeration is not None else []
-    test_alpha = alpha / len(names)
-
-    # --- sampling ----------------------------------------------------------------------------
-    generator = torch.Generator(device=device).manual_seed(seed)
-    eprocess = PlugInEProcess(partition.cell_probs) if sequential else None
-    start = time.perf_counter()
-    deadline = None if max_seconds is None else start + (max_seconds / 2 if enumeration is not None else max_seconds)
-    main = _run_main(verifier, draft_model, target_model, num_drafts, draft_len, num_tokens, total, partition,
-                     generator, chunk_size, prefix, device, eprocess, test_alpha, deadline)
-    if main.stop_reason != "planned":
-        stop_reason = main.stop_reason
-    strat_counts = None
-    if enumeration is not None and stop_reason not in ("support", "e-process"):
-        strat_counts, complete = _run_stratified(
-            verifier, enumeration, draft_model, target_model, partition, num_tokens, total, generator, chunk_size,
-            prefix, device, None if max_seconds is None else start + max_seconds)
-        if not complete:
-            stop_reason = "max_seconds"
-    seconds = time.perf_counter() - start
-
-    # --- exactness family ----------------------------------------------------------------------
-    probs = partition.cell_probs
-    results: dict[str, TestResult] = {}
-    for name, test in (("pearson", pearson_test), ("g-test", g_test)):
-        r = test(main.counts, probs, min_expected)
-        mde = sizing.min_detectable_tv(main.num_samples, r.num_cells, test_alpha, power) if r.num_cells >= 2 else math.inf
-        results[name] = dataclasses.replace(r, min_detectable_tv=mde)
-    if alpha_star is not None:
-        results["acceptance<=optimal"] = binomial_above(
-            main.acceptance_count, main.num_samples, alpha_star, "acceptance<=optimal",
-            f"P(first emitted token among the drafts' first tokens) vs alpha* = {alpha_star:.6g}")
-    if length_bound is not None:
-        results["block-efficiency<=bound"] = mean_above(
-            main.length_sum, main.length_sq_sum, main.num_samples, length_bound, "block-efficiency<=bound",
-            f"mean emitted length vs 1 + sum_i alpha*(p^i, q^i, K) = {length_bound:.6g} (z statistic)")
-    if eprocess is not None:
-        results["e-process"] = eprocess.result()
-    strat_samples = int(strat_counts.sum()) if strat_counts is not None else 0
-    if enumeration is not None:
-        if strat_counts is not None and bool((strat_counts.sum(1) >= 2).all()):
-            results["stratified-pearson"] = stratified_pearson_test(
-                strat_counts, enumeration.weights, probs, min_expected,
-                max_cells=max(MAX_STRATIFIED_CELLS, partition.num_cells))
-        else:
-            results["stratified-pearson"] = TestResult(
-                "stratified-pearson", math.nan, 1.0, None, strat_samples,
-                detail="not run: stopped before every draft tuple had 2 samples")
-    ordered = [results[name] for name in names]
-    family = tuple(dataclasses.replace(t, pvalue_adjusted=a) for t, a in zip(ordered, holm([t.pvalue for t in ordered])))
-    impossible = probs == 0
-    violations = float(main.counts[impossible].sum())
-    if strat_counts is not None:
-        violations += float(strat_counts.sum(0)[impossible].sum())
-    if violations:
-        stop_reason = "support" if stop_reason in ("planned", "support") else stop_reason
-    family += (TestResult("support", violations, 0.0 if violations else 1.0, None, main.num_samples + strat_samples,
-                          pvalue_adjusted=0.0 if violations else 1.0,
-                          detail="completed strings of target probability 0 (any one proves inexactness)"),)
-    deciding = family[-1] if violations else min(family[:-1], key=lambda t: t.pvalue_adjusted)  # first on ties
-
-    # --- optimality family ---------------------------------------------------------------------
-    optimality = []
-    if claimed_acceptance is None and alpha_star is not None and "spectr" in verifier.guarantees and scheme == "iid":
-        claimed_acceptance = spectr_guarantee(num_drafts) * alpha_star
-    if claimed_acceptance is not None and one_iteration:
-        optimality.append(binomial_below(main.acceptance_count, main.num_samples, claimed_acceptance,
-                                         "acceptance>=claimed", f"acceptance vs the claimed {claimed_acceptance:.6g}"))
-    if claimed_block_efficiency is not None and one_iteration:
-        optimality.append(mean_below(main.length_sum, main.length_sq_sum, main.num_samples, claimed_block_efficiency,
-                                     "block-efficiency>=claimed",
-                                     f"mean emitted length vs the claimed {claimed_block_efficiency:.6g} (z statistic)"))
-    optimality = tuple(dataclasses.replace(t, pvalue_adjusted=a)
-                       for t, a in zip(optimality, holm([t.pvalue for t in optimality])))
-
-    pearson = results["pearson"]
-    power_left = (sizing.chi2_power(main.num_samples * sizing.effect_size_for_tv(min_detectable_tv) ** 2,
-                                    pearson.num_cells, test_alpha) if pearson.num_cells >= 2 else 0.0)
-    return StatisticalAuditResult(
-        verifier=verifier.name,
-        test=deciding.name,
-        statistic=deciding.statistic,
-        pvalue=float(deciding.pvalue_adjusted),
-        alpha=alpha,
-        num_samples=main.num_samples + strat_samples,
-        seed=seed,
-        min_detectable_tv=pearson.min_detectable_tv,
-        power=power,
-        requested_tv=float(min_detectable_tv),
-        power_at_requested_tv=power_left,
-        num_tests=len(names),
-        num_tokens=num_tokens,
-        num_cells=partition.num_cells,
-        pooled_mass=pearson.pooled_mass,
-        full_partition=partition.is_full,
-        subtests=family,
-        optimality=optimality,
-        acceptance_count=main.acceptance_count if one_iteration else 0,
-        acceptance_samples=main.num_samples if one_iteration else 0,
-        optimal_acceptance=alpha_star,
-        claimed_acceptance=claimed_acceptance,
-        length_sum=main.length_sum if one_iteration else 0.0,
-        length_sq_sum=main.length_sq_sum if one_iteration else 0.0,
-        block_efficiency_bound=length_bound,
-        worst_cells=worst_cells(main.counts, main.num_samples * probs, partition.describe),
-        stop_reason=stop_reason,
-        seconds=seconds,
-    )
+    args = _validate(common, num_tokens, stratify, sequential, claimed_acceptance, claimed_block_efficiency,
+                     max_cells, max_strata)
+    plan = _plan(args)
+    return _test(args, plan, _sample(args, plan))

@@ -14,8 +14,8 @@ same calculation as statsmodels' ``GofChisquarePower`` (the tests use it as the 
 here directly with scipy so that it never depends on a root finder's starting point.  The
 G-test has the same asymptotic power.
 
-Defaults: false-alarm rate 1e-3 per audit (familywise over its sub-tests, Holm), power 0.99,
-minimum detectable TV 0.005.
+Defaults (:mod:`spectr_audit.defaults`): false-alarm rate 1e-3 per audit (familywise over its
+sub-tests, Holm), power 0.99, minimum detectable TV 0.005.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import math
 
 from scipy import optimize, stats
 
+from spectr_audit import defaults
 from spectr_audit.errors import InvalidArgument
 
 __all__ = [
@@ -37,13 +38,12 @@ __all__ = [
     "chi2_power",
 ]
 
-#: False-alarm rate of one audit (familywise over its sub-tests).  A CI run of ~30 audits
-#: of correct verifiers then raises a false alarm about 3% of the time.
-DEFAULT_ALPHA = 1e-3
+#: False-alarm rate of one audit (familywise over its sub-tests): :data:`spectr_audit.defaults.ALPHA`.
+DEFAULT_ALPHA = defaults.ALPHA
 #: Probability of flagging a verifier whose TV distance is at least the minimum detectable TV.
-DEFAULT_POWER = 0.99
+DEFAULT_POWER = defaults.POWER
 #: The smallest TV distance (on the audited partition) the default sample size must detect.
-DEFAULT_MIN_DETECTABLE_TV = 0.005
+DEFAULT_MIN_DETECTABLE_TV = defaults.MIN_DETECTABLE_TV
 
 
 def _check_unit(name: str, value: float, *, open_right: bool = True) -> float:

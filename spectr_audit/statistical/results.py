@@ -15,7 +15,7 @@ from scipy import stats
 
 from spectr_audit.errors import InvalidArgument
 
-__all__ = ["LawAgreementResult", "StatisticalAuditResult", "WorstCell", "worst_cells"]
+__all__ = ["FamilyResult", "LawAgreementResult", "StatisticalAuditResult", "WorstCell", "worst_cells"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +33,58 @@ class WorstCell:
 
 
 @dataclasses.dataclass(frozen=True)
-class StatisticalAuditResult:
+class FamilyResult:
+    """A null hypothesis tested by a Holm family of sub-tests.  Numbers only: the caller decides.
+
+    The base of :class:`StatisticalAuditResult` (the null: the verifier is exact) and
+    :class:`LawAgreementResult` (the null: the sampler follows its own exact law).
+
+    Attributes
+    ----------
+    verifier : str
+    test : str
+        The sub-test that decides: the support check when violated, else the one with the
+        smallest Holm-adjusted p-value.
+    statistic : float
+        That sub-test's statistic.
+    pvalue : float
+        Familywise p-value of the null (Holm over ``subtests``; 0 on a support violation).
+    alpha : float
+        The false-alarm rate the sample size was planned for.
+    num_samples : int
+        Samples run in total.
+    seed : int
+    min_detectable_tv : float
+        Smallest TV the planned test detects with probability ``power`` at the samples run.
+    power : float
+        The planned power.
+    subtests : tuple of TestResult
+        The family, with Holm-adjusted p-values, then the support check.
+    worst_cells : tuple of WorstCell
+    seconds : float
+        Wall time of the sampling.
+    """
+
+    verifier: str
+    test: str
+    statistic: float
+    pvalue: float
+    alpha: float
+    num_samples: int
+    seed: int
+    min_detectable_tv: float
+    power: float
+    subtests: tuple
+    worst_cells: tuple
+    seconds: float
+
+    def rejects(self, alpha: Optional[float] = None) -> bool:
+        """Whether the null is rejected at ``alpha`` (default: the planned ``alpha``)."""
+        return self.pvalue <= (self.alpha if alpha is None else alpha)
+
+
+@dataclasses.dataclass(frozen=True)
+class StatisticalAuditResult(FamilyResult):
     """What a statistical audit measured.  Numbers only: the caller decides.
 
     Attributes
@@ -89,15 +140,6 @@ class StatisticalAuditResult:
         Wall time of the sampling.
     """
 
-    verifier: str
-    test: str
-    statistic: float
-    pvalue: float
-    alpha: float
-    num_samples: int
-    seed: int
-    min_detectable_tv: float
-    power: float
     requested_tv: float
     power_at_requested_tv: float
     num_tests: int
@@ -105,7 +147,6 @@ class StatisticalAuditResult:
     num_cells: int
     pooled_mass: float
     full_partition: bool
-    subtests: tuple
     optimality: tuple
     acceptance_count: int
     acceptance_samples: int
@@ -114,9 +155,7 @@ class StatisticalAuditResult:
     length_sum: float
     length_sq_sum: float
     block_efficiency_bound: Optional[float]
-    worst_cells: tuple
     stop_reason: str
-    seconds: float
 
     @property
     def stopped_early(self) -> bool:
@@ -142,10 +181,6 @@ class StatisticalAuditResult:
     def optimality_pvalue(self) -> float:
         """Smallest Holm-adjusted p-value of the optimality family (1 when empty)."""
         return min((t.pvalue_adjusted for t in self.optimality), default=1.0)
-
-    def rejects(self, alpha: Optional[float] = None) -> bool:
-        """Whether exactness is rejected at ``alpha`` (default: the planned ``alpha``)."""
-        return self.pvalue <= (self.alpha if alpha is None else alpha)
 
     def acceptance_ci(self, confidence: float = 0.95, method: str = "clopper-pearson") -> tuple[float, float]:
         """Two-sided interval for the acceptance: ``"clopper-pearson"`` (exact) or ``"wilson"``."""
@@ -196,7 +231,7 @@ class StatisticalAuditResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class LawAgreementResult:
+class LawAgreementResult(FamilyResult):
     """A sampler checked against its own exact law (:func:`sampler_law_agreement`).
 
     Attributes
@@ -218,23 +253,7 @@ class LawAgreementResult:
     seconds : float
     """
 
-    verifier: str
-    test: str
-    statistic: float
-    pvalue: float
-    alpha: float
-    num_samples: int
-    seed: int
-    min_detectable_tv: float
-    power: float
     num_strata: int
-    subtests: tuple
-    worst_cells: tuple
-    seconds: float
-
-    def rejects(self, alpha: Optional[float] = None) -> bool:
-        """Whether agreement is rejected at ``alpha`` (default: the planned ``alpha``)."""
-        return self.pvalue <= (self.alpha if alpha is None else alpha)
 
     def to_dict(self) -> dict:
         """Plain JSON values."""

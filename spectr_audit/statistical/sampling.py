@@ -4,7 +4,7 @@ One *sample* is one verification: K drafts of length L are drawn after ``prefix`
 verifier emits ``draft_tokens[draft_index, :num_accepted] + [next_token]`` (1 to L + 1 tokens),
 and the string is completed with target samples to ``num_tokens`` (N) tokens.  When the
 verifier is exact, the completed strings are i.i.d. draws from the target law q over V^N
-(DESIGN.md, "What the audit measures", item 4), so their counts are multinomial with known
+(docs/audit/statistical.md), so their counts are multinomial with known
 cell probabilities.
 
 Counting uses a :class:`PrefixPartition` of V^N: a prefix tree grown from the root, where a
@@ -145,6 +145,132 @@ class PrefixPartition:
         return " ".join(tokens + (["*"] if len(tokens) < self.num_tokens else []))
 
 
+@dataclasses.dataclass
+class _Growth:
+    """The prefix tree while it grows: nodes are numbered in creation order (the root is 0)."""
+
+    num_nodes: int = 1
+    num_cells: int = 1
+    #: per split level: the ids of its split nodes, and their children ``[num_split, vocab_size]``
+    split_ids: list = dataclasses.field(default_factory=list)
+    split_children: list = dataclasses.field(default_factory=list)
+    #: (ids, probs, strings [m, depth], depth, kind) of each batch of leaves, in cell order
+    leaves: list = dataclasses.field(default_factory=list)
+
+
+def _next_token_probs(target_model: Model, prefix: Sequence[int], strings: torch.Tensor, device) -> torch.Tensor:
+    """The target's conditionals ``[num_strings, vocab_size]`` after ``prefix + u`` for each row u (float64, CPU)."""
+    return torch.cat([
+        target_model(contexts_from(prefix, strings[i : i + _MODEL_BATCH].to(device))).double().cpu()
+        for i in range(0, strings.shape[0], _MODEL_BATCH)
+    ])
+
+
+def _worth_splitting(child_probs, parent_probs, depth, num_samples, min_expected, num_cells, max_cells):
+    """Which candidate nodes split (most probable first, within ``max_cells``); their children's kinds.
+
+    Returns ``(worth, big, zero, rare, new_cells)``: the nodes to split, each child's kind (a cell
+    of its own, target probability 0, rare), and the cells each split would add.
+    """
+    big = num_samples * child_probs >= min_expected
+    zero = child_probs <= 0
+    rare = ~big & ~zero
+    num_big = big.sum(1)
+    rare_mass = (child_probs * rare).sum(1)
+    worth = (num_big >= 2) | ((num_big == 1) & (num_samples * rare_mass >= min_expected))
+    if depth == 0:
+        worth = torch.ones_like(worth)
+    # Each split turns one cell into (#big + rare lump + impossible lump) cells.
+    new_cells = num_big + rare.any(1).long() + zero.any(1).long() - 1
+    order = torch.argsort(torch.where(worth, parent_probs, torch.full_like(rare_mass, -1.0)), descending=True)
+    budget_ok = torch.zeros_like(worth)
+    budget_ok[order] = (num_cells + new_cells[order].cumsum(0)) <= max_cells
+    worth &= budget_ok | (depth == 0)
+    return worth, big, zero, rare, new_cells
+
+
+def _split_nodes(growth: _Growth, depth, ids, child_probs, strings, big, zero, rare, new_cells, vocab_size):
+    """Split the nodes ``ids``: number their children, record the rare and impossible lumps as leaves.
+
+    Returns the next level's open nodes: ``(ids, probs, strings [m, depth + 1])`` of the big children.
+    """
+    num_split = ids.numel()
+    growth.num_cells += int(new_cells.sum())
+    # Child ids: one per big child, then one rare lump and one impossible lump per node that has them.
+    big_ids = growth.num_nodes + big.reshape(-1).long().cumsum(0).reshape(num_split, vocab_size) - 1
+    growth.num_nodes += int(big.sum())
+    has_rare, has_zero = rare.any(1), zero.any(1)
+    rare_ids = growth.num_nodes + has_rare.long().cumsum(0) - 1
+    growth.num_nodes += int(has_rare.sum())
+    zero_ids = growth.num_nodes + has_zero.long().cumsum(0) - 1
+    growth.num_nodes += int(has_zero.sum())
+    children = torch.where(big, big_ids, torch.where(zero, zero_ids.unsqueeze(1), rare_ids.unsqueeze(1)))
+    growth.split_ids.append(ids)
+    growth.split_children.append(children)
+    growth.leaves.append((rare_ids[has_rare], (child_probs * rare).sum(1)[has_rare], strings[has_rare], depth, RARE))
+    growth.leaves.append((zero_ids[has_zero], torch.zeros(int(has_zero.sum()), dtype=torch.float64),
+                          strings[has_zero], depth, IMPOSSIBLE))
+    tokens = torch.arange(vocab_size).expand(num_split, vocab_size)
+    next_strings = torch.cat([strings.unsqueeze(1).expand(-1, vocab_size, -1)[big], tokens[big].unsqueeze(1)], 1)
+    return big_ids[big], child_probs[big], next_strings
+
+
+def _grow_level(growth: _Growth, depth, level, target_model, prefix, num_samples, min_expected, max_cells, device):
+    """Split the open nodes ``level = (ids, probs, strings)`` of one depth that are worth it; the rest are leaves.
+
+    Returns the next depth's open nodes.
+    """
+    level_ids, level_probs, level_strings = level
+    vocab_size = target_model.vocab_size
+    candidate = level_probs > 0
+    if depth > 0:
+        candidate &= num_samples * level_probs >= 2 * min_expected
+    cand_index = candidate.nonzero().squeeze(1)
+    split = torch.zeros_like(candidate)
+    if cand_index.numel():
+        strings = level_strings[cand_index]
+        # [num_candidates, vocab_size]
+        child_probs = level_probs[cand_index].unsqueeze(1) * _next_token_probs(target_model, prefix, strings, device)
+        worth, big, zero, rare, new_cells = _worth_splitting(child_probs, level_probs[cand_index], depth, num_samples,
+                                                             min_expected, growth.num_cells, max_cells)
+        split[cand_index[worth]] = True
+        keep = worth.nonzero().squeeze(1)
+        next_level = _split_nodes(growth, depth, level_ids[cand_index[worth]], child_probs[keep], strings[keep],
+                                  big[keep], zero[keep], rare[keep], new_cells[keep], vocab_size)
+    else:
+        next_level = (torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.float64),
+                      torch.zeros(0, depth + 1, dtype=torch.int64))
+    growth.leaves.append((level_ids[~split], level_probs[~split], level_strings[~split], depth, PREFIX))
+    return next_level
+
+
+def _assemble(growth: _Growth, vocab_size: int, num_tokens: int, device) -> PrefixPartition:
+    """The grown tree as a :class:`PrefixPartition`: leaves become cells in the order they were recorded."""
+    leaves = growth.leaves
+    expanded_row = torch.full((growth.num_nodes,), -1, dtype=torch.int64)
+    all_split = torch.cat(growth.split_ids)
+    expanded_row[all_split] = torch.arange(all_split.numel(), dtype=torch.int64)
+    leaf_ids = torch.cat([ids for ids, *_ in leaves])
+    leaf_cell = torch.full((growth.num_nodes,), -1, dtype=torch.int64)
+    leaf_cell[leaf_ids] = torch.arange(leaf_ids.numel(), dtype=torch.int64)
+    cell_strings = []
+    for ids, _, strings, depth, _ in leaves:
+        padded = torch.full((ids.numel(), num_tokens), PAD, dtype=torch.int64)
+        padded[:, :depth] = strings
+        cell_strings.append(padded)
+    return PrefixPartition(
+        vocab_size=vocab_size,
+        num_tokens=num_tokens,
+        expanded_row=expanded_row.to(device),
+        children=torch.cat(growth.split_children).to(device),
+        leaf_cell=leaf_cell.to(device),
+        cell_probs=torch.cat([probs for _, probs, *_ in leaves]),
+        cell_strings=torch.cat(cell_strings),
+        cell_depth=torch.cat([torch.full((ids.numel(),), depth, dtype=torch.int64) for ids, _, _, depth, _ in leaves]),
+        cell_kind=torch.cat([torch.full((ids.numel(),), kind, dtype=torch.int64) for ids, _, _, _, kind in leaves]),
+    )
+
+
 def build_partition(
     target_model: Model,
     num_tokens: int,
@@ -204,96 +330,13 @@ def build_partition(
         raise InvalidArgument(f"max_cells: must be at least vocab_size + 2 = {vocab_size + 2}, got {max_cells}")
     device = torch.device(device)
     num_samples = max(int(num_samples), 1)
-    # Nodes are numbered in creation order; `level_*` describe the current depth's open nodes.
-    level_ids = torch.zeros(1, dtype=torch.int64)
-    level_probs = torch.ones(1, dtype=torch.float64)
-    level_strings = torch.zeros(1, 0, dtype=torch.int64)
-    num_nodes, num_cells = 1, 1
-    split_ids, split_children = [], []
-    leaves = []  # (ids, probs, strings [m, depth], depth, kind)
-
+    growth = _Growth()
+    # The open nodes of the current depth: ids, target probabilities, strings [m, depth].
+    level = (torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.float64), torch.zeros(1, 0, dtype=torch.int64))
     for depth in range(num_tokens):
-        candidate = level_probs > 0
-        if depth > 0:
-            candidate &= num_samples * level_probs >= 2 * min_expected
-        cand_index = candidate.nonzero().squeeze(1)
-        split = torch.zeros_like(candidate)
-        if cand_index.numel():
-            strings = level_strings[cand_index]
-            cond = torch.cat([
-                target_model(contexts_from(prefix, strings[i : i + _MODEL_BATCH].to(device))).double().cpu()
-                for i in range(0, strings.shape[0], _MODEL_BATCH)
-            ])  # [num_candidates, vocab_size]
-            child_probs = level_probs[cand_index].unsqueeze(1) * cond
-            big = num_samples * child_probs >= min_expected
-            zero = child_probs <= 0
-            rare = ~big & ~zero
-            num_big = big.sum(1)
-            rare_mass = (child_probs * rare).sum(1)
-            worth = (num_big >= 2) | ((num_big == 1) & (num_samples * rare_mass >= min_expected))
-            if depth == 0:
-                worth = torch.ones_like(worth)
-            # Each split turns one cell into (#big + rare lump + impossible lump) cells.
-            new_cells = num_big + rare.any(1).long() + zero.any(1).long() - 1
-            order = torch.argsort(torch.where(worth, level_probs[cand_index], torch.full_like(rare_mass, -1.0)),
-                                  descending=True)
-            budget_ok = torch.zeros_like(worth)
-            budget_ok[order] = (num_cells + new_cells[order].cumsum(0)) <= max_cells
-            worth &= budget_ok | (depth == 0)
-            split[cand_index[worth]] = True
-            keep = worth.nonzero().squeeze(1)
-            big, zero, rare = big[keep], zero[keep], rare[keep]
-            child_probs, strings = child_probs[keep], strings[keep]
-            num_split = keep.numel()
-            num_cells += int(new_cells[keep].sum())
-            # Child ids: one per big child, then one rare lump and one impossible lump per node that has them.
-            big_ids = num_nodes + big.reshape(-1).long().cumsum(0).reshape(num_split, vocab_size) - 1
-            num_nodes += int(big.sum())
-            has_rare, has_zero = rare.any(1), zero.any(1)
-            rare_ids = num_nodes + has_rare.long().cumsum(0) - 1
-            num_nodes += int(has_rare.sum())
-            zero_ids = num_nodes + has_zero.long().cumsum(0) - 1
-            num_nodes += int(has_zero.sum())
-            children = torch.where(big, big_ids, torch.where(zero, zero_ids.unsqueeze(1), rare_ids.unsqueeze(1)))
-            split_ids.append(level_ids[cand_index[worth]])
-            split_children.append(children)
-            leaves.append((rare_ids[has_rare], (child_probs * rare).sum(1)[has_rare], strings[has_rare], depth, RARE))
-            leaves.append((zero_ids[has_zero], torch.zeros(int(has_zero.sum()), dtype=torch.float64),
-                           strings[has_zero], depth, IMPOSSIBLE))
-            tokens = torch.arange(vocab_size).expand(num_split, vocab_size)
-            next_ids = big_ids[big]
-            next_probs = child_probs[big]
-            next_strings = torch.cat([strings.unsqueeze(1).expand(-1, vocab_size, -1)[big], tokens[big].unsqueeze(1)], 1)
-        else:
-            next_ids = torch.zeros(0, dtype=torch.int64)
-            next_probs = torch.zeros(0, dtype=torch.float64)
-            next_strings = torch.zeros(0, depth + 1, dtype=torch.int64)
-        leaves.append((level_ids[~split], level_probs[~split], level_strings[~split], depth, PREFIX))
-        level_ids, level_probs, level_strings = next_ids, next_probs, next_strings
-    leaves.append((level_ids, level_probs, level_strings, num_tokens, PREFIX))
-
-    expanded_row = torch.full((num_nodes,), -1, dtype=torch.int64)
-    all_split = torch.cat(split_ids)
-    expanded_row[all_split] = torch.arange(all_split.numel(), dtype=torch.int64)
-    leaf_ids = torch.cat([ids for ids, *_ in leaves])
-    leaf_cell = torch.full((num_nodes,), -1, dtype=torch.int64)
-    leaf_cell[leaf_ids] = torch.arange(leaf_ids.numel(), dtype=torch.int64)
-    cell_strings = []
-    for ids, _, strings, depth, _ in leaves:
-        padded = torch.full((ids.numel(), num_tokens), PAD, dtype=torch.int64)
-        padded[:, :depth] = strings
-        cell_strings.append(padded)
-    return PrefixPartition(
-        vocab_size=vocab_size,
-        num_tokens=num_tokens,
-        expanded_row=expanded_row.to(device),
-        children=torch.cat(split_children).to(device),
-        leaf_cell=leaf_cell.to(device),
-        cell_probs=torch.cat([probs for _, probs, *_ in leaves]),
-        cell_strings=torch.cat(cell_strings),
-        cell_depth=torch.cat([torch.full((ids.numel(),), depth, dtype=torch.int64) for ids, _, _, depth, _ in leaves]),
-        cell_kind=torch.cat([torch.full((ids.numel(),), kind, dtype=torch.int64) for ids, _, _, _, kind in leaves]),
-    )
+        level = _grow_level(growth, depth, level, target_model, prefix, num_samples, min_expected, max_cells, device)
+    growth.leaves.append((*level, num_tokens, PREFIX))
+    return _assemble(growth, vocab_size, num_tokens, device)
 
 
 # ---------------------------------------------------------------------------------------------

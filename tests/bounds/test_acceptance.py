@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from fractions import Fraction
 from typing import Callable, Optional
 
 import numpy as np
@@ -21,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spectr_audit.bounds.acceptance import (
-    AcceptanceBound,
+    OptimalAcceptanceResult,
     kseq_acceptance,
     optimal_acceptance,
     optimal_acceptance_lp,
@@ -30,6 +29,13 @@ from spectr_audit.bounds.acceptance import (
 )
 from spectr_audit.verifiers._rho_star import kseq_accept_prob, kseq_rho_star
 from spectr_audit.errors import InvalidArgument
+
+from tests.oracles.acceptance import (
+    brute_force_alpha,
+    brute_force_alpha_from_sets,
+    exact_kseq_gap,
+    without_replacement_set_probs,
+)
 
 SQRT_034 = math.sqrt(0.34)
 
@@ -53,7 +59,7 @@ class HandCase:
 
 
 HAND_CASES = [
-    # Seed 000 (ALGORITHMS.md section 6).  q/p = (0.5, 1.75): prefixes {} -> 1,
+    # The SpecTr worked example (docs/rules/kseq.md).  q/p = (0.5, 1.75): prefixes {} -> 1,
     # {A} -> 0.3 + 1 - 0.6^2 = 0.94, {A, B} -> 1.  K-SEQ: for rho <= 1.75, beta = 0.3/rho + 0.4
     # and f = beta (rho - 2 + beta) = 0 gives rho^2 - 1.6 rho + 0.3 = 0, rho* = 0.8 + sqrt(0.34);
     # P_A = rho* beta = 0.4 rho* + 0.3 = 0.62 + 0.4 sqrt(0.34).
@@ -97,59 +103,8 @@ def test_spectr_guarantee() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Slow oracles
+# Against the slow oracles (tests/oracles/acceptance.py)
 # ---------------------------------------------------------------------------------------------
-
-
-def brute_force_alpha(draft: np.ndarray, target: np.ndarray, num_drafts: int) -> float:
-    """min over all 2^V token sets T of q(T) + 1 - p(T)^K."""
-    vocab_size = len(draft)
-    masks = np.array(list(itertools.product([0.0, 1.0], repeat=vocab_size)))  # [2^V, V]
-    return float((masks @ target + 1.0 - (masks @ draft) ** num_drafts).min())
-
-
-def brute_force_alpha_from_sets(set_probs: dict[frozenset[int], float], target: np.ndarray) -> float:
-    """min over T of q(T) + 1 - P(S subset of T), for any law of the draft set S."""
-    best = math.inf
-    for bits in itertools.product([False, True], repeat=len(target)):
-        chosen = frozenset(i for i, bit in enumerate(bits) if bit)
-        inside = sum(mass for s, mass in set_probs.items() if s <= chosen)
-        best = min(best, float(target[list(chosen)].sum()) + 1.0 - inside)
-    return best
-
-
-def without_replacement_set_probs(draft: np.ndarray, num_drafts: int) -> dict[frozenset[int], float]:
-    """P(set = S) for num_drafts ordered draws without replacement (stopping if p runs out)."""
-    probs: dict[frozenset[int], float] = {}
-
-    def walk(drawn: tuple[int, ...], mass: float) -> None:
-        remaining = [i for i in range(len(draft)) if i not in drawn and draft[i] > 0]
-        if len(drawn) == num_drafts or not remaining:
-            key = frozenset(drawn)
-            probs[key] = probs.get(key, 0.0) + mass
-            return
-        total = sum(draft[i] for i in remaining)
-        for i in remaining:
-            walk(drawn + (i,), mass * draft[i] / total)
-
-    walk((), 1.0)
-    return probs
-
-
-def exact_kseq_gap(draft: np.ndarray, target: np.ndarray, rho: float, num_drafts: int) -> Fraction:
-    """f(rho) = rho beta - (1 - (1 - beta)^K) in exact rational arithmetic.
-
-    The rows are normalised exactly first: a float row sums to 1 only up to rounding, and
-    where f is flat (p close to q, K large) a 1e-16 change in the sums moves the root.
-    """
-    draft_exact = [Fraction(float(x)) for x in draft]
-    target_exact = [Fraction(float(x)) for x in target]
-    draft_total, target_total = sum(draft_exact), sum(target_exact)
-    rho_exact = Fraction(rho)
-    beta = sum(
-        min(d / draft_total, t / target_total / rho_exact) for d, t in zip(draft_exact, target_exact)
-    )
-    return rho_exact * beta - (1 - (1 - beta) ** num_drafts)
 
 
 @st.composite
@@ -214,7 +169,7 @@ def test_kseq_within_spectr_guarantee(pair, num_drafts) -> None:
     accept, rho, beta = result.item(), result.rho_star.item(), result.beta.item()
     assert spectr_guarantee(num_drafts) * alpha - 1e-9 <= accept <= alpha + 1e-9
     assert 1.0 <= rho <= num_drafts
-    # ALGORITHMS.md section 2: at rho*, P_A = rho* beta = sum_x min(rho* p(x), q(x)).
+    # docs/rules/kseq.md: at rho*, P_A = rho* beta = sum_x min(rho* p(x), q(x)).
     assert accept == pytest.approx(float(np.minimum(rho * draft, target).sum()), abs=1e-9)
     assert accept >= float(np.minimum(draft, target).sum()) - 1e-12
     # The unvalidated hot path sees exactly these rows (kseq_acceptance renormalised them).
@@ -298,7 +253,7 @@ def test_large_vocabulary_runs() -> None:
     draft = torch.from_numpy(rng.dirichlet(np.full(vocab_size, 0.1)))
     target = torch.from_numpy(rng.dirichlet(np.full(vocab_size, 0.1)))
     bound = optimal_acceptance(draft, target, 8)
-    assert isinstance(bound, AcceptanceBound)
+    assert isinstance(bound, OptimalAcceptanceResult)
     alpha = bound.item()
     assert 0.0 <= alpha <= 1.0
     accept = kseq_acceptance(draft, target, 8).item()

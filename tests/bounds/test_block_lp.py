@@ -1,4 +1,4 @@
-"""The block LPs of ALGORITHMS.md section 7: hand-derived optima, block verification attains the
+"""The block LPs (docs/audit/bounds.md): hand-derived optima, block verification attains the
 unmodified-continuation LP at K = 1, greedy block verification the repair-allowed one, and no exact
 verifier beats the LP."""
 
@@ -15,7 +15,8 @@ from spectr_audit.exact.iteration import exact_iteration
 from spectr_audit.drafting.models import ContextFreeModel, random_markov
 from spectr_audit.registry import load_verifier
 
-PAPER = (ContextFreeModel([2 / 3, 1 / 3]), ContextFreeModel([1 / 3, 2 / 3]))
+from tests._models import PAPER
+
 LP_TOL = 1e-8  # CLARABEL with the module's tightened tolerances, on well-scaled cases
 LOOSE_TOL = 1e-6  # random models: CLARABEL may fall back to its default tolerances (about 1e-7)
 

@@ -13,28 +13,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from scipy import stats
 
-from spectr_audit.drafting.models import ContextFreeModel, random_markov
 from spectr_audit.registry import load_verifier
 from spectr_audit.statistical.audit import sampler_law_agreement, statistical_audit
 
+from tests._models import DRAFT8, DRAFT_MARKOV, TARGET8, TARGET_MARKOV
+
 META_ALPHA = 1e-3
 
+pytestmark = pytest.mark.usefixtures("single_thread")  # one torch thread (tests/conftest.py)
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    # The tensors here are small; one intra-op thread avoids oversubscribing a shared CI
-    # runner (with 2 threads on a busy 2-core machine these tests ran 10x slower).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-DRAFT8 = ContextFreeModel(np.random.default_rng(1).dirichlet(np.ones(8)))
-TARGET8 = ContextFreeModel(np.random.default_rng(2).dirichlet(np.ones(8)))
-DRAFT_MARKOV, TARGET_MARKOV = random_markov(4, 1, seed=1), random_markov(4, 1, seed=2)
 
 # (id, verifier, draft model, target model, K, L, prefix, samples per audit, audits)
 CALIBRATION_CASES = [

@@ -12,9 +12,10 @@ from spectr_audit.contract.randomness import (
     CATEGORICAL_BLOCK,
     InjectedUniforms,
     sample_categorical,
-    sample_categorical_from_cdf,
     uniform,
 )
+
+from tests.oracles.randomness import one_level_draw
 
 JUST_BELOW_ONE = 1 - 2**-53
 
@@ -70,11 +71,6 @@ def test_generator_draws_are_reproducible():
 # --- two-level draws at large vocabularies, against the one-level inverse CDF (the oracle) -------------
 
 
-def _one_level(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The obviously correct draw: a float64 running sum over the whole row."""
-    return sample_categorical_from_cdf(probs.double().cumsum(-1), u)
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     vocab_size=st.integers(2 * CATEGORICAL_BLOCK + 1, 5 * CATEGORICAL_BLOCK + 7),
@@ -91,7 +87,7 @@ def test_two_level_draw_matches_the_one_level_inverse_cdf(vocab_size, zero_fract
     u = torch.rand(3, 200, generator=gen, dtype=torch.float64).T.contiguous()  # [200, 3]
     rows = probs.unsqueeze(0).expand(200, -1, -1)  # [200, 3, V]
     fast = sample_categorical(rows, u)
-    slow = _one_level(rows.float() if dtype == torch.bfloat16 else rows, u)
+    slow = one_level_draw(rows.float() if dtype == torch.bfloat16 else rows, u)
     # Never a zero-mass token, and the same token as the one-level map except where the point lies within
     # rounding of a CDF boundary (then a neighbouring token of positive mass).
     has_mass = rows.sum(-1) > 0

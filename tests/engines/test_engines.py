@@ -80,7 +80,7 @@ def test_engine_exactness_and_acceptance(name, module, kwargs, draft_lens, num_s
     [("transformers", "transformers"), ("vllm", "vllm"), ("lmdeploy", "lmdeploy"), ("keras-hub", "keras_hub")],
 )
 def test_engine_seeding_is_deterministic(name, module):
-    """HISTORIC_BUGS #2: the same generator seed gives the same verdicts; the caller's RNG is untouched."""
+    """docs/historic-bugs.md entry 2: the same generator seed gives the same verdicts; the caller's RNG is untouched."""
     verifier = _engine(name, module)
     batch_size, draft_len = 32, 2
     gen = torch.Generator().manual_seed(5)
@@ -112,7 +112,7 @@ ZERO_RESIDUAL_CASES = [
 ZERO_RESIDUAL_FINDINGS = {
     "vllm": "recovery argmax over an all-zero score row returns token 0",
     "lmdeploy": "recovery argmax over an all-zero score row returns token 0",
-    "transformers": "p_prime.div_(p_prime.sum()) divides by 0: NaN, torch.multinomial raises (HISTORIC_BUGS #25)",
+    "transformers": "p_prime.div_(p_prime.sum()) divides by 0: NaN, torch.multinomial raises (docs/historic-bugs.md entry 25)",
 }
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -13,69 +11,28 @@ from spectr_audit.exact.iteration import enumerate_drafts, exact_iteration, stri
 from spectr_audit.drafting.models import ContextFreeModel, random_markov
 from spectr_audit.registry import load_verifier
 
-
-def _cond(model, context):
-    return model(torch.tensor([list(context)], dtype=torch.int64).reshape(1, -1))[0].tolist()
+from tests.oracles.iteration import brute_force_iteration
 
 
-def _oracle(verifier, draft_model, target_model, num_drafts, draft_len, prefix):
-    """E(s), F(w), B(u) by brute force: every ordered tuple, one output_probs call each."""
-    vocab_size = draft_model.vocab_size
-    seqs = []
-    for seq in itertools.product(range(vocab_size), repeat=draft_len):
-        prob = 1.0
-        for i, tok in enumerate(seq):
-            prob *= _cond(draft_model, prefix + seq[:i])[tok]
-        if prob > 0:
-            seqs.append((seq, prob))
-    emitted = {}
-    for combo in itertools.product(seqs, repeat=num_drafts):
-        weight = 1.0
-        for _, prob in combo:
-            weight *= prob
-        tokens = torch.tensor([[list(s) for s, _ in combo]], dtype=torch.int64)
-        dp = torch.tensor([[[_cond(draft_model, prefix + s[:i]) for i in range(draft_len)] for s, _ in combo]], dtype=torch.float64)
-        tp = torch.tensor([[[_cond(target_model, prefix + s[:i]) for i in range(draft_len + 1)] for s, _ in combo]], dtype=torch.float64)
-        law = verifier.output_probs(tokens, dp, tp)[0]
-        for k in range(num_drafts):
-            for n in range(draft_len + 1):
-                for y in range(vocab_size):
-                    s = combo[k][0][:n] + (y,)
-                    emitted[s] = emitted.get(s, 0.0) + weight * float(law[k, n, y])
-
-    def target_joint(w, start=0):
-        prob = 1.0
-        for i in range(start, len(w)):
-            prob *= _cond(target_model, prefix + w[:i])[w[i]]
-        return prob
-
-    implied = {}
-    for w in itertools.product(range(vocab_size), repeat=draft_len + 1):
-        implied[w] = sum(emitted.get(w[:m], 0.0) * target_joint(w, m) for m in range(1, draft_len + 2))
-    caps = {}
-    for m in range(1, draft_len + 2):
-        for u in itertools.product(range(vocab_size), repeat=m):
-            caps[u] = sum(v for s, v in emitted.items() if s[:m] == u)
-    return emitted, implied, caps, target_joint
+@st.composite
+def brute_force_cases(draw):
+    """A verifier and a (K, L) it supports, K, L in {1, 2}: every drawn case is audited."""
+    name = draw(st.sampled_from(["speculative", "spectr-tree", "rrs", "kseq"]))
+    verifier = load_verifier(name)
+    shape = draw(st.sampled_from([(k, n) for k in (1, 2) for n in (1, 2) if verifier.supports(k, n)]))
+    return (name, *shape)
 
 
 @settings(max_examples=15, deadline=None)
-@given(
-    name=st.sampled_from(["speculative", "spectr-tree", "rrs", "kseq"]),
-    vocab_size=st.integers(2, 3),
-    num_drafts=st.integers(1, 2),
-    draft_len=st.integers(1, 2),
-    seed=st.integers(0, 1000),
-)
-def test_exact_iteration_matches_brute_force(name, vocab_size, num_drafts, draft_len, seed):
+@given(case=brute_force_cases(), vocab_size=st.integers(2, 3), seed=st.integers(0, 1000))
+def test_exact_iteration_matches_brute_force(case, vocab_size, seed):
+    name, num_drafts, draft_len = case
     verifier = load_verifier(name)
-    if not verifier.supports(num_drafts, draft_len):
-        return
     draft_model = random_markov(vocab_size, 1, seed=seed, concentration=0.6)
     target_model = random_markov(vocab_size, 1, seed=seed + 1, concentration=0.6)
     prefix = (seed % vocab_size,)
     audit = exact_iteration(verifier, draft_model, target_model, num_drafts, draft_len, prefix=prefix)
-    emitted, implied, caps, target_joint = _oracle(verifier, draft_model, target_model, num_drafts, draft_len, prefix)
+    emitted, implied, caps, target_joint = brute_force_iteration(verifier, draft_model, target_model, num_drafts, draft_len, prefix)
     for m in range(1, draft_len + 2):
         for code in range(vocab_size**m):
             s = string_of(code, m, vocab_size)

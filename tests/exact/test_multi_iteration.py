@@ -4,7 +4,8 @@ The multi-iteration audit is the judge of verifiers with next-iteration correcti
 greedy block verification is exact over the loop with its repair and not without it.
 Hand-derived laws are in case tables; the sampled loop is checked against the exact
 law by chi-square at a stated false-alarm rate; the closed-form repair is checked
-against the section 5 formula evaluated with the exact single-iteration laws.
+against the general repair formula (docs/rules/greedy-block.md) evaluated with the exact
+single-iteration laws.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from spectr_audit.drafting.models import ContextFreeModel, random_markov
 from spectr_audit.exact.multi_iteration import exact_multi_iteration, target_string_law
 from spectr_audit.registry import load_verifier
 
-PAPER = (ContextFreeModel([2 / 3, 1 / 3]), ContextFreeModel([1 / 3, 2 / 3]))
+from tests._models import PAPER
+
 Q = (Fraction(1, 3), Fraction(2, 3))
 
 

@@ -30,4 +30,4 @@ def test_quick_benchmark_writes_every_part(tmp_path):
     assert any("bisection" in w for w in solvers) and any("sort-free" in w for w in solvers)
     assert any(row["vocab_size"] == 8 and row["num_drafts"] == 6 for row in result["exact_audit"])
     assert result["montecarlo"]["kseq"]["verifications_per_second"] > 0
-    assert "| verifier | V | K | L |" in run.stdout  # the Markdown table for issue notes
+    assert "| verifier | V | K | L |" in run.stdout  # the Markdown table

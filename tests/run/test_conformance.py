@@ -18,7 +18,7 @@ import torch
 
 from spectr_audit.run.conformance import (
     ConformanceFailure,
-    ConformanceReport,
+    ConformanceResult,
     _law_checks,
     check_verifier,
     standard_suite,
@@ -150,7 +150,7 @@ def test_an_inexact_rule_with_an_exact_law_names_the_case_and_worst_strings():
 ], ids=["kseq", "speculative", "rrs-wor", "spectr-tree"])
 def test_builtin_verifiers_conform(verifier, kwargs):
     report = check_verifier(verifier, num_samples=SAMPLES, **kwargs)
-    assert isinstance(report, ConformanceReport) and report.passed
+    assert isinstance(report, ConformanceResult) and report.passed
     names = {c.name for c in report.checks}
     assert {"output contract", "inputs unchanged", "deterministic under a fixed generator",
             "emitted tokens have target mass", "float32 inputs", "exact law is a distribution",

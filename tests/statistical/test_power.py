@@ -18,7 +18,7 @@ from statsmodels.stats.power import GofChisquarePower
 
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.statistical.gof import pearson_test
-from spectr_audit.drafting.models import ContextFreeModel, random_markov
+from spectr_audit.drafting.models import random_markov
 from spectr_audit.statistical.power import (
     DEFAULT_ALPHA,
     DEFAULT_MIN_DETECTABLE_TV,
@@ -30,15 +30,10 @@ from spectr_audit.statistical.power import (
 )
 from spectr_audit.statistical.audit import plan_sample_size
 
+from tests._models import TARGET8
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    # The tensors here are small; one intra-op thread avoids oversubscribing a shared CI
-    # runner (with 2 threads on a busy 2-core machine these tests ran 10x slower).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # one torch thread (tests/conftest.py)
 
 
 # (tv, num_cells, alpha, power): spans the audit's range, including its defaults.
@@ -118,7 +113,7 @@ def test_planned_power_holds_against_the_worst_case_law():
 
 
 def test_plan_sample_size_full_partition_and_fixed_point():
-    target = ContextFreeModel(np.random.default_rng(2).dirichlet(np.ones(8)))
+    target = TARGET8
     n, partition = plan_sample_size(target, 2, num_tests=5)
     assert partition.is_full and partition.num_cells == 64
     kept = int((n * partition.cell_probs >= 5).sum())

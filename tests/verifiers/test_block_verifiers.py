@@ -1,21 +1,20 @@
 """Block verification, greedy block verification and the published SpecTr-GBV rule.
 
 Hand-derived values live in case tables (derivations in comments); the fast laws are
-compared with plain-Python oracles written straight from ALGORITHMS.md sections 4-5 and
-from the published pseudo-code (exact rational arithmetic where the inputs are rational);
-samplers are checked against their own laws by chi-square at a stated false-alarm rate.
+compared with the plain-Python oracles of ``tests/oracles/block.py``, written straight from the
+rules' definitions and from the published pseudo-code (exact rational arithmetic where the
+inputs are rational); samplers are checked against their own laws by chi-square at a stated
+false-alarm rate.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from fractions import Fraction
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from scipy import stats
 
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.exact.iteration import enumerate_drafts, exact_iteration
@@ -24,166 +23,15 @@ from spectr_audit.drafting.models import ContextFreeModel, random_markov
 from spectr_audit.contract.randomness import InjectedUniforms
 from spectr_audit.registry import load_verifier
 
+from tests._stats import pooled_chisquare_pvalue
+from tests.oracles.block import last_passing_law, oracle_single_iteration, published_gbv_law
+
 THIRD, TWO_THIRDS = Fraction(1, 3), Fraction(2, 3)
 PAPER_DRAFT, PAPER_TARGET = (TWO_THIRDS, THIRD), (THIRD, TWO_THIRDS)
 
 
 def _models(draft_probs, target_probs):
     return ContextFreeModel([float(x) for x in draft_probs]), ContextFreeModel([float(x) for x in target_probs])
-
-
-# ---------------------------------------------------------------------------------------------
-# Plain-Python oracles (context-free models: the conditionals are the same at every node)
-# ---------------------------------------------------------------------------------------------
-
-
-def _pos(x):
-    return x if x > 0 else 0 * x
-
-
-def _normalise(values, fallback):
-    total = sum(values)
-    return [v / total for v in values] if total > 0 else list(fallback)
-
-
-def _joint(probs, tokens):
-    out = 1 + 0 * probs[0]
-    for t in tokens:
-        out *= probs[t]
-    return out
-
-
-def last_passing_law(tokens, draft_probs, target_probs, greedy: bool) -> dict:
-    """{emitted string: probability} of block (section 4) or greedy block (section 5) verification, one draft."""
-    draft_len, vocab = len(tokens), range(len(draft_probs))
-    one = 1 + 0 * draft_probs[0]
-    pass_probs, residuals = [], []
-    if greedy:
-        for i in range(draft_len + 1):
-            y = tokens[:i]
-            py, qy = _joint(draft_probs, y), _joint(target_probs, y)
-            if i == draft_len:
-                pass_probs.append(min(one, qy / py))
-                break
-            wanted = [_pos(qy * target_probs[x] - py * draft_probs[x]) for x in vocab]  # (q(yx) - p(yx))_+
-            residuals.append(_normalise(wanted, target_probs))
-            if i > 0:
-                big_a, big_d = sum(wanted), qy - py
-                pass_probs.append(one if big_a - big_d == 0 else (big_a - _pos(big_d)) / (big_a - big_d))
-    else:
-        weight = one
-        for i in range(draft_len + 1):
-            if i > 0:
-                x = tokens[i - 1]
-                weight = min(one, weight * target_probs[x] / draft_probs[x])
-            if i == draft_len:
-                pass_probs.append(weight)
-                break
-            wanted = [_pos(weight * target_probs[x] - draft_probs[x]) for x in vocab]
-            residuals.append(_normalise(wanted, target_probs))
-            if i > 0:
-                r = sum(wanted)
-                pass_probs.append(one if r + 1 - weight == 0 else r / (r + 1 - weight))
-    law: dict = {}
-    for outcome in itertools.product([False, True], repeat=draft_len):
-        prob = one
-        for passed, h in zip(outcome, pass_probs):
-            prob *= h if passed else 1 - h
-        tau = max([i + 1 for i, passed in enumerate(outcome) if passed], default=0)
-        nxt = target_probs if tau == draft_len else residuals[tau]
-        for y in vocab:
-            key = tuple(tokens[:tau]) + (y,)
-            law[key] = law.get(key, 0) + prob * nxt[y]
-    return law
-
-
-def published_gbv_law(drafts, draft_probs, target_probs) -> dict:
-    """{emitted string: probability} of the published SpecTr-GBV pseudo-code, followed literally.
-
-    H is a Python set of tuples; every test branches into pass (probability h clamped to
-    [0, 1], as U < h with U uniform) and fail; skipped tests do not branch.
-    """
-    num_drafts, draft_len, vocab = len(drafts), len(drafts[0]), range(len(draft_probs))
-    one = 1 + 0 * draft_probs[0]
-
-    def cover(y):
-        py, qy = _joint(draft_probs, y), _joint(target_probs, y)
-        return qy * (1 - (1 - min(one, py / qy)) ** num_drafts) if qy > 0 else 0 * one
-
-    def divide(a, b):
-        return a / b if b != 0 else 0 * one
-
-    def clamp(h):
-        return min(one, max(0 * one, h))
-
-    def inner(j, i, tau, sel, rejected):
-        if i > draft_len - 1:
-            return final(j, tau, sel, rejected)
-        y = tuple(drafts[j][:i])
-        children = sum(cover(y + (x,)) for x in vocab)
-        h = divide(cover(y) - children, 1 - (1 - _joint(draft_probs, y)) ** num_drafts - children)
-        if y in rejected:
-            return inner(j, i + 1, tau, sel, rejected)
-        h = clamp(h)
-        return [(h * p, t, s) for p, t, s in inner(j, i + 1, i, j, rejected)] + [
-            ((1 - h) * p, t, s) for p, t, s in inner(j, i + 1, tau, sel, rejected | {y})
-        ]
-
-    def final(j, tau, sel, rejected):
-        y = tuple(drafts[j])
-        h = clamp(divide(cover(y), 1 - (1 - _joint(draft_probs, y)) ** num_drafts))
-        rest = scan(j + 1, tau, sel, rejected)
-        return [(h, draft_len, j)] + [((1 - h) * p, t, s) for p, t, s in rest]
-
-    def scan(j, tau, sel, rejected):
-        if j == num_drafts:
-            return [(one, tau, sel)]
-        return inner(j, tau + 1, tau, sel, rejected)
-
-    law: dict = {}
-    for prob, tau, sel in scan(0, 0, 0, frozenset()):
-        y = tuple(drafts[sel][:tau])
-        if tau == draft_len:
-            nxt = list(target_probs)
-        else:
-            masses = []
-            for x in vocab:
-                pyx, qyx = _joint(draft_probs, y + (x,)), _joint(target_probs, y + (x,))
-                masses.append(qyx * (1 - min(one, pyx / qyx) ** num_drafts) if qyx > 0 else 0 * one)
-            nxt = _normalise(masses, target_probs)
-        for x in vocab:
-            law[y + (x,)] = law.get(y + (x,), 0) + prob * nxt[x]
-    return law
-
-
-def oracle_single_iteration(law_of, draft_probs, target_probs, num_drafts, draft_len) -> dict:
-    """Independent exact single-iteration audit: E(s), implied law F, TV, prefix-cap excess, block efficiency."""
-    vocab = range(len(draft_probs))
-    emitted: dict = {}
-    for drafts in itertools.product(itertools.product(vocab, repeat=draft_len), repeat=num_drafts):
-        weight = 1
-        for d in drafts:
-            weight *= _joint(draft_probs, d)
-        if weight == 0:
-            continue
-        for s, prob in law_of([list(d) for d in drafts]).items():
-            emitted[s] = emitted.get(s, 0) + weight * prob
-    tv = 0
-    for w in itertools.product(vocab, repeat=draft_len + 1):
-        qw = _joint(target_probs, w)
-        implied = qw * sum(emitted.get(w[:m], 0) / _joint(target_probs, w[:m]) for m in range(1, draft_len + 2)
-                           if _joint(target_probs, w[:m]) > 0)
-        tv += abs(implied - qw)
-    excess = max(
-        sum(v for s, v in emitted.items() if s[: len(u)] == u) - _joint(target_probs, u)
-        for m in range(1, draft_len + 2) for u in itertools.product(vocab, repeat=m)
-    )
-    return {
-        "tv": tv / 2,
-        "cap_excess": excess,
-        "block_efficiency": sum(len(s) * v for s, v in emitted.items()),
-        "first_token": [sum(v for s, v in emitted.items() if s[0] == x) for x in vocab],
-    }
 
 
 def _string_law(verifier, draft_tokens, draft_probs, target_probs) -> list[dict]:
@@ -426,19 +274,6 @@ def test_published_rule_matches_transcription_on_float_models(shape, seed, tempe
 # ---------------------------------------------------------------------------------------------
 
 
-def _pooled_chisquare(counts: torch.Tensor, expected: torch.Tensor) -> float:
-    """Pearson p-value with cells of expected count < 5 pooled into one."""
-    assert counts[expected == 0].sum() == 0, "sampled a verdict of zero probability"
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum().unsqueeze(0)])
-    exp = torch.cat([expected[big], expected[~big].sum().unsqueeze(0)])
-    if exp[-1] == 0:
-        obs, exp = obs[:-1], exp[:-1]
-    if obs.numel() < 2:
-        return 1.0
-    return float(stats.chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
-
-
 @pytest.mark.parametrize("name,num_drafts,draft_len", [
     ("block", 1, 3), ("greedy-block", 1, 3), ("greedy-block-repaired", 1, 2),
     ("spectr-gbv-published", 2, 2), ("spectr-gbv-published", 3, 2), ("spectr-gbv-published-alg2", 2, 3),
@@ -462,7 +297,7 @@ def test_sampled_verdicts_follow_output_probs(name, num_drafts, draft_len):
         out = verifier.verify(rep(batch.draft_tokens), rep(batch.draft_probs), rep(batch.target_probs), gen)
         cells = (out.draft_index * (draft_len + 1) + out.num_accepted) * vocab_size + out.next_token
         counts = torch.bincount(cells, minlength=law[b].numel()).double()
-        assert _pooled_chisquare(counts, law[b].reshape(-1) * reps) > 1e-3, (name, b)
+        assert pooled_chisquare_pvalue(counts, law[b].reshape(-1) * reps) > 1e-3, (name, b)
 
 
 def test_same_seed_same_verdicts_and_device_independent_uniform_count():

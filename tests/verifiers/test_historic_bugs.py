@@ -1,7 +1,7 @@
 """The historic-bugs suite: every reproduced public bug is flagged, every fix passes.
 
-Reference answers come from shared/HISTORIC_BUGS.md (which writes p = target, q = draft;
-here every case names ``draft`` and ``target`` by role).  Statistical tests use fixed seeds;
+Reference answers come from the catalogue in docs/historic-bugs.md (every case here names
+``draft`` and ``target`` by role).  Statistical tests use fixed seeds;
 each states its false-alarm rate.
 """
 
@@ -22,7 +22,8 @@ from spectr_audit.registry import load_verifier
 from spectr_audit.run.runner import audit_case, run_suite
 from spectr_audit.run.suite import Case, load_suite
 from spectr_audit.verifiers.library import historic
-from spectr_audit.verifiers.library.historic import FIXED_COUNTERPART, HISTORIC_VERIFIERS, load_historic
+from spectr_audit.registry import HISTORIC_VERIFIERS, load_historic
+from spectr_audit.verifiers.library.historic import FIXED_COUNTERPART
 
 EXACT_TOL = 1e-12
 
@@ -34,15 +35,15 @@ def _fixed(name):
 
 # name, draft, target, K, L, expected first-token law of the bug (None: not a first-token bug), TV of the bug
 REFERENCE_CASES = [
-    # HISTORIC_BUGS #14: the output is the draft law, TV .4
+    # docs/historic-bugs.md entry 14: the output is the draft law, TV .4
     ("always-accept-npu", [0.3, 0.7], [0.7, 0.3], 1, 1, [0.3, 0.7], 0.4),
-    # HISTORIC_BUGS #22: (.8333, 0, .1667), TV 1/3
+    # entry 22: (.8333, 0, .1667), TV 1/3
     ("greedy-draft-soft-q", [0.6, 0.3, 0.1], [0.5, 0.3, 0.2], 1, 1, [5 / 6, 0.0, 1 / 6], 1 / 3),
-    # HISTORIC_BUGS #31: (.3643, .3643, .2714), TV .129 (= 0.9 / 7)
+    # entry 31: (.3643, .3643, .2714), TV .129 (= 0.9 / 7)
     ("eagle-residual-zeroing", [0.45, 0.45, 0.1], [0.3, 0.3, 0.4], 1, 1, [0.3 + 0.15 * 3 / 7] * 2 + [0.4 - 0.3 * 3 / 7], 0.9 / 7),
-    # HISTORIC_BUGS #37: (.55, .33, .12), TV .08
+    # entry 37: (.55, .33, .12), TV .08
     ("residual-is-target", [0.6, 0.3, 0.1], [0.5, 0.3, 0.2], 1, 1, [0.55, 0.33, 0.12], 0.08),
-    # HISTORIC_BUGS #35: target (.5, .5) passes every proposal: output = draft law
+    # entry 35: target (.5, .5) passes every proposal: output = draft law
     ("medusa-typical-acceptance", [0.9, 0.1], [0.5, 0.5], 1, 1, [0.9, 0.1], 0.4),
     # bonus-law bugs: first token right, the two-token law wrong
     ("stale-residual-bonus", [0.6, 0.4], [0.3, 0.7], 2, 1, [0.3, 0.7], None),
@@ -65,7 +66,7 @@ def test_bug_matches_reference_and_fix_is_exact(name, draft, target, num_drafts,
 
 
 def test_always_accept_exceeds_the_optimum():
-    # HISTORIC_BUGS #14: acceptance 1.0 above alpha* = .6, which no exact verifier can reach.
+    # docs/historic-bugs.md entry 14: acceptance 1.0 above alpha* = .6, which no exact verifier can reach.
     case = Case("c", ContextFreeModel([0.3, 0.7]), ContextFreeModel([0.7, 0.3]), 1, checks=("exact", "optimality"))
     result = audit_case(load_historic("always-accept-npu"), case)
     check = {c.name: c for c in result.checks}["acceptance<=optimal"]
@@ -73,7 +74,7 @@ def test_always_accept_exceeds_the_optimum():
 
 
 def test_strict_no_draft_probs_is_exact_but_suboptimal():
-    # HISTORIC_BUGS #7: acceptance sum(target * draft) = .145 against the optimum .5.
+    # docs/historic-bugs.md entry 7: acceptance sum(target * draft) = .145 against the optimum .5.
     case = Case(
         "c", ContextFreeModel([0.1, 0.1, 0.2, 0.3, 0.3]), ContextFreeModel([0.4, 0.3, 0.15, 0.1, 0.05]), 1,
         checks=("exact", "optimality"),
@@ -203,7 +204,7 @@ def _single(draft_tokens, draft, target, bonus=None):
 
 @pytest.mark.parametrize("name, num_drafts", [("speculative", 1), ("kseq", 2), ("rrs", 2), ("inclusive-coin", 1)])
 def test_zero_coin_never_accepts_a_zero_target_token(name, num_drafts):
-    """HISTORIC_BUGS #9 (vllm v1 / pytorch #16706): u = 0 with target(x) = 0 must reject x."""
+    """docs/historic-bugs.md entry 9 (vllm v1 / pytorch #16706): u = 0 with target(x) = 0 must reject x."""
     verifier = load_historic(name) if name in HISTORIC_VERIFIERS else load_verifier(name)
     tokens, draft_probs, target_probs = _single([0] * num_drafts, [0.5, 0.5], [0.0, 1.0])
     out = verifier.verify(tokens, draft_probs, target_probs, InjectedUniforms([0.0] * 8))
@@ -223,7 +224,7 @@ def test_coin_just_below_one_accepts_a_certain_token(name):
     assert out.emitted(tokens)[0] == [2, 1]
 
 
-# sglang #35771's regression table (HISTORIC_BUGS #18): candidates, target, coin -> (emitted, num_accepted)
+# sglang #35771's regression table (docs/historic-bugs.md entry 18): candidates, target, coin -> (emitted, num_accepted)
 SGLANG_BOUNDARY_TABLE = [
     ([2], [0.0, 1.0, 0.0], 0.0, 1, 0),
     ([1, 2, 3], [0.0, 0.25, 0.0, 0.75], 0.25, 3, 1),
@@ -258,7 +259,7 @@ def test_inclusive_coin_lands_in_the_wrong_bucket():
 
 
 def test_bonus_and_first_unmatched_token():
-    """HISTORIC_BUGS #13 (vllm PR #8320), greedy: drafts (1,2,3,5,7), target argmax (1,2,3,4,6,8)."""
+    """docs/historic-bugs.md entry 13 (vllm PR #8320), greedy: drafts (1,2,3,5,7), target argmax (1,2,3,4,6,8)."""
     vocab_size = 9
     drafts = [1, 2, 3, 5, 7]
     argmax = [1, 2, 3, 4, 6, 8]
@@ -274,7 +275,7 @@ def test_bonus_and_first_unmatched_token():
 
 @pytest.mark.parametrize("name, num_drafts", [("speculative", 1), ("kseq", 3), ("rrs", 3)])
 def test_disjoint_supports_always_recover_the_target_token(name, num_drafts):
-    """HISTORIC_BUGS #3 (vllm #9441): target (0, 1), draft (1, 0): the recovered token is 1 every time."""
+    """docs/historic-bugs.md entry 3 (vllm #9441): target (0, 1), draft (1, 0): the recovered token is 1 every time."""
     batch_size = 4096
     tokens = torch.zeros(batch_size, num_drafts, 1, dtype=torch.int64)
     draft_probs = torch.tensor([1.0, 0.0], dtype=torch.float64).expand(batch_size, num_drafts, 1, 2).clone()

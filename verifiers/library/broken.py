@@ -4,18 +4,20 @@ The statistical audit must flag every one of them (``tests/verifiers/test_broken
 has an exact law (``output_probs``), so its true TV distance to the target can be computed
 with :func:`spectr_audit.exact.iteration.exact_iteration` and compared with what the audit needed to see
 it.  Every class declares ``expected = "inexact"``.  They reuse the reference verifiers' node
-rules with one thing changed, so the bug is the only difference.
+rules with one thing changed, so the bug is the only difference.  The short names are the
+``broken`` namespace of :mod:`spectr_audit.registry` (``load_broken(name)``); a new slip is
+registered there.
 
 ========================  ====  ====  ==========================================================
 name                      K     L     the slip
 ========================  ====  ====  ==========================================================
 independent-accept        >= 2  1     each draft copy accepted with min(1, q/p), residual (q-p)+
-                                      (seed 000's naive rule; p=(1,0), q=(.5,.5), K=2 gives 3/4)
+                                      (SpecTr's naive rule; p=(1,0), q=(.5,.5), K=2 gives 3/4)
 kseq-low-rho              any   1     K-SEQ with rho = 0.97 rho* (residual clipped at 0)
 kseq-dedup                >= 2  1     K-SEQ over the *distinct* drafts only (k = #distinct)
 rrs-skip-duplicates       >= 2  1     recursive rejection that skips repeated i.i.d. drafts
 resample-target           1     >= 1  on rejection, resample from q instead of (q - p)+
-                                      (Spec-RL #14; HISTORIC_BUGS' "residual = p" in vLLM letters)
+                                      (Spec-RL #14; docs/historic-bugs.md entry 37)
 inflated-ratio            1     >= 1  acceptance min(1, 1.03 q/p)
 bonus-from-draft          1     >= 1  the bonus token drawn from the draft's last conditional
 block-first-failure       1     >= 2  block verification stopping at the first failing level
@@ -24,8 +26,8 @@ residual-drop-rejected    1     >= 1  residual = q with the rejected token remov
 always-accept             any   any   every draft token accepted (u = 0; vllm-ascend #13730)
 ========================  ====  ====  ==========================================================
 
-:data:`INCONSISTENT_VERIFIERS` holds verifiers whose sampler is exact but disagrees with their
-own ``output_probs`` (a fast sampler that drifted from its formula); only
+``kseq-sampler-drift`` (:data:`spectr_audit.registry.INCONSISTENT_VERIFIERS`) has a sampler that
+is exact but disagrees with its own ``output_probs`` (a fast sampler that drifted from its formula); only
 :func:`spectr_audit.statistical.audit.sampler_law_agreement` can see those.
 
 Recorded audits (``python benchmarks/bench_montecarlo.py library``): the standard case is V = 8,
@@ -53,19 +55,15 @@ always-accept             0.5139     72        3.2e-46 (pearson)           < 1e-
 
 from __future__ import annotations
 
-import importlib
 
 import torch
 
-from spectr_audit.contract.verifier import Verifier
 from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise
 from spectr_audit.verifiers.block import BlockVerification
 from spectr_audit.verifiers.kseq import KSeqRule
 from spectr_audit.verifiers.speculative import MaximalCouplingRule, SpeculativeSampling
 
 __all__ = [
-    "BROKEN_VERIFIERS",
-    "INCONSISTENT_VERIFIERS",
     "AlwaysAccept",
     "BlockFirstFailure",
     "BonusFromDraft",
@@ -77,54 +75,7 @@ __all__ = [
     "ResampleTarget",
     "ResidualDropRejected",
     "RRSSkipDuplicates",
-    "broken_names",
-    "broken_verifiers",
-    "load_broken",
 ]
-
-_MODULE = "spectr_audit.verifiers.library.broken"
-
-#: Short name -> "module:Class" of every broken verifier (each declares ``expected = "inexact"``).
-BROKEN_VERIFIERS: dict[str, str] = {
-    "independent-accept": f"{_MODULE}:IndependentAccept",
-    "kseq-low-rho": f"{_MODULE}:KSeqLowRho",
-    "kseq-dedup": f"{_MODULE}:KSeqDedup",
-    "rrs-skip-duplicates": f"{_MODULE}:RRSSkipDuplicates",
-    "resample-target": f"{_MODULE}:ResampleTarget",
-    "inflated-ratio": f"{_MODULE}:InflatedRatio",
-    "bonus-from-draft": f"{_MODULE}:BonusFromDraft",
-    "block-first-failure": f"{_MODULE}:BlockFirstFailure",
-    "residual-drop-rejected": f"{_MODULE}:ResidualDropRejected",
-    "always-accept": f"{_MODULE}:AlwaysAccept",
-}
-
-#: Verifiers whose sampler disagrees with their own exact law (the sampler itself is exact).
-INCONSISTENT_VERIFIERS: dict[str, str] = {
-    "kseq-sampler-drift": f"{_MODULE}:KSeqSamplerDrift",
-}
-
-
-def broken_names() -> list[str]:
-    """Short names of the broken verifiers, in library order."""
-    return list(BROKEN_VERIFIERS)
-
-
-def load_broken(name: str) -> Verifier:
-    """A fresh instance of the broken (or inconsistent) verifier called ``name``."""
-    spec = BROKEN_VERIFIERS.get(name) or INCONSISTENT_VERIFIERS.get(name)
-    if spec is None:
-        from spectr_audit.errors import InvalidArgument
-
-        known = ", ".join(list(BROKEN_VERIFIERS) + list(INCONSISTENT_VERIFIERS))
-        raise InvalidArgument(f"name: unknown broken verifier {name!r}; known: {known}")
-    module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)()
-
-
-def broken_verifiers() -> list[Verifier]:
-    """A fresh instance of every broken verifier."""
-    return [load_broken(name) for name in BROKEN_VERIFIERS]
-
 
 # ---------------------------------------------------------------------------------------------
 # Node rules with one slip each
@@ -225,8 +176,8 @@ class _AlwaysAcceptRule(NodeRule):
 class IndependentAccept(TreeVerifier):
     """Each of K i.i.d. drafts accepted independently with min(1, q/p); residual (q - p)_+.
 
-    Seed 000's naive multi-draft rule: with p = (1, 0), q = (1/2, 1/2), K = 2 it emits token 0
-    with probability 3/4.
+    SpecTr's naive multi-draft rule (docs/rules/kseq.md): with p = (1, 0), q = (1/2, 1/2), K = 2
+    it emits token 0 with probability 3/4.
     """
 
     name = "independent-accept"

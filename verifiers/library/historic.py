@@ -1,14 +1,16 @@
 """Historic speculative-decoding fidelity bugs, reproduced as small verifiers.
 
-Each class reproduces one *class* of public bug from the regression backlog
-(``shared/HISTORIC_BUGS.md``) with code written here, never copied from the engine, and its
+Each class reproduces one *class* of public bug from the catalogue in docs/historic-bugs.md
+(its entry numbers are cited below as "entry N") with code written here, never copied from the engine, and its
 docstring cites the public issue or pull request it reproduces.  The buggy verifiers declare
 ``expected = "inexact"`` (or ``"exact"`` where the bug costs acceptance, not fidelity), so a
 suite run passes exactly when the audit flags every bug and passes every fix.
-:data:`FIXED_COUNTERPART` names the correct verifier each bug is audited next to.
+:data:`FIXED_COUNTERPART` names the correct verifier each bug is audited next to.  The short
+names are the ``historic`` namespace of :mod:`spectr_audit.registry` (``load_historic(name)``);
+a new bug is registered there.
 
-Letters: HISTORIC_BUGS.md writes p = target, q = draft (vLLM's convention); this module names
-tensors by role only (``draft_probs``, ``target_probs``).
+Letters: engines' reports often write p = target, q = draft (vLLM's convention); this module
+names tensors by role only (``draft_probs``, ``target_probs``).
 
 ===============================  ====  ====  ===========================  =====================
 name                             K     L     reproduces                   audit that sees it
@@ -36,7 +38,6 @@ a set of measure zero: their exact laws equal the correct ones, and
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import torch
@@ -48,7 +49,6 @@ from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, 
 from spectr_audit.verifiers.speculative import MaximalCouplingRule
 
 __all__ = [
-    "HISTORIC_VERIFIERS",
     "FIXED_COUNTERPART",
     "AlwaysAcceptBug",
     "BonusWithoutTemperatureBug",
@@ -64,29 +64,9 @@ __all__ = [
     "StrictNoDraftProbs",
     "TargetOnlyInclusiveCoinBug",
     "TargetOnlySiblings",
-    "historic_names",
-    "load_historic",
 ]
 
 _MODULE = "spectr_audit.verifiers.library.historic"
-
-#: Short name -> "module:Class" of every historic-bug verifier.
-HISTORIC_VERIFIERS: dict[str, str] = {
-    "always-accept-npu": f"{_MODULE}:AlwaysAcceptBug",
-    "greedy-draft-soft-q": f"{_MODULE}:GreedyDraftSoftQBug",
-    "eagle-residual-zeroing": f"{_MODULE}:EagleResidualBug",
-    "residual-is-target": f"{_MODULE}:ResidualIsTargetBug",
-    "stale-residual-bonus": f"{_MODULE}:StaleResidualBonusBug",
-    "bonus-without-temperature": f"{_MODULE}:BonusWithoutTemperatureBug",
-    "correction-from-bonus-row": f"{_MODULE}:CorrectionFromBonusRowBug",
-    "medusa-typical-acceptance": f"{_MODULE}:MedusaTypicalAcceptance",
-    "strict-no-draft-probs": f"{_MODULE}:StrictNoDraftProbs",
-    "target-only-siblings": f"{_MODULE}:TargetOnlySiblings",
-    "target-only-inclusive-coin": f"{_MODULE}:TargetOnlyInclusiveCoinBug",
-    "inclusive-coin": f"{_MODULE}:InclusiveCoinBug",
-    "draft-probs-mutated": f"{_MODULE}:DraftProbsMutatedBug",
-    "block-tokenwise-residual": f"{_MODULE}:BlockTokenwiseResidualBug",
-}
 
 #: Historic-bug short name -> the correct verifier it is audited next to (a built-in short
 #: name or an import string).  ``None``: the rule is lossy by design and has no fixed form.
@@ -106,31 +86,6 @@ FIXED_COUNTERPART: dict[str, object] = {
     "draft-probs-mutated": "speculative",
     "block-tokenwise-residual": "spectr_audit.verifiers.block:BlockVerification",
 }
-
-
-def historic_names() -> list[str]:
-    """Short names of the historic-bug verifiers, in backlog order."""
-    return list(HISTORIC_VERIFIERS)
-
-
-def load_historic(name: str) -> Verifier:
-    """A fresh instance of the historic-bug verifier called ``name``.
-
-    Raises
-    ------
-    InvalidArgument
-        For an unknown name, or ``block-tokenwise-residual`` when
-        ``spectr_audit.verifiers.block`` is not available.
-    """
-    spec = HISTORIC_VERIFIERS.get(name)
-    if spec is None:
-        raise InvalidArgument(f"name: unknown historic-bug verifier {name!r}; known: {', '.join(HISTORIC_VERIFIERS)}")
-    module, _, attr = spec.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise InvalidArgument(f"name: historic-bug verifier {name!r} is unavailable: {exc}") from exc
-    return cls()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,7 +180,7 @@ class AlwaysAcceptBug(TreeVerifier):
 
     The NPU lacked ``tl_rand64``, so the acceptance uniform was hard-coded to 0.0 and the test
     ``target/draft >= u`` passed for every draft: the output follows the *draft* law.  Case
-    (HISTORIC_BUGS #14): target (.7, .3), draft (.3, .7): output (.3, .7), TV .4, acceptance 1.0
+    (entry 14): target (.7, .3), draft (.3, .7): output (.3, .7), TV .4, acceptance 1.0
     above the optimum .6, which no exact verifier can reach.  Fixed: ``speculative``.
     """
 
@@ -247,7 +202,7 @@ class GreedyDraftSoftQBug(Verifier):
     speculative sampling with the soft ``draft_probs``: the declared draft law (softmax) is not
     the law of the proposed token (a point mass).  The proposed token is no drafted token, so
     the step emits one token: ``num_accepted = 0``, ``next_token`` = the argmax if "accepted",
-    else a residual draw.  Case (HISTORIC_BUGS #22): target (.5, .3, .2), draft (.6, .3, .1):
+    else a residual draw.  Case (entry 22): target (.5, .3, .2), draft (.6, .3, .1):
     output (5/6, 0, 1/6), TV 1/3.  Fixed: ``speculative`` (the assistant samples).
     """
 
@@ -301,7 +256,7 @@ class EagleResidualBug(TreeVerifier):
 
     On rejecting draft token x, EAGLE's sampler set the target's mass at x to 0 and
     renormalised, instead of using ``(target - draft)_+``.  Applied recursively over the K
-    drafts at a node, as EAGLE's tree does.  Case (HISTORIC_BUGS #31): target (.3, .3, .4), draft
+    drafts at a node, as EAGLE's tree does.  Case (entry 31): target (.3, .3, .4), draft
     (.45, .45, .1), K = 1: output (.3643, .3643, .2714), TV .129.  Fixed: ``rrs`` (recursive
     rejection sampling subtracts the draft law).
     """
@@ -324,8 +279,8 @@ class ResidualIsTargetBug(TreeVerifier):
     """ShopeeLLM/Spec-RL #14: on rejection, resample from the target instead of the residual.
 
     A design choice for RL rollouts ("not for distribution preservation"), so declared lossy.
-    Output ``min(draft, target) + (1 - sum min) target``.  Case (HISTORIC_BUGS #37, "residual =
-    p" in its letters): target (.5, .3, .2), draft (.6, .3, .1): output (.55, .33, .12), TV .08.
+    Output ``min(draft, target) + (1 - sum min) target``.  Case (entry 37, "residual =
+    p" in vLLM's letters): target (.5, .3, .2), draft (.6, .3, .1): output (.55, .33, .12), TV .08.
     Fixed: ``speculative``.
     """
 
@@ -344,7 +299,7 @@ class StaleResidualBonusBug(Verifier):
     last depth, the bonus token was drawn from that depth's residual instead of from the target
     at the next position.  Reproduced with recursive rejection sampling over K i.i.d. siblings
     (L = 1): if the first accepted sibling is not the first one tried, the bonus is drawn from
-    the residual left by the rejections.  Case (HISTORIC_BUGS #32): two siblings; the bonus
+    the residual left by the rejections.  Case (entry 32): two siblings; the bonus
     marginal must equal the target's bonus row.  Fixed: ``rrs``.
     """
 
@@ -422,7 +377,7 @@ class BonusWithoutTemperatureBug(ChainVerifier):
     The fallback/bonus token was sampled from ``softmax(logits)`` without the logits
     processor, so temperature (and top-p) did not apply to it.  Here the target rows passed in
     are the tempered ``softmax(l / T)``; the bonus is drawn from the untempered
-    ``softmax(l)``, proportional to ``target ** temperature``.  Case (HISTORIC_BUGS #33): T = 0.5,
+    ``softmax(l)``, proportional to ``target ** temperature``.  Case (entry 33): T = 0.5,
     full acceptance: the bonus marginal must be ``softmax(l / 0.5)``.  Fixed: ``speculative``.
 
     Parameters
@@ -454,7 +409,7 @@ class CorrectionFromBonusRowBug(ChainVerifier):
     taken from the bonus position (the target row after the whole draft) instead of the
     rejected position.  Reproduced in speculative sampling: on a rejection at level i the
     correction is drawn from the target's bonus row instead of the residual at level i.  Case
-    (HISTORIC_BUGS #13, greedy, i.e. one-hot rows): drafts (1, 2, 3, 5, 7), target argmax (1, 2,
+    (entry 13, greedy, i.e. one-hot rows): drafts (1, 2, 3, 5, 7), target argmax (1, 2,
     3, 4, 6, 8): the step must emit (1, 2, 3, 4); this bug emits (1, 2, 3, 8).  Fixed:
     ``speculative``.
     """
@@ -475,7 +430,7 @@ class MedusaTypicalAcceptance(ChainVerifier):
     A drafted token x is accepted iff ``target(x) > min(hard_threshold, entropy_factor *
     exp(-H(target)))``; at the first rejection the target's argmax is emitted (greedy
     fallback), and the bonus is drawn from the target.  Declared lossy: the audit reports how far
-    it is from the target.  Case (HISTORIC_BUGS #35): target (.5, .5): every proposal passes the
+    it is from the target.  Case (entry 35): target (.5, .5): every proposal passes the
     threshold, so the output follows the draft law.
 
     Parameters
@@ -521,7 +476,7 @@ class StrictNoDraftProbs(ChainVerifier):
     from the target with x removed.  That is *exact* (it is the coupling "accept iff an
     independent target sample equals the draft") but its acceptance is ``sum target * draft``
     instead of ``sum min(target, draft)``.  Declared exact: only the optimality audit sees it
-    (acceptance ratio to alpha* below 1).  Case (HISTORIC_BUGS #7): target (.4, .3, .15, .1, .05),
+    (acceptance ratio to alpha* below 1).  Case (entry 7): target (.4, .3, .15, .1, .05),
     draft (.1, .1, .2, .3, .3): acceptance .145 where the optimum is .5.  The sampler-match rule
     of lablup/mlxcel #902 / PR #992 has the same law.  Fixed: ``speculative``.
     """
@@ -621,7 +576,7 @@ class TargetOnlyInclusiveCoinBug(TargetOnlySiblings):
     The coin test was inclusive (``coin <= cumulative``), so a coin of exactly 0 accepted a
     candidate of target probability 0, and a coin on an interior CDF boundary landed in the
     earlier bucket.  The law is the fixed one's (boundaries have measure zero); the regression
-    table of HISTORIC_BUGS #18 pins it with injected coins.  Fixed: ``target-only-siblings``.
+    table of entry 18 pins it with injected coins.  Fixed: ``target-only-siblings``.
     """
 
     name = "target-only-inclusive-coin"
@@ -637,7 +592,7 @@ class InclusiveCoinBug(ChainVerifier):
     can return exactly 0 (pytorch #16706), so a drafted token with target probability 0 can be
     accepted (vLLM draws float64 uniforms to make this rare; SGLang #35771 is the same class).
     Speculative sampling with ``u <= min(1, q/p)``; the law equals the correct one, so only an
-    injected ``u = 0`` (HISTORIC_BUGS #9) shows it.  Fixed: ``speculative`` (strict ``u <``).
+    injected ``u = 0`` (entry 9) shows it.  Fixed: ``speculative`` (strict ``u <``).
     """
 
     name = "inclusive-coin"
@@ -656,7 +611,7 @@ class InclusiveCoinBug(ChainVerifier):
 
 
 class DraftProbsMutatedBug(Verifier):
-    """vllm #16952 ("[BugFix][Spec Decode] No in-place update to draft probs").
+    """vllm #16952 (``[BugFix][Spec Decode] No in-place update to draft probs``).
 
     The drafter sampled its token by an exponential race, ``probs.div_(E).argmax()`` with
     ``E ~ Exp(1)`` per vocabulary entry, and the in-place ``div_`` left ``probs / E`` in the
@@ -666,7 +621,7 @@ class DraftProbsMutatedBug(Verifier):
     draft row is replaced by ``draft / E``, and speculative sampling runs on that.  The
     acceptance of x becomes ``target(x) (1 - exp(-1 / target(x)))`` whatever the draft, and the
     residual is random.  No exact law (the residual's law is a (V-1)-dimensional integral): the
-    statistical audit judges it.  Case (HISTORIC_BUGS #1): target (.7, .3), draft (.3, .7):
+    statistical audit judges it.  Case (entry 1): target (.7, .3), draft (.3, .7):
     acceptance .362 instead of .6.  Fixed: ``speculative``.  Randomness: per level, one uniform
     call of shape ``[batch_size, vocab_size + 1]`` (the race noise, by inversion), then the
     chain's ``[batch_size, draft_len + 1]``.
@@ -713,8 +668,8 @@ def _block_tokenwise_residual_class():
         Block verification's acceptance (clamped cumulative ratios, last passing level), but the
         correction after ``x^tau`` drawn from the token-wise residual ``(q - p)_+`` instead of
         ``(p_tau q - p)_+``: "uses the same acceptance criteria as the token-wise algorithm and
-        does not adjust the distribution" (fixed to Sun et al. Eq. 4/5).  Case (HISTORIC_BUGS
-        #16): draft (2/3, 1/3), target (1/3, 2/3), L = 2, 3.  Fixed: ``block``.
+        does not adjust the distribution" (fixed to Sun et al. Eq. 4/5).  Case (entry
+        16): draft (2/3, 1/3), target (1/3, 2/3), L = 2, 3.  Fixed: ``block``.
         """
 
         name = "block-tokenwise-residual"

@@ -1,0 +1,81 @@
+"""The numbers every audit starts from: one place for the defaults of the CLI, the pytest plugin,
+the runner, the conformance check, the statistical audit and the real-LM suite.
+
+This module imports nothing (no torch, no scipy): the pytest plugin reads it when pytest loads
+it, in every project that has spectr-audit installed.  Each face reads these names when it is
+imported, so a default changed here changes it everywhere; ``tests/test_defaults.py`` checks
+that no face keeps a copy of its own.
+
+Examples
+--------
+>>> from spectr_audit import defaults
+>>> defaults.ALPHA, defaults.POWER, defaults.MIN_DETECTABLE_TV
+(0.001, 0.99, 0.005)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ALPHA",
+    "POWER",
+    "MIN_DETECTABLE_TV",
+    "SEED",
+    "CHECK_SAMPLES",
+    "SAMPLER_MAX_SAMPLES",
+    "EXACT_TOL",
+    "MULTI_TOL",
+    "BOUND_TOL",
+    "LP_TOL",
+    "LP_SOLVER_TOL",
+    "LP_SOLVER_FALLBACK_TOL",
+    "LP_MAX_VARIABLES",
+    "LP_CROSS_CHECK_MAX_VARIABLES",
+]
+
+# -- the statistical audit ----------------------------------------------------------------------
+
+#: False-alarm rate of one statistical audit (familywise over its sub-tests, Holm), of one
+#: conformance check (Bonferroni over its tests) and of one fixture check in the pytest plugin.
+#: A CI run of ~30 audits of correct verifiers then raises a false alarm about 3% of the time.
+ALPHA = 1e-3
+#: Probability that the planned sample size flags a verifier whose TV distance to the target
+#: (on the audited partition) is at least :data:`MIN_DETECTABLE_TV`.
+POWER = 0.99
+#: The smallest TV distance (on the audited partition) the planned sample size must detect
+#: with probability :data:`POWER`.
+MIN_DETECTABLE_TV = 0.005
+#: Seed of every random draw (drafts, verdicts, statistical samples) unless one is given.
+SEED = 0
+
+# -- sample budgets -------------------------------------------------------------------------------
+
+#: Sample budget of each statistical test in the conformance check (``check_verifier``), in
+#: the pytest plugin's fixture (``--spectr-samples``) and in ``python -m spectr_audit.engines``:
+#: small enough for a unit test.
+CHECK_SAMPLES = 20_000
+#: Cap on the samples of a run's sampler-versus-exact-law check (verifiers with ``output_probs``).
+SAMPLER_MAX_SAMPLES = 200_000
+
+# -- tolerances of the audits ---------------------------------------------------------------------
+
+#: An exact law (float64 enumeration of one step) must match the target to this absolute error.
+EXACT_TOL = 1e-12
+#: The multi-iteration law chains corrections over several iterations: more rounding than one step.
+MULTI_TOL = 1e-9
+#: Slack of comparisons with closed-form or LP optima of alpha* (and SpecTr's guarantee).
+BOUND_TOL = 1e-9
+#: Slack of block efficiencies against the block LP: the LP solver's accuracy, not float64's.
+LP_TOL = 1e-6
+#: Gap and feasibility tolerance asked of the LP solver (CLARABEL): its own defaults stop near
+#: 1e-8, and the audit compares LP optima with exact efficiencies.
+LP_SOLVER_TOL = 1e-11
+#: The looser tolerance tried next when a badly scaled LP does not end optimal at LP_SOLVER_TOL.
+LP_SOLVER_FALLBACK_TOL = 1e-9
+
+# -- sizes ----------------------------------------------------------------------------------------
+
+#: The largest alpha* LP (variables) built when asked for one (``optimal_acceptance_lp``,
+#: ``spectr-audit bound``); larger ones are refused with a message.
+LP_MAX_VARIABLES = 200_000
+#: A run solves the alpha* LP next to the closed form, as a cross-check, up to this many variables.
+LP_CROSS_CHECK_MAX_VARIABLES = 20_000

@@ -1,0 +1,206 @@
+"""One defaults module: every face reads its defaults from spectr_audit.defaults, none keeps a copy.
+
+The main test changes every default in a fresh interpreter *before* the faces are imported, then
+reads the defaults back from each face's signature, dataclass or option parser: a face that
+reintroduces a literal (``alpha=1e-3``) keeps the old value and fails, even though the literal
+equals today's default.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from spectr_audit import defaults
+
+#: A value for every default, unlike any real one (so a copy of a real default cannot match it).
+SENTINELS = {
+    "ALPHA": 0.0123,
+    "POWER": 0.876,
+    "MIN_DETECTABLE_TV": 0.0321,
+    "SEED": 7,
+    "CHECK_SAMPLES": 12_345,
+    "SAMPLER_MAX_SAMPLES": 54_321,
+    "EXACT_TOL": 1.5e-13,
+    "MULTI_TOL": 2.5e-10,
+    "BOUND_TOL": 3.5e-10,
+    "LP_TOL": 4.5e-7,
+    "LP_SOLVER_TOL": 5.5e-12,
+    "LP_SOLVER_FALLBACK_TOL": 6.5e-10,
+    "LP_MAX_VARIABLES": 123_456,
+    "LP_CROSS_CHECK_MAX_VARIABLES": 23_456,
+}
+
+_PROBE = textwrap.dedent(
+    """
+    import inspect, json, sys
+    import spectr_audit.defaults as d
+    for key, value in json.loads(sys.argv[1]).items():
+        setattr(d, key, value)
+
+    from spectr_audit import cli, plugin
+    import importlib
+    acceptance = importlib.import_module("spectr_audit.bounds.acceptance")
+    block_lp = importlib.import_module("spectr_audit.bounds.block_lp")  # the package re-exports a function of that name
+    from spectr_audit.lm.real_suite import RealLMOptions
+    from spectr_audit.run import conformance, runner
+    from spectr_audit.statistical import agreement, audit, power
+
+    def default(fn, name):
+        return inspect.signature(fn).parameters[name].default
+
+    def subparser(parser, command):
+        action = next(a for a in parser._actions if getattr(a, "choices", None) and command in a.choices)
+        return action.choices[command]
+
+    run_parser = subparser(cli.build_parser(), "run")
+    audit_parser = subparser(cli.build_parser(), "audit")
+    run_defaults = {a.dest: a.default for a in run_parser._actions}
+    run_help = {a.dest: a.help for a in run_parser._actions}
+
+    class Group:
+        def __init__(self):
+            self.options = {}
+        def addoption(self, *names, **kwargs):
+            self.options[kwargs.get("dest", names[0])] = kwargs
+
+    class Parser:
+        def __init__(self):
+            self.group, self.ini = Group(), {}
+        def getgroup(self, *args):
+            return self.group
+        def addini(self, name, help, type=None, default=None):
+            self.ini[name] = default
+
+    pytest_parser = Parser()
+    plugin.pytest_addoption(pytest_parser)
+    options = runner.AuditOptions()
+    real_lm = RealLMOptions()
+    out = {
+        "cli.run.alpha": run_defaults["alpha"],
+        "cli.run.alpha.help": "%g" % d.ALPHA in run_help["alpha"],
+        "cli.run.seed": run_defaults["seed"],
+        "cli.audit.seed": {a.dest: a.default for a in audit_parser._actions}["seed"],
+        "plugin.settings.alpha": plugin._Settings().alpha,
+        "plugin.settings.seed": plugin._Settings().seed,
+        "plugin.settings.num_samples": plugin._Settings().num_samples,
+        "plugin.ini.alpha": float(pytest_parser.ini["spectr_audit_alpha"]),
+        "plugin.ini.seed": int(pytest_parser.ini["spectr_audit_seed"]),
+        "plugin.ini.samples": int(pytest_parser.ini["spectr_audit_samples"]),
+        "plugin.help.alpha": "%g" % d.ALPHA in pytest_parser.group.options["spectr_alpha"]["help"],
+        "runner.alpha": options.alpha,
+        "runner.power": options.power,
+        "runner.min_detectable_tv": options.min_detectable_tv,
+        "runner.seed": options.seed,
+        "runner.sampler_max_samples": options.sampler_max_samples,
+        "runner.EXACT_TOL": runner.EXACT_TOL,
+        "runner.MULTI_TOL": runner.MULTI_TOL,
+        "runner.BOUND_TOL": runner.BOUND_TOL,
+        "runner.LP_TOL": runner.LP_TOL,
+        "runner.LP_MAX_VARIABLES": runner.LP_MAX_VARIABLES,
+        "conformance.alpha": default(conformance.check_verifier, "alpha"),
+        "conformance.num_samples": default(conformance.check_verifier, "num_samples"),
+        "conformance.seed": default(conformance.check_verifier, "seed"),
+        "real_lm.alpha": real_lm.alpha,
+        "real_lm.power": real_lm.power,
+        "statistical_audit.alpha": default(audit.statistical_audit, "alpha"),
+        "statistical_audit.power": default(audit.statistical_audit, "power"),
+        "statistical_audit.min_detectable_tv": default(audit.statistical_audit, "min_detectable_tv"),
+        "agreement.alpha": default(agreement.sampler_law_agreement, "alpha"),
+        "agreement.power": default(agreement.sampler_law_agreement, "power"),
+        "agreement.min_detectable_tv": default(agreement.sampler_law_agreement, "min_detectable_tv"),
+        "power.required_samples.alpha": default(power.required_samples, "alpha"),
+        "power.required_samples.power": default(power.required_samples, "power"),
+        "power.required_samples.min_detectable_tv": default(power.required_samples, "min_detectable_tv"),
+        "acceptance.lp.max_variables": default(acceptance.optimal_acceptance_lp, "max_variables"),
+        "acceptance.lp_from_sets.max_variables": default(acceptance.optimal_acceptance_lp_from_sets, "max_variables"),
+        "block_lp.tol": block_lp.CLARABEL_OPTIONS["tol_gap_abs"],
+        "block_lp.fallback_tol": block_lp.CLARABEL_FALLBACK_OPTIONS["tol_gap_abs"],
+    }
+    print(json.dumps(out))
+    """
+)
+
+#: Each face's default -> the name in spectr_audit.defaults it must come from.
+EXPECTED = {
+    "cli.run.alpha": "ALPHA",
+    "cli.run.seed": "SEED",
+    "cli.audit.seed": "SEED",
+    "plugin.settings.alpha": "ALPHA",
+    "plugin.settings.seed": "SEED",
+    "plugin.settings.num_samples": "CHECK_SAMPLES",
+    "plugin.ini.alpha": "ALPHA",
+    "plugin.ini.seed": "SEED",
+    "plugin.ini.samples": "CHECK_SAMPLES",
+    "runner.alpha": "ALPHA",
+    "runner.power": "POWER",
+    "runner.min_detectable_tv": "MIN_DETECTABLE_TV",
+    "runner.seed": "SEED",
+    "runner.sampler_max_samples": "SAMPLER_MAX_SAMPLES",
+    "runner.EXACT_TOL": "EXACT_TOL",
+    "runner.MULTI_TOL": "MULTI_TOL",
+    "runner.BOUND_TOL": "BOUND_TOL",
+    "runner.LP_TOL": "LP_TOL",
+    "runner.LP_MAX_VARIABLES": "LP_CROSS_CHECK_MAX_VARIABLES",
+    "conformance.alpha": "ALPHA",
+    "conformance.num_samples": "CHECK_SAMPLES",
+    "conformance.seed": "SEED",
+    "real_lm.alpha": "ALPHA",
+    "real_lm.power": "POWER",
+    "statistical_audit.alpha": "ALPHA",
+    "statistical_audit.power": "POWER",
+    "statistical_audit.min_detectable_tv": "MIN_DETECTABLE_TV",
+    "agreement.alpha": "ALPHA",
+    "agreement.power": "POWER",
+    "agreement.min_detectable_tv": "MIN_DETECTABLE_TV",
+    "power.required_samples.alpha": "ALPHA",
+    "power.required_samples.power": "POWER",
+    "power.required_samples.min_detectable_tv": "MIN_DETECTABLE_TV",
+    "acceptance.lp.max_variables": "LP_MAX_VARIABLES",
+    "acceptance.lp_from_sets.max_variables": "LP_MAX_VARIABLES",
+    "block_lp.tol": "LP_SOLVER_TOL",
+    "block_lp.fallback_tol": "LP_SOLVER_FALLBACK_TOL",
+}
+
+
+@pytest.fixture(scope="module")
+def probed() -> dict:
+    done = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(SENTINELS)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_sentinels_cover_every_default():
+    assert set(SENTINELS) == set(defaults.__all__)
+    assert all(SENTINELS[name] != getattr(defaults, name) for name in SENTINELS)
+
+
+@pytest.mark.parametrize("face", sorted(EXPECTED))
+def test_every_face_reads_its_default_from_the_defaults_module(probed, face):
+    assert probed[face] == SENTINELS[EXPECTED[face]], (
+        f"{face} = {probed[face]!r} does not follow spectr_audit.defaults.{EXPECTED[face]}: a literal copy?"
+    )
+
+
+def test_help_texts_quote_the_default(probed):
+    assert probed["cli.run.alpha.help"] and probed["plugin.help.alpha"]
+
+
+def test_the_defaults_module_imports_nothing():
+    # The pytest plugin reads it at load, in every project that has spectr-audit installed.
+    code = "import sys, spectr_audit.defaults; print(sorted(m for m in ('torch', 'scipy', 'numpy', 'cvxpy') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_values_are_the_documented_ones():
+    # Hand-copied from the module's comments and the docs; changing a default is a deliberate act.
+    assert (defaults.ALPHA, defaults.POWER, defaults.MIN_DETECTABLE_TV) == (1e-3, 0.99, 0.005)
+    assert (defaults.EXACT_TOL, defaults.MULTI_TOL, defaults.BOUND_TOL, defaults.LP_TOL) == (1e-12, 1e-9, 1e-9, 1e-6)
+    assert (defaults.CHECK_SAMPLES, defaults.SAMPLER_MAX_SAMPLES) == (20_000, 200_000)
