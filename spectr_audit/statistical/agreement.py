@@ -248,6 +248,7 @@ def sampler_law_agreement(
     >>> result.rejects(), [t.name for t in result.subtests]
     (False, ['aggregated-pearson', 'per-tuple-pearson', 'support'])
     """
+    # validate -> plan -> sample -> test; validation and the stages' plumbing are shared (_stages)
     args = validate_common(
         verifier, draft_model, target_model, num_drafts, draft_len, prefix=prefix, alpha=alpha,
         min_detectable_tv=min_detectable_tv, power=power, num_samples=num_samples, max_samples=max_samples,

@@ -681,6 +681,7 @@ def statistical_audit(
     >>> result.rejects(), result.num_tests
     (False, 5)
     """
+    # validate -> plan -> sample -> test; validation and the stages' plumbing are shared (_stages)
     common = validate_common(
         verifier, draft_model, target_model, num_drafts, draft_len, prefix=prefix, alpha=alpha,
         min_detectable_tv=min_detectable_tv, power=power, num_samples=num_samples, max_samples=max_samples,

@@ -1,0 +1,172 @@
+"""The stages shared by the statistical audit and the sampler-vs-law check (private).
+
+Both run validate -> plan -> sample -> test:
+
+* validate: :func:`validate_common`, the arguments both take, checked once at the boundary;
+* plan: :func:`budgeted`, the planned sample size replaced by an exact size or cut to a budget;
+* sample: :func:`stream_chunks`, the chunk loop with its early stops and its wall-time deadline;
+* test: :func:`with_min_detectable_tv`, :func:`holm_family`, :func:`support_test` and
+  :func:`deciding_test`: the Holm family of sub-tests, the support check beside it, and the
+  sub-test that decides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+
+from spectr_audit._validation import check_positive_int, check_prob
+from spectr_audit.contract.verifier import Verifier, as_verifier
+from spectr_audit.drafting.models import Model
+from spectr_audit.errors import InvalidArgument
+from spectr_audit.statistical import power as sizing
+from spectr_audit.statistical._checks import check_models, check_prefix, check_seconds, chunk_schedule
+from spectr_audit.statistical.gof import TestResult, holm
+from spectr_audit.statistical.sampling import default_chunk_size
+
+
+# ---------------------------------------------------------------------------------------------
+# Validate
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CommonArgs:
+    """The arguments both audits take, validated."""
+
+    verifier: Verifier
+    draft_model: Model
+    target_model: Model
+    vocab_size: int
+    num_drafts: int
+    draft_len: int
+    prefix: tuple
+    alpha: float
+    #: as given (validated): the TV distance the sample size is planned to detect
+    min_detectable_tv: float
+    power: float
+    num_samples: Optional[int]
+    max_samples: Optional[int]
+    max_seconds: Optional[float]
+    seed: int
+    device: torch.device
+    chunk_size: int
+    min_expected: float
+
+
+def validate_common(
+    verifier,
+    draft_model: Model,
+    target_model: Model,
+    num_drafts: int,
+    draft_len: int,
+    *,
+    prefix: Sequence[int],
+    alpha: float,
+    min_detectable_tv: float,
+    power: float,
+    num_samples: Optional[int],
+    max_samples: Optional[int],
+    max_seconds: Optional[float],
+    seed: int,
+    device: Union[str, torch.device],
+    chunk_size: Optional[int],
+    min_expected: float,
+    needs_exact_law: bool = False,
+) -> CommonArgs:
+    """Check the shared arguments (InvalidArgument naming the first bad one); fill the defaults."""
+    verifier = as_verifier(verifier)
+    if needs_exact_law and not verifier.has_exact_law:
+        raise InvalidArgument(f"verifier: {verifier.name!r} has no output_probs; use statistical_audit")
+    vocab_size = check_models(draft_model, target_model)
+    num_drafts = check_positive_int("num_drafts", num_drafts, allow_none=False)
+    draft_len = check_positive_int("draft_len", draft_len, allow_none=False)
+    verifier.check_supports(num_drafts, draft_len)
+    prefix = check_prefix(prefix, vocab_size)
+    alpha = check_prob("alpha", alpha)
+    power = check_prob("power", power)
+    sizing.effect_size_for_tv(min_detectable_tv)
+    num_samples = check_positive_int("num_samples", num_samples)
+    max_samples = check_positive_int("max_samples", max_samples)
+    max_seconds = check_seconds(max_seconds)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
+    device = torch.device(device)
+    chunk_size = (check_positive_int("chunk_size", chunk_size)
+                  or default_chunk_size(num_drafts, draft_len, vocab_size, device))
+    return CommonArgs(verifier, draft_model, target_model, vocab_size, num_drafts, draft_len, prefix, alpha,
+                      min_detectable_tv, power, num_samples, max_samples, max_seconds, seed, device, chunk_size,
+                      min_expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan
+# ---------------------------------------------------------------------------------------------
+
+
+def budgeted(planned: int, num_samples: Optional[int], max_samples: Optional[int]) -> tuple[int, str]:
+    """Samples to run (``num_samples`` if given, else ``planned``, at most ``max_samples``) and why."""
+    total = num_samples if num_samples is not None else planned
+    if max_samples is not None and max_samples < total:
+        return max_samples, "max_samples"
+    return total, "planned"
+
+
+# ---------------------------------------------------------------------------------------------
+# Sample
+# ---------------------------------------------------------------------------------------------
+
+
+def stream_chunks(
+    total: int,
+    chunk_size: int,
+    deadline: Optional[float],
+    step: Callable[[int, int], Optional[str]],
+) -> tuple[int, str]:
+    """Run ``step(size, done)`` over the chunk schedule of ``total`` samples; returns (done, stop reason).
+
+    ``step`` runs one chunk and returns a stop reason to end the loop early (or None); the loop
+    also ends, with ``"max_seconds"``, once ``time.perf_counter()`` passes ``deadline`` with
+    samples left.  A loop that runs to the end returns ``"planned"``.
+    """
+    done = 0
+    for size in chunk_schedule(total, chunk_size):
+        reason = step(size, done)
+        done += size
+        if reason is not None:
+            return done, reason
+        if deadline is not None and time.perf_counter() >= deadline and done < total:
+            return done, "max_seconds"
+    return done, "planned"
+
+
+# ---------------------------------------------------------------------------------------------
+# Test
+# ---------------------------------------------------------------------------------------------
+
+
+def with_min_detectable_tv(result: TestResult, num_samples: int, test_alpha: float, power: float) -> TestResult:
+    """``result`` with the smallest TV its test detects with ``power`` (inf below two cells)."""
+    mde = (sizing.min_detectable_tv(num_samples, result.num_cells, test_alpha, power)
+           if (result.num_cells or 0) >= 2 else math.inf)
+    return dataclasses.replace(result, min_detectable_tv=mde)
+
+
+def holm_family(tests: Sequence[TestResult]) -> tuple[TestResult, ...]:
+    """The sub-tests with their Holm-adjusted p-values."""
+    return tuple(dataclasses.replace(t, pvalue_adjusted=a) for t, a in zip(tests, holm([t.pvalue for t in tests])))
+
+
+def support_test(violations: float, num_samples: int, detail: str) -> TestResult:
+    """The support check as a sub-test: one sample of probability 0 proves the null false (p = 0)."""
+    pvalue = 0.0 if violations else 1.0
+    return TestResult("support", violations, pvalue, None, num_samples, pvalue_adjusted=pvalue, detail=detail)
+
+
+def deciding_test(family: Sequence[TestResult], support: TestResult) -> TestResult:
+    """The support check when violated, else the sub-test of smallest adjusted p-value (the first on ties)."""
+    return support if support.statistic else min(family, key=lambda t: t.pvalue_adjusted)
