@@ -478,7 +478,7 @@ def real_lm_power_summary(tables: Any) -> Optional[str]:
     >>> rows = [{"level": "token", "sampled_min_detectable_tv": 0.25}, {"level": "token",
     ...          "sampled_min_detectable_tv": 0.5}, {"level": "sequence", "sampled_min_detectable_tv": 0.3}]
     >>> real_lm_power_summary({"fidelity": rows, "power": 0.99})
-    'minimum detectable TV reached (power 0.99, ratio cells): 0.250 to 0.500 at the token level (2 tests), 0.300 at the sequence level (1 test)'
+    'minimum detectable TV reached at power 0.99 on the ratio cells: 0.250 to 0.500 at the token level (2 tests), 0.300 at the sequence level (1 test)'
     """
     power = real_lm_power(tables)
     if power is None:
@@ -491,10 +491,11 @@ def real_lm_power_summary(tables: Any) -> Optional[str]:
         low, high, count = reached
         span = f"{low:.3f}" if abs(high - low) < 5e-4 else f"{low:.3f} to {high:.3f}"
         parts.append(f"{span} at the {level} level ({count} test{'s' if count != 1 else ''})")
-    if power["not_detecting"]:
-        parts.append(f"{power['not_detecting']} test(s) too small to detect any deviation")
-    level = f"power {power['power']:.2f}, " if power["power"] is not None else ""
-    return f"minimum detectable TV reached ({level}ratio cells): " + (", ".join(parts) if parts else "none")
+    count = power["not_detecting"]
+    if count:
+        parts.append(f"{count} test{'s' if count != 1 else ''} too small to detect any deviation")
+    level = f" at power {power['power']:.2f}" if power["power"] is not None else ""
+    return f"minimum detectable TV reached{level} on the ratio cells: " + (", ".join(parts) if parts else "none")
 
 
 def _legend_below(ax) -> None:

@@ -346,8 +346,8 @@ def _real_lm_fidelity_table(rows: Any, partition: str) -> list[str]:
         judged = r.get("judged", True) is not False
         row_class = "" if judged else ' class="declared"'
         name = html.escape(str(r.get("verifier", ""))) + ("" if judged else " (declared inexact, not judged)")
-        detectable = _num(r.get("sampled_min_detectable_tv"))
-        detectable_text = _MISSING if detectable is None else (
+        raw, detectable = r.get("sampled_min_detectable_tv"), _num(r.get("sampled_min_detectable_tv"))
+        detectable_text = "none" if isinstance(raw, float) and math.isinf(raw) else _MISSING if detectable is None else (
             "&ge; 1 (none)" if detectable >= 1 else f"{detectable:.3f}")
         out.append(
             f'<tr{row_class}><td class="text">{name}</td>'

@@ -102,7 +102,9 @@ def _real_lm_acceptance_lines(rows) -> list[str]:
 
 
 def _detectable(value) -> str:
-    """A minimum detectable TV: a TV never exceeds 1, so 1 or more means nothing is detectable."""
+    """A minimum detectable TV: a TV never exceeds 1, so 1 or more (inf: no test) means nothing is detectable."""
+    if isinstance(value, float) and math.isinf(value):
+        return "none"
     number = _finite(value)
     return "–" if number is None else ("≥ 1 (none)" if number >= 1 else f"{number:.3f}")
 
@@ -131,9 +133,9 @@ def real_lm_power_note(tables: dict) -> Optional[str]:
     if summary is None:
         return None
     power = real_lm_power(tables)
-    alpha = f" at false-alarm rate {power['alpha']:g} per result" if power["alpha"] is not None else ""
-    text = (f"Power: {summary[0].upper()}{summary[1:]}{alpha}. A deviation smaller than a test's minimum detectable "
-            "TV on its cells can pass it; these tests refute exactness, they do not prove it.")
+    alpha = f" (false-alarm rate {power['alpha']:g} per result)" if power["alpha"] is not None else ""
+    text = (f"Power: {summary}{alpha}. A deviation smaller than a test's minimum detectable TV on its cells can pass "
+            "it; these tests refute exactness, they do not prove it.")
     if power["not_judged"]:
         text += (f" Declared inexact, measured and not judged: {', '.join(power['not_judged'])} (a test that does not "
                  "reject cannot confirm an inexactness).")

@@ -331,10 +331,12 @@ class _TokenDraws:
     rb_full: list = dataclasses.field(default_factory=list)  # [n, V] deviations of the RB law from q
 
 
-def _token_draws(verifier, K, token_rows: TokenRows, partition: RatioPartition, rows, generator) -> _TokenDraws:
-    """Verify K drafts at each of ``rows`` (context indices); tally first tokens and the exact laws."""
+def _token_draws(verifier, K, token_rows: TokenRows, sampled: RatioPartition, rb: RatioPartition, rows,
+                 generator) -> _TokenDraws:
+    """Verify K drafts at each of ``rows`` (context indices); tally first tokens (on the ``sampled`` cells)
+    and the exact laws (on the ``rb`` cells: a mean test needs no five draws per cell)."""
     V = token_rows.draft_probs.shape[1]
-    draws = _TokenDraws(FirstTokenTally(partition.num_cells))
+    draws = _TokenDraws(FirstTokenTally(sampled.num_cells))
     chunk = max(1, int(64 // K))
     for lo in range(0, rows.shape[0], chunk):
         r = rows[lo:lo + chunk]
@@ -345,13 +347,13 @@ def _token_draws(verifier, K, token_rows: TokenRows, partition: RatioPartition, 
                            target_rows.view(-1, 1, 1, V).expand(-1, K, 2, V))
         out = verify_batch(verifier, batch, generator, validate_inputs=lo == 0)
         first = emitted_tokens(draft_tokens, out)[0][:, 0]
-        draws.tally.add(partition.cell_of(first, r), partition.cells(target_rows, r))
+        draws.tally.add(sampled.cell_of(first, r), sampled.cells(target_rows, r))
         draws.sampled_accept.append((draft_tokens[:, :, 0] == first.unsqueeze(1)).any(-1).double())
         if verifier.has_exact_law:
             law = verifier.output_probs(draft_tokens, batch.draft_probs, batch.target_probs)
             token_law, accept = first_token_law(draft_tokens, law)
             draws.rb_accept.append(accept)
-            draws.rb_cells.append(partition.cells(token_law, r) - partition.cells(target_rows, r))
+            draws.rb_cells.append(rb.cells(token_law, r) - rb.cells(target_rows, r))
             draws.rb_full.append(token_law - target_rows)
     return draws
 
@@ -396,8 +398,9 @@ def _token_audit(
     K, draws = num_drafts, options.rb_draws
     rows = contexts.repeat_interleave(draws)  # [n]
     n = rows.shape[0]
-    partition = partition_for(planned_num_cells(n, options.num_cells))
-    tallied = _token_draws(verifier, K, token_rows, partition, rows, generator)
+    partition = partition_for(options.num_cells)
+    tallied = _token_draws(verifier, K, token_rows, partition_for(planned_num_cells(n, options.num_cells)), partition,
+                           rows, generator)
     optimal = float(alpha_star[contexts].mean())
     metrics: dict = {"num_drafts": K, "draft_len": 1, "num_contexts": int(contexts.numel()), "num_samples": n,
                      "optimal_acceptance": optimal, "spectr_bound": spectr_guarantee(K) * optimal,

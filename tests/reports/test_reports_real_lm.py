@@ -210,6 +210,11 @@ def test_html_fidelity_table(page):
     assert table[3][8:] == ["–", "–", "–"]
     assert table[4][7] == "≥ 1 (none)"  # a TV never exceeds 1: that sample detects nothing
     assert table[5][0] == "spectr-gbv-published (declared inexact, not judged)"
+    tables = synthetic_tables().to_dict()
+    tables["fidelity"][0]["sampled_min_detectable_tv"] = math.inf  # no test: every cell pooled into one
+    page = render_html(AuditReport(results=(), suite="real-lm", meta={"real_lm": tables}), figures=False)
+    assert _tables(_section(page))["real-lm-fidelity-table"][1][7] == "none"
+    assert "| kseq | token | 2 | 1 | 48 | 8 | 0.620 | none |" in render_real_lm_markdown(tables)
 
 
 def test_html_embeds_the_two_real_lm_figures_as_png(page):
@@ -275,8 +280,8 @@ def test_markdown_appends_the_tables(report):
 # What the run could detect, the header, the figure titles
 # ---------------------------------------------------------------------------------------------
 
-POWER_LINE = ("minimum detectable TV reached (power 0.99, ratio cells): 0.110 to 0.210 at the token level (2 tests), "
-              "0.170 at the sequence level (1 test), 1 test(s) too small to detect any deviation")
+POWER_LINE = ("minimum detectable TV reached at power 0.99 on the ratio cells: 0.110 to 0.210 at the token level "
+              "(2 tests), 0.170 at the sequence level (1 test), 1 test too small to detect any deviation")
 
 
 def test_power_summary_states_the_range_reached_by_the_judged_tests():
@@ -290,10 +295,9 @@ def test_power_summary_states_the_range_reached_by_the_judged_tests():
 
 def test_power_line_in_markdown_and_html(report, page):
     text = render_markdown(report)
-    assert "Power: Minimum detectable TV reached (power 0.99, ratio cells): 0.110 to 0.210" in text
-    assert "at false-alarm rate 0.001 per result" in text
+    assert f"Power: {POWER_LINE} (false-alarm rate 0.001 per result)." in text
     assert "Declared inexact, measured and not judged: spectr-gbv-published" in text
-    assert POWER_LINE[1:] in re.search(r'<p id="real-lm-power">(.*?)</p>', _section(page)).group(1)
+    assert POWER_LINE in re.search(r'<p id="real-lm-power">(.*?)</p>', _section(page)).group(1)
 
 
 def test_html_header_formats_numbers(page):
