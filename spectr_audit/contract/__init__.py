@@ -2,8 +2,8 @@
 
 The contract (:mod:`.verifier`), carried corrections (:mod:`.correction`), the one
 randomness seam (:mod:`.randomness`), draft trees (:mod:`.tree`), the tree-verifier
-contract (:mod:`.tree_verifier`) and chains as trees (:mod:`.chain_trees`).  It imports
-nothing of the audit.
+contract (:mod:`.tree_verifier`), chains as trees (:mod:`.chain_trees`), sampling parameters
+(:mod:`.sampling`) and verifiers that take logits (:mod:`.logits`).  It imports nothing of the audit.
 """
 
 from __future__ import annotations
@@ -65,6 +65,23 @@ from .chain_trees import (
     chain_law_as_tree,
     tree_law_as_chain,
 )
+from .sampling import (
+    PROCESSING_ORDERS,
+    ProcessingOrder,
+    SamplingParams,
+    logits_from_probs,
+    process_logits,
+    processing_order,
+)
+from .logits import (
+    FunctionLogitsVerifier,
+    LogitsVerifier,
+    as_logits_verifier,
+    check_logits_inputs,
+    output_probs_with_params,
+    takes_logits,
+    verify_with_params,
+)
 
 __all__ = [
     "DRAFT_SCHEMES",
@@ -112,4 +129,17 @@ __all__ = [
     "tree_output_as_chain",
     "chain_law_as_tree",
     "tree_law_as_chain",
+    "PROCESSING_ORDERS",
+    "ProcessingOrder",
+    "SamplingParams",
+    "logits_from_probs",
+    "process_logits",
+    "processing_order",
+    "FunctionLogitsVerifier",
+    "LogitsVerifier",
+    "as_logits_verifier",
+    "check_logits_inputs",
+    "output_probs_with_params",
+    "takes_logits",
+    "verify_with_params",
 ]

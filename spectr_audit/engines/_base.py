@@ -5,18 +5,11 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator, Optional
 
-import torch
-
 from spectr_audit.contract.verifier import Verifier
-from spectr_audit.contract.randomness import RandomSource, uniform
+from spectr_audit.contract.randomness import RandomSource
+from spectr_audit.engines.rng import engine_random_state, seed_from
 
 __all__ = ["EngineVerifier", "seed_from", "engine_rng"]
-
-
-def seed_from(generator: RandomSource) -> int:
-    """One 53-bit seed drawn from ``generator`` (a ``torch.Generator``, injected uniforms, or None)."""
-    u = uniform(generator, (1,), torch.device("cpu"))
-    return int(float(u[0]) * 2**53)
 
 
 @contextlib.contextmanager
@@ -26,17 +19,9 @@ def engine_rng(generator: RandomSource, num_threads: Optional[int] = None) -> It
     ``num_threads``: ``torch.set_num_threads`` inside the block (loops of small batch-1 calls
     run far faster on one thread); ``None`` leaves it alone.
     """
-    seed = seed_from(generator)
-    previous_threads = torch.get_num_threads()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
-        try:
-            yield seed
-        finally:
-            if num_threads is not None:
-                torch.set_num_threads(previous_threads)
+    # the torch-only case of the general helper (spectr_audit.engines.rng): one seed, torch.manual_seed(seed)
+    with engine_random_state(generator, python=False, numpy=False, num_threads=num_threads) as seeds:
+        yield seeds.seed
 
 
 class EngineVerifier(Verifier):
