@@ -127,7 +127,10 @@ def test_fixture_and_marker_audit_a_plain_function(project):
     result.stdout.fnmatch_lines([
         "*= spectr-audit =*",
         "seed 0, samples 2000, alpha 0.001, gate: none",
-        "exact    good_verify on seed-spectr/K=1/L=1: tv=- p=* acc/alpha*=* block_eff=*  [[]test_scratch_mine.py::test_fixture]",
+        # 2000 samples are far below the planned power: nothing rejected, so INCONCLUSIVE, with the TV estimate,
+        # its interval and the minimum detectable TV reached against the planned one
+        "INCONCLUSIVE good_verify on seed-spectr/K=1/L=1: tv~* [[]0, *] mdtv=*/0.005 p=* acc=* [[]*] acc/alpha*=* "
+        "block_eff=*  [[]test_scratch_mine.py::test_fixture]",
         "*[[]test_scratch_mine.py::test_marker]",
         "*[[]test_scratch_mine.py::test_marker_defaults]",
         "spectr-audit report: *report.json",
@@ -161,8 +164,8 @@ def test_a_broken_verifier_fails_its_test_naming_case_and_cells(project):
         "E *fidelity on case 'seed-spectr/K=1/L=1':",
         "E *check statistical failed: value *, threshold 0.0002 *",
         "E *worst cells (observed vs expected count): *",
-        "FINDING  bad_verify on seed-spectr/K=1/L=1: *[[]test_scratch_mine.py::test_fixture]",
-        "FINDING  bad_verify on seed-spectr/K=1/L=1: *[[]test_scratch_mine.py::test_marker]",
+        "FINDING      bad_verify on seed-spectr/K=1/L=1: *[[]test_scratch_mine.py::test_fixture]",
+        "FINDING      bad_verify on seed-spectr/K=1/L=1: *[[]test_scratch_mine.py::test_marker]",
     ])
 
 
@@ -195,7 +198,7 @@ def test_gate_option_fails_the_test_that_breaks_it(pytester):
         "E *spectr-audit gate failed: 1 violation(s) of acceptance_ratio >= 0.95, tv_distance <= 1e-09",
         "E *kseq on seed-spectr/K=2/L=1: acceptance_ratio = 0.9077 breaks acceptance_ratio >= 0.95"
         "  [[]--spectr-fail-under-acceptance-ratio 0.95]",
-        "GATE     kseq on seed-spectr/K=2/L=1: *",
+        "GATE         kseq on seed-spectr/K=2/L=1: *",
     ])
 
 
@@ -215,7 +218,9 @@ def test_a_gate_no_audit_measured_fails_the_session(pytester):
     (("--spectr-max-tv", "x"), "*argument --spectr-max-tv: expected a number, got 'x'"),
     (("--spectr-gate", "tv<=1"), "*argument --spectr-gate: unknown metric 'tv'*"),
     (("--spectr-alpha", "2"), "*argument --spectr-alpha: --spectr-alpha: expected a number in (0, 1), got '2'"),
-    (("--spectr-samples", "10"), "*argument --spectr-samples: * expected an integer >= 100, got '10'"),
+    (("--spectr-samples", "10"), "*argument --spectr-samples/--spectr-max-samples: * expected an integer >= 100, got '10'"),
+    (("--spectr-max-seconds", "0"), "*argument --spectr-max-seconds: * expected a positive number of seconds, got '0'"),
+    (("--spectr-certify-tv", "1.5"), "*argument --spectr-certify-tv: * expected a number in (0, 1), got '1.5'"),
 ])
 def test_bad_options_are_usage_errors_when_arguments_are_parsed(pytester, argv, message):
     pytester.makepyfile("def test_never_run(): raise AssertionError('collected')")
@@ -321,3 +326,61 @@ def test_readme_scratch_project_through_the_plugin_and_the_cli_gate(pytester):
                           cwd=pytester.path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1
     assert "gate failed" in proc.stderr and "kseq on seed: acceptance_ratio = 0.9077 breaks" in proc.stderr
+
+
+def test_fail_on_inconclusive_fails_an_underpowered_check_and_certify_passes_a_cheap_certificate(project):
+    project.makepyfile(test_scratch_power="""
+        from spectr_audit.run.suite import parse_suite
+        from my_verifiers import good_verify
+
+        ONE = parse_suite({"case": [{"name": "seed", "draft": [0.6, 0.4], "target": [0.3, 0.7], "num_drafts": 1}]})
+
+        def test_check(spectr_audit):
+            spectr_audit.check(good_verify, num_drafts=1, suite=ONE)
+    """)
+    # 2000 samples: nothing rejected, below the planned power -> the test fails with the reason
+    result = project.runpytest(*FAST, "--spectr-fail-on-inconclusive")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*INCONCLUSIVE: good_verify on seed: *above the 0.005 planned: INCONCLUSIVE*"])
+    # certifying TV <= 0.1 on V = 2 takes a few thousand samples: CERTIFIED within the budget
+    result = project.runpytest("--spectr-samples", "50000", "-p", "no:cacheprovider", "--spectr-certify-tv", "0.1")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*certify TV <= 0.1*", "CERTIFIED    good_verify on seed: tv~* [[]0, *]*"])
+    # a budget too small for the certificate: not certified, and certifying fails on that
+    result = project.runpytest("--spectr-samples", "200", "-p", "no:cacheprovider", "--spectr-certify-tv", "0.01")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*INCONCLUSIVE: good_verify on seed: uncertified*"])
+
+
+def test_xdist_workers_send_their_audits_to_the_controller(project, tmp_path):
+    pytest.importorskip("xdist")
+    project.makepyfile(test_scratch_xdist="""
+        import pytest
+        from spectr_audit.run.suite import parse_suite
+        from my_verifiers import bad_verify
+
+        ONE = parse_suite({"case": [{"name": "seed", "draft": [0.6, 0.4], "target": [0.3, 0.7], "num_drafts": 2}]})
+
+        @pytest.mark.parametrize("k", [1, 2])
+        def test_exact(spectr_audit, k):
+            spectr_audit.check("kseq", num_drafts=k, suite=ONE if k == 2 else None)
+
+        def test_broken(spectr_audit):
+            spectr_audit.check(bad_verify, num_drafts=1, suite=parse_suite(
+                {"case": [{"name": "bad", "draft": [0.6, 0.4], "target": [0.3, 0.7], "num_drafts": 1}]}))
+    """)
+    report = tmp_path / "report.json"
+    result = project.runpytest_subprocess(*FAST, "-n", "2", f"--spectr-report={report}",
+                                          "--spectr-gate", "block_lp_repair_optimum>=1")
+    result.assert_outcomes(passed=2, failed=1)
+    # the controller's summary lists the audits of both workers, and the report holds them all
+    result.stdout.fnmatch_lines(["*= spectr-audit =*", "*FINDING      bad_verify on bad: *[[]test_scratch_xdist.py::test_broken]"])
+    lines = [line for line in result.stdout.lines if "[test_scratch_xdist.py::" in line]
+    nodeids = {re.search(r"\[(test_scratch_xdist\.py::\S+)\]$", line).group(1) for line in lines}
+    assert nodeids == {"test_scratch_xdist.py::test_exact[1]", "test_scratch_xdist.py::test_exact[2]",
+                       "test_scratch_xdist.py::test_broken"}
+    data = json.loads(report.read_text())
+    num_kseq_cases = sum(1 for line in lines if "test_exact[" in line)
+    assert len(data["results"]) == len(lines) == num_kseq_cases + 1 >= 6
+    # the session gate saw every worker's audits: no audit measured the metric, so it fails on the controller
+    result.stdout.fnmatch_lines(["GATE     --spectr-gate block_lp_repair_optimum>=1: no audit of this session*"])

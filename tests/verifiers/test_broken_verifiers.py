@@ -13,7 +13,7 @@ import pytest
 
 from spectr_audit.contract.verifier import Verifier
 from spectr_audit.exact.iteration import exact_iteration
-from spectr_audit.drafting.models import ContextFreeModel, random_markov
+from spectr_audit.drafting.models import ContextFreeModel
 from spectr_audit.registry import load_verifier
 from spectr_audit.statistical.audit import sampler_law_agreement, statistical_audit
 from spectr_audit.verifiers.block import BlockVerification
@@ -26,7 +26,7 @@ from spectr_audit.registry import (
 )
 from spectr_audit.errors import InvalidArgument
 
-from tests._models import DRAFT8, TARGET8
+from tests._models import DRAFT8, DRAFT_MARKOV, TARGET8, TARGET_MARKOV
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # one torch thread (tests/conftest.py)
 
@@ -156,7 +156,7 @@ def test_each_broken_verifier_is_flagged_quickly(name):
 
 def test_broken_verifiers_are_flagged_on_a_markov_target():
     # Context-dependent laws: the bonus position differs from the last draft position.
-    draft_model, target_model = random_markov(4, 1, seed=1), random_markov(4, 1, seed=2)
+    draft_model, target_model = DRAFT_MARKOV, TARGET_MARKOV
     for name in ("bonus-from-draft", "residual-drop-rejected", "block-first-failure"):
         verifier = load_broken(name)
         draft_len = 2 if name == "block-first-failure" else 1

@@ -17,7 +17,7 @@ from spectr_audit.drafting.models import ContextFreeModel, random_markov
 from spectr_audit.registry import load_verifier
 from spectr_audit.run.runner import audit_case
 from spectr_audit.run.suite import Case
-from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise
+from spectr_audit.verifiers._walk import NodeRule, ChainWalkVerifier, gather_tokens, normalise
 
 from tests._stats import pooled_chisquare_pvalue
 from tests.oracles.rules import RULES, tree_law
@@ -220,7 +220,7 @@ class _NaiveIndependentRule(NodeRule):
         return accept, normalise((target_dist - draft_dist).clamp(min=0), target_dist)
 
 
-class _NaiveIndependent(TreeVerifier):
+class _NaiveIndependent(ChainWalkVerifier):
     name = "naive-independent"
     max_draft_len = 1
     rule = _NaiveIndependentRule()
