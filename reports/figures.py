@@ -12,7 +12,10 @@ Each figure reads result objects only and uses whatever metrics are present:
 * :func:`acceptance_figure`: membership acceptance against K, with alpha*, SpecTr's
   ``(1 - (1 - 1/K)^K) alpha*`` and the ``(1 - 1/e) alpha*`` floor;
 * :func:`block_efficiency_figure`: block efficiency against L, with the block LP optima
-  when the results carry them.
+  when the results carry them;
+* :func:`tree_figure`: a draft-tree case (results with ``details["tree"]``): the tree drawn,
+  and each verifier's acceptance and expected accepted length against the best any lossless
+  verifier reaches on it; :func:`tree_text` is the same tree as indented text.
 
 :func:`report_figures` groups a report's results into these figures.
 
@@ -39,6 +42,9 @@ __all__ = [
     "acceptance_figure",
     "block_efficiency_figure",
     "report_figures",
+    "tree_cases",
+    "tree_figure",
+    "tree_text",
     "real_lm_block_grid",
     "real_lm_power",
     "real_lm_power_summary",
@@ -230,12 +236,31 @@ def law_figure(results: Sequence[Any], title: str, colors: Optional[dict] = None
     return _png(fig)
 
 
+def _interval(value: Any) -> Optional[tuple[float, float]]:
+    """A two-number interval from a metric (``acceptance_ci``), or None."""
+    pair = _vector(value)
+    if pair is None or len(pair) != 2 or any(not math.isfinite(v) for v in pair):
+        return None
+    return (min(pair), max(pair))
+
+
+def _error_bars(ax, series: Sequence[tuple], color: Any) -> None:
+    """Error bars at the points ``(x, y, (low, high) or None)`` that have an interval (sampled measurements)."""
+    drawn = [(x, y, ci) for x, y, ci in series if ci is not None]
+    if not drawn:
+        return
+    ax.errorbar([x for x, _, _ in drawn], [y for _, y, _ in drawn],
+                yerr=[[max(y - ci[0], 0.0) for _, y, ci in drawn], [max(ci[1] - y, 0.0) for _, y, ci in drawn]],
+                fmt="none", ecolor=color, capsize=3, linewidth=1)
+
+
 def acceptance_figure(results: Sequence[Any], title: str, colors: Optional[dict] = None) -> Optional[bytes]:
     """Membership acceptance against K for one case family, with alpha* and the SpecTr bounds.
 
     Uses the metrics ``acceptance``, ``optimal_acceptance`` (alpha*) and ``spectr_bound``;
-    the ``(1 - 1/e) alpha*`` floor is drawn from alpha*.  Returns ``None`` when fewer than
-    one result has both K and an acceptance.
+    the ``(1 - 1/e) alpha*`` floor is drawn from alpha*.  A sampled acceptance is drawn with
+    its interval (``acceptance_ci``) as an error bar.  Returns ``None`` when fewer than one
+    result has both K and an acceptance.
     """
     points: dict = {}
     alpha_star: dict = {}
@@ -247,7 +272,7 @@ def acceptance_figure(results: Sequence[Any], title: str, colors: Optional[dict]
         if k is None:
             continue
         if acceptance is not None:
-            points.setdefault(r.verifier, []).append((k, acceptance))
+            points.setdefault(r.verifier, []).append((k, acceptance, _interval(r.metrics.get("acceptance_ci"))))
         if optimum is None:
             continue
         # The i.i.d. alpha* (the one that comes with a SpecTr bound) is the reference line; a
@@ -274,16 +299,17 @@ def acceptance_figure(results: Sequence[Any], title: str, colors: Optional[dict]
         ax.plot(ks, [_ONE_MINUS_INV_E * alpha_star[k] for k in ks], color="grey", linestyle=":", linewidth=1.2,
                 label="(1-1/e) alpha*")
     for name in sorted(points):
-        series = sorted(points[name])
-        ax.plot([k for k, _ in series], [a for _, a in series], marker="o", markersize=4, color=colors.get(name),
+        series = sorted(points[name], key=lambda point: point[0])
+        ax.plot([k for k, _, _ in series], [a for _, a, _ in series], marker="o", markersize=4, color=colors.get(name),
                 label=name, alpha=0.9)
+        _error_bars(ax, series, colors.get(name))
         if name in own_optimum:
             ks = [k for k, _ in own_optimum[name]]
             ax.plot(ks, [v for _, v in own_optimum[name]], color=colors.get(name), linestyle="-.", linewidth=1.5,
                     label=f"alpha* for {name}'s drafts")
     ax.set_xlabel("number of drafts K")
     ax.set_ylabel("P(first token among drafts)")
-    all_ks = sorted({k for series in points.values() for k, _ in series} | set(alpha_star))
+    all_ks = sorted({k for series in points.values() for k, _, _ in series} | set(alpha_star))
     ax.set_xticks(all_ks)
     ax.set_title(f"acceptance against K: {title}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -305,7 +331,7 @@ def block_efficiency_figure(results: Sequence[Any], title: str, colors: Optional
         efficiency = _number(r.metrics.get("block_efficiency"))
         if length is None or efficiency is None:
             continue
-        points.setdefault(r.verifier, []).append((length, efficiency))
+        points.setdefault(r.verifier, []).append((length, efficiency, _interval(r.metrics.get("block_efficiency_ci"))))
         lp = _number(r.metrics.get("block_lp_optimum"))
         if lp is not None:
             optimum[length] = max(optimum.get(length, lp), lp)
@@ -316,7 +342,7 @@ def block_efficiency_figure(results: Sequence[Any], title: str, colors: Optional
         return None
     colors = colors or _colors(sorted(points))
     fig, (ax,) = _new_figure(6.0, 3.4)
-    ls = sorted({length for series in points.values() for length, _ in series})
+    ls = sorted({length for series in points.values() for length, _, _ in series})
     ax.plot(ls, [length + 1 for length in ls], color="lightgrey", linewidth=1, linestyle="-.", label="L + 1 (ceiling)")
     if optimum:
         xs = sorted(optimum)
@@ -325,9 +351,10 @@ def block_efficiency_figure(results: Sequence[Any], title: str, colors: Optional
         xs = sorted(repair)
         ax.plot(xs, [repair[x] for x in xs], color="black", linestyle="--", linewidth=1, label="LP with repair")
     for name in sorted(points):
-        series = sorted(points[name])
-        ax.plot([x for x, _ in series], [e for _, e in series], marker="o", markersize=4, color=colors.get(name),
+        series = sorted(points[name], key=lambda point: point[0])
+        ax.plot([x for x, _, _ in series], [e for _, e, _ in series], marker="o", markersize=4, color=colors.get(name),
                 label=name, alpha=0.9)
+        _error_bars(ax, series, colors.get(name))
     ax.set_xlabel("draft length L")
     ax.set_ylabel("E[tokens emitted per step]")
     ax.set_xticks(ls)
@@ -350,11 +377,144 @@ def _group(results: Iterable[Any], key) -> dict:
     return groups
 
 
+# ---------------------------------------------------------------------------------------------
+# Draft trees (results whose details carry "tree": spec, description, paths, parents, draft_scheme)
+# ---------------------------------------------------------------------------------------------
+
+
+def _tree_of(result: Any) -> Optional[dict]:
+    tree = result.details.get("tree") if isinstance(result.details, dict) else None
+    return tree if isinstance(tree, dict) and isinstance(tree.get("paths"), list) else None
+
+
+def tree_cases(results: Iterable[Any]) -> list[tuple[str, dict, list]]:
+    """``(case, tree, results)`` for every draft-tree case, in the order the cases first appear."""
+    out: dict = {}
+    for r in results:
+        tree = _tree_of(r)
+        if tree is not None:
+            out.setdefault(r.case, (r.case, tree, []))[2].append(r)
+    return list(out.values())
+
+
+def _tree_children(paths: Sequence[Sequence[int]]) -> dict:
+    """Node numbers (1-based, in path-list order) and each node's children: ``{node: [child, ...]}``, 0 the root."""
+    index = {tuple(p): i + 1 for i, p in enumerate(paths)}
+    children: dict = {0: []}
+    for path, node in index.items():
+        children.setdefault(node, [])
+        children.setdefault(index.get(path[:-1], 0), []).append(node)
+    return children
+
+
+def tree_text(tree: dict) -> str:
+    """The tree as indented text: one line per node, its number and its sibling rank.
+
+    Examples
+    --------
+    >>> print(tree_text({"paths": [[0], [1], [0, 0]]}))
+    root
+    ├── 1 (rank 0)
+    │   └── 3 (rank 0)
+    └── 2 (rank 1)
+    """
+    paths = [tuple(p) for p in tree.get("paths", [])]
+    children = _tree_children(paths)
+    lines = ["root"]
+
+    def walk(node: int, indent: str) -> None:
+        kids = children.get(node, [])
+        for i, child in enumerate(kids):
+            last = i == len(kids) - 1
+            lines.append(f"{indent}{'└── ' if last else '├── '}{child} (rank {paths[child - 1][-1]})")
+            walk(child, indent + ("    " if last else "│   "))
+
+    walk(0, "")
+    return "\n".join(lines)
+
+
+def _tree_layout(paths: Sequence[Sequence[int]]) -> dict:
+    """``{node: (depth, y)}``: leaves one unit apart in depth-first order, parents centred on their children."""
+    children = _tree_children([tuple(p) for p in paths])
+    place: dict = {}
+    next_leaf = [0.0]
+
+    def walk(node: int, depth: int) -> float:
+        kids = children.get(node, [])
+        if not kids:
+            y = next_leaf[0]
+            next_leaf[0] += 1.0
+        else:
+            ys = [walk(child, depth + 1) for child in kids]
+            y = (ys[0] + ys[-1]) / 2
+        place[node] = (depth, y)
+        return y
+
+    walk(0, 0)
+    return place
+
+
+def tree_figure(tree: dict, results: Sequence[Any], title: str, colors: Optional[dict] = None) -> Optional[bytes]:
+    """A draft-tree case: the tree (left) and each verifier's accepted length and acceptance against the bound (right).
+
+    Uses ``accepted_length``, ``optimal_accepted_length``, ``acceptance`` and
+    ``optimal_acceptance`` where the results carry them.  Returns None for a tree without paths.
+    """
+    paths = [tuple(p) for p in tree.get("paths", [])]
+    if not paths:
+        return None
+    place = _tree_layout(paths)
+    children = _tree_children(paths)
+    height = max(2.6, 0.28 * (max(y for _, y in place.values()) + 1) + 1.0)
+    fig, (ax_tree, ax_bars) = _new_figure(9.0, min(height, 8.0), ncols=2)
+    ax_tree.grid(False)
+    for node, kids in children.items():
+        x0, y0 = place[node]
+        for child in kids:
+            x1, y1 = place[child]
+            ax_tree.plot([x0, x1], [y0, y1], color="#888", linewidth=1)
+    for node, (x, y) in place.items():
+        ax_tree.scatter([x], [y], s=140, color="black" if node == 0 else "#4c72b0", zorder=3)
+        ax_tree.annotate("root" if node == 0 else str(node), (x, y), textcoords="offset points", xytext=(0, 7),
+                         ha="center", fontsize=7)
+    depth = max(x for x, _ in place.values())
+    ax_tree.set_xticks(range(depth + 1))
+    ax_tree.set_xlabel("depth")
+    ax_tree.set_yticks([])
+    ax_tree.invert_yaxis()
+    ax_tree.set_title(tree.get("description") or "draft tree", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    rows = [r for r in results if _number(r.metrics.get("accepted_length")) is not None]
+    colors = colors or _colors(sorted({r.verifier for r in rows}))
+    labels = [f"{r.verifier} ({(r.details.get('tree') or {}).get('draft_scheme') or '-'})" for r in rows]
+    positions = list(range(len(rows)))
+    ax_bars.barh(positions, [r.metrics["accepted_length"] for r in rows], color=[colors.get(r.verifier) for r in rows],
+                 alpha=0.85, label="E[accepted draft tokens]")
+    best = [_number(r.metrics.get("optimal_accepted_length")) for r in rows]
+    for y, value in zip(positions, best):
+        if value is not None:
+            ax_bars.plot([value, value], [y - 0.4, y + 0.4], color="black", linewidth=2)
+    accept = [(y, _number(r.metrics.get("acceptance")), _number(r.metrics.get("optimal_acceptance")))
+              for y, r in zip(positions, rows)]
+    ax_bars.scatter([a for _, a, _ in accept if a is not None], [y for y, a, _ in accept if a is not None],
+                    marker="o", color="white", edgecolor="black", zorder=3, label="acceptance")
+    ax_bars.scatter([s for _, _, s in accept if s is not None], [y for y, _, s in accept if s is not None],
+                    marker="|", s=120, color="#d62728", zorder=3, label="alpha*")
+    ax_bars.plot([], [], color="black", linewidth=2, label="best accepted length (lossless)")
+    ax_bars.set_yticks(positions, labels, fontsize=7)
+    ax_bars.invert_yaxis()
+    ax_bars.set_xlim(0, max(1.0, depth) * 1.05)
+    ax_bars.set_xlabel("tokens")
+    ax_bars.set_title("against the best any lossless verifier achieves", fontsize=8)
+    ax_bars.legend(fontsize=6, loc="best")
+    return _png(fig)
+
+
 def report_figures(report: Any, max_law_figures: int = 48) -> list[Figure]:
     """Every figure for ``report``, grouped by case family.
 
     Acceptance figures: one per (case family, L) with at least one result that has K and an
-    acceptance.  Block-efficiency figures: one per (case family, K) with at least two draft
+    acceptance (draft-tree cases are drawn by :func:`tree_figure`, in the report's tree section).  Block-efficiency figures: one per (case family, K) with at least two draft
     lengths.  Law figures: one per case, cases with findings first, at most
     ``max_law_figures`` of them (the rest are counted in the last caption).
     """
@@ -364,6 +524,8 @@ def report_figures(report: Any, max_law_figures: int = 48) -> list[Figure]:
 
     def shape_key_k(r):
         base, k, length = case_shape(r)
+        if _tree_of(r) is not None:
+            return None  # a tree case has its own figure (tree_figure)
         return (base, length) if k is not None and _number(r.metrics.get("acceptance")) is not None else None
 
     for (base, length), group in sorted(_group(results, shape_key_k).items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
@@ -374,6 +536,8 @@ def report_figures(report: Any, max_law_figures: int = 48) -> list[Figure]:
 
     def shape_key_l(r):
         base, k, length = case_shape(r)
+        if _tree_of(r) is not None:
+            return None
         return (base, k) if length is not None and _number(r.metrics.get("block_efficiency")) is not None else None
 
     for (base, k), group in sorted(_group(results, shape_key_l).items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):

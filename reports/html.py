@@ -1,8 +1,10 @@
 """The HTML report: one self-contained file (inline CSS, figures embedded as base64 PNG).
 
 Sections: the overall verdict and the gate; a summary table per verifier and case; the
-findings (failed checks, worst strings, errors, gate violations); figures of acceptance
-against K, block efficiency against L and each case's output law against the target.
+findings (failed checks, worst strings, errors, gate violations); the draft trees (each tree
+case's tree, drawn and as indented text, beside its verifiers' acceptance and accepted length
+against the best achievable); figures of acceptance against K, block efficiency against L and
+each case's output law against the target.
 A report of the real-LM suite (``meta["real_lm"]``, :meth:`RealLMTables.to_dict`) gets a
 section of its own after the findings: block efficiency in the shape of SpecTr's tables
 (method, K, one column per L, 95% CIs), acceptance against alpha* for each K, first-token
@@ -18,6 +20,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
+from spectr_audit._files import write_text_atomic
 from spectr_audit.results import AuditReport, AuditResult
 
 __all__ = ["render_html", "write_html"]
@@ -29,6 +32,7 @@ h1 { font-size: 1.6em; margin-bottom: 0.2em; }
 h2 { border-bottom: 2px solid #ddd; padding-bottom: 0.2em; margin-top: 1.6em; }
 h3 { margin-bottom: 0.3em; }
 .meta { color: #555; }
+.incomplete { background: #fff4e5; border-left: 4px solid #d97706; padding: 0.5em 0.8em; }
 .badge { display: inline-block; padding: 0.15em 0.7em; border-radius: 0.4em; font-weight: bold; color: white; }
 .pass { background: #1a7f37; } .fail { background: #cf222e; } .warn { background: #9a6700; }
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.86em; }
@@ -40,6 +44,7 @@ nav a { margin-right: 1em; }
 tr.finding td { background: #fff0f0; }
 tr.unexpected td { background: #ffe0e0; font-weight: bold; }
 tr.declared td { background: #fff8e6; }
+tr.inconclusive td { background: #fdf6d8; }
 code { background: #f6f8fa; padding: 0.05em 0.3em; border-radius: 0.3em; }
 figure { margin: 0.6em 1% 0.6em 0; display: inline-block; vertical-align: top; width: 48.5%; }
 figure.wide { width: 99%; }
@@ -67,9 +72,9 @@ def _verdict(result: AuditResult) -> tuple[str, str]:
     """(text, css class of the row)."""
     if result.error is not None:
         return "ERROR", "unexpected"
-    measured = "exact" if result.passed else "FINDING"
+    measured = result.verdict  # exact, CERTIFIED, INCONCLUSIVE or FINDING
     if result.expected is None:
-        return measured, "" if result.passed else "unexpected"
+        return measured, ("inconclusive" if result.inconclusive else "") if result.passed else "unexpected"
     declared = "exact" if result.expected else "inexact"
     if result.as_expected:
         return f"{measured} (declared {declared})", "declared" if not result.passed else ""
@@ -78,6 +83,8 @@ def _verdict(result: AuditResult) -> tuple[str, str]:
 
 _COLUMNS = (
     ("tv_distance", "TV"),
+    ("tv_estimate", "TV estimate [interval]"),
+    ("min_detectable_tv", "min detectable TV"),
     ("max_abs_error", "max abs err"),
     ("prefix_cap_excess", "prefix-cap excess"),
     ("acceptance", "acceptance"),
@@ -90,6 +97,37 @@ _COLUMNS = (
 )
 
 
+def _metric_cell(metrics: dict, key: str) -> str:
+    """A metric, with its interval where the result has one (the sampled TV estimate, acceptance)."""
+    value = metrics.get(key)
+    interval = {"tv_estimate": (metrics.get("tv_lower"), metrics.get("tv_upper")),
+                "acceptance": tuple(metrics.get("acceptance_ci") or (None, None))}.get(key)
+    if value is None or interval is None or interval[0] is None or interval[1] is None:
+        return _fmt(value)
+    return f"{_fmt(value)} [{_fmt(interval[0])}, {_fmt(interval[1])}]"
+
+
+def _inconclusive(report: AuditReport) -> list[str]:
+    """The results that rejected nothing below their planned power, and why."""
+    results = report.inconclusive
+    if not results:
+        return []
+    out = ['<h3 id="inconclusive">Inconclusive</h3>',
+           '<p class="note">Nothing was rejected, but without the power planned (a budget cut the sample short, '
+           "or a certificate was not reached): these results are not a PASS.</p>",
+           '<table><thead><tr><th class="text">verifier</th><th class="text">case</th><th>TV estimate [interval]</th>'
+           '<th>min detectable TV</th><th>planned</th><th>power at planned</th><th class="text">why</th></tr></thead><tbody>']
+    for r in results:
+        m = r.metrics
+        why = "; ".join(c.detail for c in r.checks if c.inconclusive)
+        out.append(f'<tr class="inconclusive"><td class="text">{html.escape(r.verifier)}</td>'
+                   f'<td class="text">{html.escape(r.case)}</td><td>{_metric_cell(m, "tv_estimate")}</td>'
+                   f'<td>{_fmt(m.get("min_detectable_tv"))}</td><td>{_fmt(m.get("requested_tv"))}</td>'
+                   f'<td>{_fmt(m.get("power_at_requested_tv"))}</td><td class="text wrap">{html.escape(why)}</td></tr>')
+    out.append("</tbody></table>")
+    return out
+
+
 def _summary_table(report: AuditReport, violated: set) -> list[str]:
     present = [(key, label) for key, label in _COLUMNS if any(key in r.metrics for r in report.results)]
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in present)
@@ -100,7 +138,7 @@ def _summary_table(report: AuditReport, violated: set) -> list[str]:
         gate = "violated" if (r.verifier, r.case) in violated else ""
         if gate and not css:
             css = "finding"
-        cells = "".join(f"<td>{_fmt(r.metrics.get(key))}</td>" for key, _ in present)
+        cells = "".join(f"<td>{_metric_cell(r.metrics, key)}</td>" for key, _ in present)
         out.append(
             f'<tr class="{css}"><td class="text">{html.escape(r.verifier)}</td><td class="text">{html.escape(r.case)}</td>'
             f'<td class="text">{html.escape(verdict)}</td><td class="text">{gate}</td>{cells}</tr>'
@@ -136,6 +174,29 @@ def _verifier_table(report: AuditReport, violated: set) -> list[str]:
             f"<td>{_fmt(extreme('tv_distance', max))}</td><td>{_fmt(extreme('acceptance_ratio', min))}</td>"
             f"<td>{_fmt(extreme('pvalue', min))}</td></tr>"
         )
+    out.append("</tbody></table>")
+    return out
+
+
+def _sampling_section(report: AuditReport) -> list[str]:
+    """The sampling parameters each case held its verifiers to (docs/sampling.md)."""
+    from spectr_audit.reports.markdown import _sampling_text, sampling_cases
+
+    cases = sampling_cases(report)
+    if not cases:
+        return []
+    out = ['<h2 id="sampling">Sampling parameters</h2>',
+           '<p class="note">Each case holds its verifiers to the law the engine\'s non-speculative sampler draws from '
+           "with these parameters, in the engine's processing order; a verifier that takes logits is handed the raw "
+           "logits and the parameters, the others the processed probabilities (docs/sampling.md).</p>",
+           '<table><thead><tr><th class="text">case</th><th class="text">parameters</th><th class="text">order</th>'
+           '<th class="text">inputs</th><th class="text">handed logits</th></tr></thead><tbody>']
+    for case, setting, names in cases:
+        out.append(f'<tr><td class="text">{html.escape(case)}</td>'
+                   f'<td class="text">{html.escape(_sampling_text(setting.get("params") or {}))}</td>'
+                   f'<td class="text">{html.escape(str(setting.get("order", "")))}</td>'
+                   f'<td class="text">{html.escape(str(setting.get("inputs", "")))}</td>'
+                   f'<td class="text">{html.escape(", ".join(names) or "-")}</td></tr>')
     out.append("</tbody></table>")
     return out
 
@@ -197,6 +258,46 @@ def _findings(report: AuditReport, gate: Any) -> list[str]:
                        f"<code>{html.escape(t.metric)}</code>, so it fails the gate.</p>")
         if gate.passed:
             out.append("<p>Every threshold held.</p>")
+    return out
+
+
+def _tree_section(report: AuditReport, figures: bool) -> list[str]:
+    """Each draft-tree case: its tree (drawn, and as indented text) beside its results against the tree's bound."""
+    from spectr_audit.reports.figures import tree_cases, tree_figure, tree_text
+
+    cases = tree_cases(report.results)
+    if not cases:
+        return []
+    out = ['<h2 id="trees">Draft trees</h2>',
+           '<p class="note">Each tree case: the tree (node numbers in the engines\' order: paths sorted by length, '
+           "then lexicographically; ranks are sibling draw orders or top-k ranks), and each verifier's membership "
+           "acceptance against alpha* and expected accepted draft tokens against the best any lossless verifier "
+           "reaches with that tree and draft scheme (docs/audit/bounds.md).</p>"]
+    for case, tree, results in cases:
+        out.append(f'<h3 id="tree-{html.escape(case)}">{html.escape(case)}</h3>')
+        out.append(f'<p class="note">{html.escape(str(tree.get("description", "")))}; spec '
+                   f'<code>{html.escape(str(tree.get("spec", "")))}</code></p>')
+        if figures:
+            png = tree_figure(tree, results, case)
+            if png is not None:
+                data = base64.b64encode(png).decode("ascii")
+                out.append(f'<figure class="wide"><img alt="tree: {html.escape(case)}" src="data:image/png;base64,{data}">'
+                           f"<figcaption><b>{html.escape(case)}</b>: the tree, and each verifier against the best "
+                           f"achievable</figcaption></figure>")
+        out.append(f"<pre>{html.escape(tree_text(tree))}</pre>")
+        out.append('<table><thead><tr><th class="text">verifier</th><th class="text">draft scheme</th>'
+                   '<th class="text">verdict</th><th>TV</th><th>p-value</th><th>acceptance</th><th>alpha*</th>'
+                   '<th>accepted length</th><th>best accepted length</th></tr></thead><tbody>')
+        for r in results:
+            verdict, css = _verdict(r)
+            m = r.metrics
+            scheme = (r.details.get("tree") or {}).get("draft_scheme")
+            out.append(f'<tr class="{css}"><td class="text">{html.escape(r.verifier)}</td>'
+                       f'<td class="text">{html.escape(str(scheme or "-"))}</td><td class="text">{html.escape(verdict)}</td>'
+                       f"<td>{_fmt(m.get('tv_distance'))}</td><td>{_fmt(m.get('pvalue'))}</td>"
+                       f"<td>{_fmt(m.get('acceptance'))}</td><td>{_fmt(m.get('optimal_acceptance'))}</td>"
+                       f"<td>{_fmt(m.get('accepted_length'))}</td><td>{_fmt(m.get('optimal_accepted_length'))}</td></tr>")
+        out.append("</tbody></table>")
     return out
 
 
@@ -406,6 +507,17 @@ def _real_lm_section(tables: dict, figures: bool) -> list[str]:
     return out
 
 
+def _incomplete_html(report: AuditReport) -> str:
+    """The line an interrupted run's report opens with ("" for a complete run)."""
+    info = report.meta.get("incomplete")
+    if not info:
+        return ""
+    info = info if isinstance(info, dict) else {}
+    return (f'<p class="incomplete"><strong>INCOMPLETE: the run was {html.escape(str(info.get("reason", "stopped")))}; '
+            f'this report holds the {html.escape(str(info.get("completed", len(report.results))))} of '
+            f'{html.escape(str(info.get("planned", "?")))} planned audits that finished.</strong></p>')
+
+
 def render_html(report: AuditReport, gate: Any = None, *, figures: bool = True, max_law_figures: int = 48) -> str:
     """Render ``report`` as one self-contained HTML document.
 
@@ -430,6 +542,9 @@ def render_html(report: AuditReport, gate: Any = None, *, figures: bool = True, 
     num_expected = sum(r.as_expected for r in report.results)
     violated = {(v.verifier, v.case) for v in getattr(gate, "violations", ()) or ()}
     badge = '<span class="badge pass">PASS</span>' if passed else '<span class="badge fail">FAIL</span>'
+    if passed and report.inconclusive:
+        badge = (f'<span class="badge warn">INCONCLUSIVE</span> {len(report.inconclusive)} result(s) without their '
+                 "planned power &middot;")
     gate_line = ""
     if gate is not None and getattr(gate, "thresholds", ()):
         gate_line = (f' &middot; gate <span class="badge {"pass" if gate.passed else "fail"}">'
@@ -447,18 +562,27 @@ def render_html(report: AuditReport, gate: Any = None, *, figures: bool = True, 
         f"<h1>spectr-audit report: suite <code>{html.escape(report.suite)}</code></h1>",
         f'<p class="meta">{badge} {num_expected}/{len(report.results)} results as expected{gate_line}'
         f" &middot; spectr-audit {html.escape(__version__)}{(' &middot; ' + meta) if meta else ''}</p>",
-        '<p class="note">Verdicts: <b>exact</b> = every check held; <b>FINDING</b> = some check failed. A verifier may '
+        _incomplete_html(report),
+        '<p class="note">Verdicts: <b>exact</b> = every check held; <b>FINDING</b> = some check failed; '
+        "<b>INCONCLUSIVE</b> = nothing rejected, but the achieved minimum detectable TV is above the planned one (or a "
+        "certificate was not reached); <b>CERTIFIED</b> = the upper confidence bound on the TV is within the tolerance "
+        "asked for. Sampled TV estimates are on the audited partition, with their confidence interval. A verifier may "
         "declare an expected verdict (a published rule under audit, a lossy-by-design mode); a run fails only where a "
         "verdict differs from its declaration, or where a gate threshold breaks.</p>",
         '<nav><a href="#verifiers">Verifiers</a><a href="#findings">Findings</a>'
         + ('<a href="#real-lm">Real language model</a>' if real_lm is not None else "")
+        + ('<a href="#trees">Draft trees</a>' if any("tree" in r.details for r in report.results) else "")
+        + ('<a href="#sampling">Sampling parameters</a>' if any("sampling" in r.details for r in report.results) else "")
         + ('<a href="#figures">Figures</a>' if figures else "")
         + '<a href="#summary">Every result</a></nav>',
         *_verifier_table(report, violated),
         *_findings(report, gate),
+        *_inconclusive(report),
     ]
     if real_lm is not None:
         parts += _real_lm_section(real_lm, figures)
+    parts += _tree_section(report, figures)
+    parts += _sampling_section(report)
     if figures:
         parts += _figure_sections(report, max_law_figures)
     parts += ['<h2 id="summary">Every result</h2>', *_summary_table(report, violated), "</body></html>"]
@@ -467,8 +591,8 @@ def render_html(report: AuditReport, gate: Any = None, *, figures: bool = True, 
 
 def write_html(report: AuditReport, path: Path, gate: Any = None, *, figures: bool = True,
                max_law_figures: int = 48) -> Path:
-    """Write the HTML report to ``path`` (parents created); returns the path."""
+    """Write the HTML report to ``path`` atomically (parents created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(report, gate, figures=figures, max_law_figures=max_law_figures), encoding="utf-8")
+    write_text_atomic(path, render_html(report, gate, figures=figures, max_law_figures=max_law_figures))
     return path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from spectr_audit._files import write_text_atomic
 from spectr_audit.results import AuditReport
 
 __all__ = ["render_json", "write_json"]
@@ -16,7 +17,7 @@ def render_json(report: AuditReport) -> str:
 
 
 def write_json(report: AuditReport, path: Path) -> Path:
-    """Write ``report.json``-style output to ``path``; returns the path."""
+    """Write ``report.json``-style output to ``path`` atomically (a temporary file, then a rename); returns the path."""
     path = Path(path)
-    path.write_text(render_json(report) + "\n")
+    write_text_atomic(path, render_json(report) + "\n")
     return path

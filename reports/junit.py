@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Optional
 
+from spectr_audit._files import write_text_atomic
 from spectr_audit.results import AuditReport, AuditResult
 
 __all__ = ["render_junit", "write_junit"]
@@ -71,7 +72,7 @@ def render_junit(report: AuditReport, gate: Any = None) -> str:
         violations_by_result.setdefault((violation.verifier, violation.case), []).append(violation)
     suite_name = f"spectr-audit.{report.suite or 'audit'}"
     testsuite = ET.Element("testsuite", name=suite_name)
-    num_failures = num_errors = 0
+    num_failures = num_errors = num_skipped = 0
     total_time = 0.0
     for result in report.results:
         seconds = result.metrics.get("seconds")
@@ -82,17 +83,27 @@ def render_junit(report: AuditReport, gate: Any = None) -> str:
         )
         properties = ET.SubElement(case, "properties")
         ET.SubElement(properties, "property", name="passed", value=str(result.passed).lower())
+        ET.SubElement(properties, "property", name="verdict", value=result.verdict)
         if result.expected is not None:
             ET.SubElement(properties, "property", name="expected", value=str(result.expected).lower())
         for key, value in result.metrics.items():
             text = _number(value)
             if text is not None:
                 ET.SubElement(properties, "property", name=key, value=text)
+        for key in ("sampling", "sampling_order"):  # the sampling setting the case held the verifier to
+            if isinstance(result.metrics.get(key), str):
+                ET.SubElement(properties, "property", name=key, value=result.metrics[key])
         violations = violations_by_result.get((result.verifier, result.case), [])
         if result.error is not None:
             num_errors += 1
             error = ET.SubElement(case, "error", message=result.error.splitlines()[0][:500], type="AuditError")
             error.text = result.error + "\n" + str(result.details.get("traceback", ""))
+        elif result.inconclusive and not violations and result.as_expected:
+            # not a failure unless the run fails on it (--fail-on-inconclusive); its own outcome all the same
+            skipped = ET.SubElement(case, "skipped", message="INCONCLUSIVE: " + "; ".join(
+                c.detail for c in result.checks if c.inconclusive)[:480])
+            skipped.text = "nothing rejected, but below the planned power (or a certificate not reached)"
+            num_skipped += 1
         elif not result.as_expected or violations:
             num_failures += 1
             message, body = _failure_text(result, violations)
@@ -108,7 +119,7 @@ def render_junit(report: AuditReport, gate: Any = None) -> str:
     testsuite.set("tests", str(len(testsuite.findall("testcase"))))
     testsuite.set("failures", str(num_failures))
     testsuite.set("errors", str(num_errors))
-    testsuite.set("skipped", "0")
+    testsuite.set("skipped", str(num_skipped))
     testsuite.set("time", f"{total_time:.6f}")
     testsuites = ET.Element("testsuites", name="spectr-audit")
     testsuites.append(testsuite)
@@ -117,8 +128,8 @@ def render_junit(report: AuditReport, gate: Any = None) -> str:
 
 
 def write_junit(report: AuditReport, path: Path, gate: Any = None) -> Path:
-    """Write the JUnit XML report to ``path`` (parents created); returns the path."""
+    """Write the JUnit XML report to ``path`` atomically (parents created); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_junit(report, gate), encoding="utf-8")
+    write_text_atomic(path, render_junit(report, gate))
     return path

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from spectr_audit._files import write_text_atomic
 from spectr_audit.results import AuditReport, AuditResult
 
 __all__ = ["real_lm_power_note", "render_markdown", "render_real_lm_markdown", "write_markdown"]
@@ -30,7 +31,7 @@ def _fmt(value: Optional[float], digits: int = 4) -> str:
 def _verdict(result: AuditResult) -> str:
     if result.error is not None:
         return "ERROR"
-    measured = "exact" if result.passed else "FINDING"
+    measured = result.verdict  # exact, CERTIFIED, INCONCLUSIVE or FINDING
     if result.expected is None:
         return measured
     declared = "exact" if result.expected else "inexact"
@@ -172,15 +173,123 @@ def render_real_lm_markdown(tables: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def sampling_cases(report: AuditReport) -> list:
+    """``(case, setting, verifiers handed logits)`` for each case with sampling parameters, in report order
+    (from each result's ``details["sampling"]``)."""
+    cases: dict = {}
+    for r in report.results:
+        setting = r.details.get("sampling")
+        if not isinstance(setting, dict):
+            continue
+        entry = cases.setdefault(r.case, (setting, []))
+        if setting.get("verifier_takes_logits") and r.verifier not in entry[1]:
+            entry[1].append(r.verifier)
+    return [(case, setting, names) for case, (setting, names) in cases.items()]
+
+
+def _sampling_text(params: dict) -> str:
+    return ", ".join(f"{key} {value}" for key, value in params.items()) or "neutral (temperature 1, no filter)"
+
+
+def _sampling_lines(report: AuditReport) -> list[str]:
+    """A "Sampling parameters" section: the setting each case held its verifiers to."""
+    cases = sampling_cases(report)
+    if not cases:
+        return []
+    lines = ["## Sampling parameters", "",
+             "Each case holds its verifiers to the law the engine's non-speculative sampler draws from with these "
+             "parameters, in the engine's processing order; a verifier that takes logits is handed the raw logits and "
+             "the parameters, the others the processed probabilities (docs/sampling.md).", "",
+             "| case | parameters | order | inputs | handed logits |", "|---|---|---|---|---|"]
+    for case, setting, names in cases:
+        lines.append(f"| {_cell(case)} | {_cell(_sampling_text(setting.get('params') or {}))} | "
+                     f"{_cell(setting.get('order', ''))} | {_cell(setting.get('inputs', ''))} | "
+                     f"{_cell(', '.join(names) or '-')} |")
+    lines.append("")
+    return lines
+
+
+def _tree_lines(report: AuditReport) -> list[str]:
+    """A "Draft trees" section: each tree case's tree as indented text and its results against the tree's bound."""
+    from spectr_audit.reports.figures import tree_cases, tree_text
+
+    cases = tree_cases(report.results)
+    if not cases:
+        return []
+    lines = ["## Draft trees", "",
+             "Acceptance: P(first emitted token is one of the root's children's tokens), against alpha*; accepted "
+             "length: E[accepted draft tokens], against the best any lossless verifier reaches with the tree and its "
+             "draft scheme.", ""]
+    for case, tree, results in cases:
+        lines += [f"### {case}", "", f"{tree.get('description', '')}; spec `{tree.get('spec', '')}`", "", "```",
+                  tree_text(tree), "```", "",
+                  "| verifier | draft scheme | verdict | TV | p-value | acceptance | alpha* | accepted length | best |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in results:
+            m = r.metrics
+            scheme = (r.details.get("tree") or {}).get("draft_scheme") or "-"
+            lines.append(f"| {r.verifier} | {scheme} | {_verdict(r)} | {_fmt(m.get('tv_distance'))} | "
+                         f"{_fmt(m.get('pvalue'))} | {_fmt(m.get('acceptance'))} | {_fmt(m.get('optimal_acceptance'))} | "
+                         f"{_fmt(m.get('accepted_length'))} | {_fmt(m.get('optimal_accepted_length'))} |")
+        lines.append("")
+    return lines
+
+
+def _incomplete_line(report: AuditReport) -> str:
+    """The line an interrupted run's report opens with: it holds only the audits that finished."""
+    info = report.meta["incomplete"] if isinstance(report.meta.get("incomplete"), dict) else {}
+    return (f"**INCOMPLETE: the run was {info.get('reason', 'stopped')}; this report holds the "
+            f"{info.get('completed', len(report.results))} of {info.get('planned', '?')} planned audits that "
+            f"finished.**")
+
+
+def _tv_text(m: dict) -> str:
+    """The exact TV, or a sampled estimate on the audited partition with its confidence interval."""
+    if m.get("tv_distance") is not None or m.get("tv_upper") is None:
+        return _fmt(m.get("tv_distance"))
+    return f"~{_fmt(m.get('tv_estimate'))} [{_fmt(m.get('tv_lower'))}, {_fmt(m.get('tv_upper'))}]"
+
+
+def _with_interval(m: dict, key: str, interval_key: str) -> str:
+    interval = m.get(interval_key)
+    if m.get(key) is None or not isinstance(interval, (list, tuple)) or len(interval) != 2:
+        return _fmt(m.get(key))
+    return f"{_fmt(m.get(key))} [{_fmt(interval[0])}, {_fmt(interval[1])}]"
+
+
+def _inconclusive_lines(report: AuditReport) -> list[str]:
+    results = report.inconclusive
+    if not results:
+        return []
+    lines = ["", "## Inconclusive", "",
+             "Nothing was rejected, but without the power planned (a budget cut the sample short, or a certificate "
+             "was not reached): these results are not a PASS.", "",
+             "| verifier | case | TV estimate [interval] | min detectable TV | planned | power at planned | why |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        m = r.metrics
+        why = "; ".join(c.detail for c in r.checks if c.inconclusive)
+        lines.append(f"| {r.verifier} | {r.case} | {_tv_text(m)} | {_fmt(m.get('min_detectable_tv'))} | "
+                     f"{_fmt(m.get('requested_tv'))} | {_fmt(m.get('power_at_requested_tv'))} | {_cell(why)} |")
+    return lines
+
+
 def render_markdown(report: AuditReport) -> str:
     """Render the report as Markdown text."""
+    overall = "FAIL" if not report.passed else ("INCONCLUSIVE" if report.inconclusive else "PASS")
     lines = [
         f"# spectr-audit report: suite `{report.suite}`",
         "",
-        f"**Overall: {'PASS' if report.passed else 'FAIL'}** "
-        f"({sum(r.as_expected for r in report.results)}/{len(report.results)} results as expected)",
+        f"**Overall: {overall}** "
+        f"({sum(r.as_expected for r in report.results)}/{len(report.results)} results as expected"
+        + (f", {len(report.inconclusive)} inconclusive" if report.inconclusive else "") + ")",
         "",
-        "Verdicts: `exact` = every check held; `FINDING` = some check failed (see below). A verifier may declare an "
+        *([_incomplete_line(report), ""] if report.meta.get("incomplete") else []),
+        "Verdicts: `exact` = every check held; `FINDING` = some check failed (see below); `INCONCLUSIVE` = nothing "
+        "rejected, but the achieved minimum detectable TV is above the planned one (or a certificate was not "
+        "reached); `CERTIFIED` = the upper confidence bound on the TV is within the tolerance asked for. A sampled TV "
+        "is an estimate on the audited partition, ~estimate [confidence interval]; acceptance carries its 95% "
+        "interval. A verifier may declare an "
         "expected verdict (a published rule under audit, a lossy-by-design mode): a run fails only where a "
         "verdict differs from its declaration.",
         "",
@@ -190,11 +299,13 @@ def render_markdown(report: AuditReport) -> str:
     for r in report.results:
         m = r.metrics
         lines.append(
-            f"| {r.verifier} | {r.case} | {_verdict(r)} | {_fmt(m.get('tv_distance'))} | {_fmt(m.get('max_abs_error'))} | "
-            f"{_fmt(m.get('prefix_cap_excess'))} | {_fmt(m.get('acceptance'))} | {_fmt(m.get('optimal_acceptance'))} | "
+            f"| {r.verifier} | {r.case} | {_verdict(r)} | {_tv_text(m)} | {_fmt(m.get('max_abs_error'))} | "
+            f"{_fmt(m.get('prefix_cap_excess'))} | {_with_interval(m, 'acceptance', 'acceptance_ci')} | "
+            f"{_fmt(m.get('optimal_acceptance'))} | "
             f"{_fmt(m.get('acceptance_ratio'))} | {_fmt(m.get('block_efficiency'))} | {_fmt(m.get('pvalue'))} |"
         )
     findings = [r for r in report.results if not r.passed]
+    lines += _inconclusive_lines(report)
     lines += ["", "## Findings", ""]
     if not findings:
         lines.append("None: every check of every result held.")
@@ -220,6 +331,8 @@ def render_markdown(report: AuditReport) -> str:
             for c in cells:
                 lines.append(f"| {c.get('cell')} | {_fmt(c.get('observed'), 6)} | {_fmt(c.get('expected'), 6)} |")
         lines.append("")
+    lines += _sampling_lines(report)
+    lines += _tree_lines(report)
     gate = report.meta.get("gate")
     if gate:
         lines += ["## Gate", "", f"**{'held' if gate.get('passed') else 'FAILED'}**", ""]
@@ -235,7 +348,7 @@ def render_markdown(report: AuditReport) -> str:
 
 
 def write_markdown(report: AuditReport, path: Path) -> Path:
-    """Write the Markdown report to ``path``; returns the path."""
+    """Write the Markdown report to ``path`` atomically (a temporary file, then a rename); returns the path."""
     path = Path(path)
-    path.write_text(render_markdown(report))
+    write_text_atomic(path, render_markdown(report))
     return path

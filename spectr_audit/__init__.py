@@ -6,7 +6,8 @@ plugin must not pull torch, scipy or cvxpy at load time):
 * the contract: :class:`Verifier`, :class:`VerifyOutput`, :class:`FunctionVerifier`,
   :func:`as_verifier`, :func:`check_verify_inputs`;
 * finding verifiers: :func:`load_verifier`;
-* the exact audit: :func:`exact_iteration`;
+* the exact audit: :func:`exact_iteration`, and :func:`exact_tree` for one draft-tree step;
+* draft trees: :class:`DraftTree`, :func:`load_tree_verifier`, :func:`tree_bound`;
 * optimal-transport bounds: :func:`optimal_acceptance`, :func:`optimal_acceptance_lp`;
 * running suites: :func:`audit` (one call: a verifier on a suite, the report back),
   :func:`assert_passed`, :func:`load_suite`, :func:`run_suite`, :func:`audit_case`;
@@ -30,6 +31,11 @@ _LAZY = {
     "check_verify_inputs": "spectr_audit.contract.verifier",
     "load_verifier": "spectr_audit.registry",
     "exact_iteration": "spectr_audit.exact.iteration",
+    "exact_tree": "spectr_audit.exact.tree",
+    "DraftTree": "spectr_audit.contract.tree",
+    "load_tree_verifier": "spectr_audit.registry",
+    "tree_bound": "spectr_audit.bounds.tree_lp",
+    "statistical_tree_audit": "spectr_audit.statistical.audit",
     "optimal_acceptance": "spectr_audit.bounds.acceptance",
     "optimal_acceptance_lp": "spectr_audit.bounds.acceptance",
     "load_suite": "spectr_audit.run.suite",

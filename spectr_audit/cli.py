@@ -1,6 +1,13 @@
 """Command line: ``spectr-audit run | audit | bound | list``.
 
-Exit codes: 0 every verdict as expected, 1 findings, 2 usage or input error.
+Exit codes: 0 every verdict as expected, 1 findings, 2 usage or input error, 3 only inconclusive
+results stood in the way (with ``--fail-on-inconclusive``, or ``--certify-tv`` where a
+certificate was not reached; without either, an inconclusive result exits 0 and is listed).
+
+Under ``torchrun --nproc-per-node N -m spectr_audit run ...`` the processes join one
+``torch.distributed`` group (gloo; NCCL with ``--device cuda``) and every statistical audit
+spreads its chunks over them (:mod:`spectr_audit.statistical.sharding`): the counts and verdicts
+are those of one process; the first process prints and writes the reports.
 """
 
 from __future__ import annotations
@@ -8,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,8 +30,13 @@ class _UsageError(Exception):
     pass
 
 
-def parse_model_spec(text: str, argument: str):
-    """Parse ``0.6,0.4`` or ``markov:vocab_size=3,seed=1`` / ``dirichlet:vocab_size=8,seed=2`` into a model."""
+def parse_model_spec(text: str, argument: str, max_memory=None, inputs: str = "probs"):
+    """Parse ``0.6,0.4`` or ``markov:vocab_size=3,seed=1`` / ``dirichlet:vocab_size=8,seed=2`` into a model.
+
+    Integral numbers may be written as floats (``vocab_size=1e6``); a model whose tables exceed
+    ``max_memory`` is refused before it is built.  With ``inputs="logits"`` (``--logits``) a
+    comma-separated list is a context-free model's raw logits (``-inf`` allowed).
+    """
     from spectr_audit.run.suite import model_from_spec
 
     text = text.strip()
@@ -38,18 +51,21 @@ def parse_model_spec(text: str, argument: str):
                 params[key.strip()] = int(value)
             except ValueError:
                 try:
-                    params[key.strip()] = float(value)
+                    number = float(value)
                 except ValueError:
                     raise _UsageError(f"{argument}: {key}={value!r} is not a number") from None
-        return model_from_spec({kind.strip(): params}, argument)
+                # 1e9 means the integer 1000000000 (a size or a seed), not a float to be refused as one
+                params[key.strip()] = int(number) if number.is_integer() else number
+        return model_from_spec({kind.strip(): params}, argument, max_memory=max_memory, inputs=inputs)
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
+        what = "logits (e.g. 1.2,0.3,-inf)" if inputs == "logits" else "probabilities (e.g. 0.6,0.4)"
         raise _UsageError(
-            f"{argument}: expected comma-separated probabilities (e.g. 0.6,0.4) or kind:key=value,... "
+            f"{argument}: expected comma-separated {what} or kind:key=value,... "
             f"(markov:vocab_size=3,seed=1 or dirichlet:vocab_size=8,seed=2), got {text!r}"
         ) from None
-    return model_from_spec(values, argument)
+    return model_from_spec(values, argument, max_memory=max_memory, inputs=inputs)
 
 
 def _probability(text: str) -> float:
@@ -72,8 +88,132 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _number_in(text: str, low: float, high: float, low_open: bool, high_open: bool, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    above = value > low if low_open else value >= low
+    below = value < high if high_open else value <= high
+    if not (above and below):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    return _number_in(text, 0.0, float("inf"), False, True, "a finite temperature >= 0 (0: greedy)")
+
+
+def _top_k(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (0 disables top-k), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (0 disables top-k), got {text!r}")
+    return value
+
+
+def _top_p(text: str) -> float:
+    return _number_in(text, 0.0, 1.0, True, False, "a number in (0, 1] (1 disables top-p)")
+
+
+def _min_p(text: str) -> float:
+    return _number_in(text, 0.0, 1.0, False, False, "a number in [0, 1] (0 disables min-p)")
+
+
+def _add_sampling_params(p: argparse.ArgumentParser, logits: bool) -> None:
+    """The sampling parameters the verifier is held to (docs/sampling.md)."""
+    from spectr_audit.contract.sampling import order_names
+
+    group = p.add_argument_group(
+        "sampling parameters", "hold the verifier to the law the engine's sampler draws from with these parameters "
+        "(docs/sampling.md); a verifier that takes logits is handed the raw logits and the parameters"
+        + ("" if logits else "; they replace every chain case's own"))
+    group.add_argument("--temperature", type=_temperature, default=None, metavar="T",
+                       help="temperature (0: greedy; default 1)")
+    group.add_argument("--top-k", type=_top_k, default=None, metavar="K", help="top-k (default 0: off)")
+    group.add_argument("--top-p", type=_top_p, default=None, metavar="P", help="top-p (default 1: off)")
+    group.add_argument("--min-p", type=_min_p, default=None, metavar="M", help="min-p (default 0: off)")
+    group.add_argument("--order", choices=order_names(), default=None,
+                       help="the engine whose processing order applies (default vllm)")
+    if logits:
+        group.add_argument("--logits", action="store_true",
+                           help="--draft and --target lists are raw logits (write --draft=-1.5,0.2 when one starts "
+                           "with a minus sign; -inf allowed), not probabilities")
+
+
+def _sampling_overrides(args) -> dict:
+    """The sampling keys given on the command line (suite.SAMPLING_KEYS), none when none was given."""
+    values = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
+              "order": args.order, "inputs": "logits" if getattr(args, "logits", False) else None}
+    return {key: value for key, value in values.items() if value is not None}
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=defaults.SEED, help=f"seed of every random draw (default {defaults.SEED})")
+
+
+def _memory(text: str) -> int:
+    from spectr_audit.errors import InvalidArgument
+    from spectr_audit.run.budget import parse_memory
+
+    try:
+        return parse_memory(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc).partition(": ")[2]) from None
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0 (0: no limit), got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0 (0: no limit), got {text!r}")
+    return value
+
+
+def _add_resources(p: argparse.ArgumentParser, timeout: bool = True) -> None:
+    """The memory budget and the per-call verifier time limit."""
+    p.add_argument("--max-memory", type=_memory, default=None, metavar="SIZE",
+                   help="memory budget, e.g. 4GiB, 500M or 1e9 (bytes): an audit, model or sample plan that would "
+                   f"need more is refused (exit 2) before anything is allocated (default "
+                   f"{defaults.MAX_MEMORY_FRACTION:.0%} of this machine's memory)")
+    if timeout:
+        p.add_argument("--verifier-timeout", type=_timeout, default=defaults.VERIFIER_TIMEOUT, metavar="SECONDS",
+                       help="stop a verifier call that runs longer (the audit becomes an error result, the others "
+                       f"are kept; 0: no limit; default {defaults.VERIFIER_TIMEOUT:g})")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _add_sampling(p: argparse.ArgumentParser, gate=None) -> None:
+    """The statistical audits' budgets, the certification, and failing on inconclusive results."""
+    if not any(a.dest == "max_samples" for a in p._actions):
+        p.add_argument("--max-samples", type=_positive_int, default=None, metavar="N",
+                       help="sample budget of each statistical audit (default: planned by power analysis)")
+    p.add_argument("--max-seconds", type=_positive_seconds, default=None, metavar="S",
+                   help="wall-time budget of each statistical audit's sampling (default: none); a result cut "
+                   "short below its planned power is INCONCLUSIVE")
+    p.add_argument("--certify-tv", type=_probability, default=None, metavar="EPS",
+                   help="certify TV <= EPS: a black box is CERTIFIED when the anytime-valid upper confidence bound "
+                   "(level 1 - alpha) on its TV on the audited partition is at most EPS (the audit stops as soon as "
+                   "certified or refuted); a verifier with an exact law by its exact TV; a result not certified "
+                   "fails the run")
+    p.add_argument("--device", default="cpu", help="device of the drafting, verification and counting (default cpu; "
+                   "under torchrun, cuda selects NCCL and the process's LOCAL_RANK GPU)")
+    (gate or p).add_argument("--fail-on-inconclusive", action="store_true",
+                             help="exit 3 when every result went as expected but some were INCONCLUSIVE (achieved "
+                             "minimum detectable TV above the planned one: a budget cut the sample short)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,16 +246,29 @@ def build_parser() -> argparse.ArgumentParser:
     from spectr_audit.run.gate import add_gate_arguments
 
     add_gate_arguments(gate.add_argument)
+    _add_sampling(run, gate)
+    _add_sampling_params(run, logits=False)
+    _add_resources(run)
     _add_common(run)
 
     audit = sub.add_parser("audit", help="audit one verifier on one case")
     audit.add_argument("--verifier", required=True, metavar="NAME_OR_IMPORT")
     audit.add_argument("--draft", required=True, help="draft distribution: 0.6,0.4 | markov:vocab_size=3,seed=1 | dirichlet:vocab_size=8,seed=1")
     audit.add_argument("--target", required=True, help="target distribution, same forms as --draft")
-    audit.add_argument("--num-drafts", type=int, required=True)
-    audit.add_argument("--draft-len", type=int, default=1)
+    audit.add_argument("--num-drafts", type=int, default=None, help="K, the drafts (a chain case; not with --tree)")
+    audit.add_argument("--draft-len", type=int, default=None, help="L, each draft's tokens (default 1; not with --tree)")
+    audit.add_argument("--tree", default=None, metavar="SPEC",
+                       help="audit on a draft tree: a path list 'paths:[[0],[1],[0,0]]' (EAGLE's and Medusa's format) "
+                       "or a builder 'cartesian:2,2' | 'topk_depth:2,3' | 'chains:2,3' | 'parents:-1,0,0,1'")
+    audit.add_argument("--draft-scheme", default=None, choices=("iid", "without_replacement", "topk", "none"),
+                       help="how the tree's children are drafted (with --tree; default: the verifier's first scheme)")
     audit.add_argument("--prefix", default="", help="context tokens before the step, comma-separated")
     audit.add_argument("--json", action="store_true")
+    audit.add_argument("--alpha", type=_probability, default=defaults.ALPHA, metavar="ALPHA",
+                       help=f"false-alarm rate of the statistical audit (default {defaults.ALPHA:g})")
+    _add_sampling(audit)
+    _add_sampling_params(audit, logits=True)
+    _add_resources(audit)
     _add_common(audit)
 
     bound = sub.add_parser("bound", help="optimal multi-draft acceptance alpha* (closed form, and LP when small)")
@@ -123,20 +276,43 @@ def build_parser() -> argparse.ArgumentParser:
     bound.add_argument("--target", required=True)
     bound.add_argument("--num-drafts", type=int, required=True)
     bound.add_argument("--json", action="store_true")
+    _add_resources(bound, timeout=False)
 
     lst = sub.add_parser("list", help="list the registered verifiers (every namespace) and the suites")
     lst.add_argument("--json", action="store_true")
     return parser
 
 
-def _print_result_text(result) -> None:
-    status = "ERROR" if result.error else ("exact" if result.passed else "FINDING")
-    print(f"{result.verifier} on {result.case}: {status}")
+def verdict_line(result, exit_code: Optional[int] = None) -> str:
+    """``audit``'s first line: the measured verdict, how it stands against the verifier's declaration,
+    and the exit status it gives.
+
+    Examples
+    --------
+    >>> from spectr_audit.results import AuditResult, Check
+    >>> broken = AuditResult("kseq-low-rho", "cli", (Check("exact", False, 0.01, 1e-12),), expected=False)
+    >>> verdict_line(broken, 0)
+    'kseq-low-rho on cli: FINDING, as declared (declared inexact): exit 0'
+    """
+    head = f"{result.verifier} on {result.case}: {result.verdict}"
+    if result.error is None and result.expected is not None:
+        declared = "exact" if result.expected else "inexact"
+        if result.as_expected:
+            head += f", as declared (declared {declared})"
+        elif result.expected:
+            head += ", NOT as declared (declared exact; a check failed)"
+        else:
+            head += ", NOT as declared (declared inexact, but every check held: no finding reproduced)"
+    return head if exit_code is None else f"{head}: exit {exit_code}"
+
+
+def _print_result_text(result, exit_code: Optional[int] = None) -> None:
+    print(verdict_line(result, exit_code))
     if result.error:
         print(f"  error: {result.error}")
     for c in result.checks:
-        mark = "ok  " if c.passed else "FAIL"
-        print(f"  [{mark}] {c.name}: value={c.value} threshold={c.threshold}")
+        mark = "FAIL" if not c.passed else ("INCONCLUSIVE" if c.inconclusive else "ok  ")
+        print(f"  [{mark}] {c.name}: value={c.value} threshold={c.threshold}" + (f": {c.detail}" if c.detail else ""))
     for key, value in result.metrics.items():
         print(f"  {key} = {value}")
 
@@ -144,7 +320,8 @@ def _print_result_text(result) -> None:
 class _Progress:
     """Progress on stderr: a rich bar, one line per audit, or nothing."""
 
-    def __init__(self, mode: str):
+    def __init__(self, mode: str, on_start=None):
+        self._on_start = on_start
         if mode == "auto":
             mode = "bar" if sys.stderr.isatty() else "lines"
         self.mode = mode
@@ -154,6 +331,8 @@ class _Progress:
 
     def start(self, total: int) -> None:
         """Called by ``run_suite`` with the number of audits it will make."""
+        if self._on_start is not None:
+            self._on_start()
         if self.mode == "bar":
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -194,8 +373,9 @@ def _run_real_lm(args, out: Path):
         report = run_real_lm_suite(options, progress=lambda line: print(f"  {line}", file=sys.stderr))
     except LMUnavailable as exc:
         raise _UsageError(str(exc)) from None
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "real-lm-tables.md").write_text(render_real_lm_markdown(report.meta["real_lm"]))
+    from spectr_audit._files import write_text_atomic
+
+    write_text_atomic(out / "real-lm-tables.md", render_real_lm_markdown(report.meta["real_lm"]))
     return report
 
 
@@ -216,53 +396,117 @@ def _cmd_run(args) -> int:
     from spectr_audit.run.runner import AuditOptions, run_suite, select_verifiers
     from spectr_audit.run.suite import load_suite
 
-    out = Path(args.out)
+    from spectr_audit.run.incomplete import RunAborted, RunInterrupted, incomplete_text
+    from spectr_audit.run.output import check_out, clear_earlier_run, write_manifest
+
+    out = check_out(args.out) if _RANK == 0 else Path(args.out)
+    if args.junit:
+        check_out(Path(args.junit).parent, "--junit")
+        if Path(args.junit).is_dir():
+            raise _UsageError(f"--junit: {args.junit!r} is a folder; give the path of the XML file to write")
     start = time.perf_counter()
+    stopped = None  # (exit code, message) of a run that stopped early
+    sampling = _sampling_overrides(args)
+    if args.suite == REAL_LM_SUITE and sampling:
+        raise _UsageError(f"--{'/--'.join(k.replace('_', '-') for k in sampling)}: the real-lm suite runs its own "
+                          "sampling grid; drop them")
     if args.suite == REAL_LM_SUITE:
+        _clear(out, clear_earlier_run)
         report = _run_real_lm(args, out)
     else:
-        suite = load_suite(args.suite)
+        suite = load_suite(args.suite, max_memory=args.max_memory, sampling=sampling or None)
         verifiers = select_verifiers(args.verifier)
-        out.mkdir(parents=True, exist_ok=True)
-        progress = _Progress(args.progress)
-        options = AuditOptions(seed=args.seed, alpha=args.alpha, max_samples=args.max_samples)
+        # run_suite calls progress.start once every job passed the memory budget, before the first
+        # audit: the earlier run's reports go then (a refused run leaves them alone).
+        progress = _Progress(args.progress, on_start=lambda: _clear(out, clear_earlier_run))
+        options = AuditOptions(seed=args.seed, alpha=args.alpha, max_samples=args.max_samples,
+                               max_seconds=args.max_seconds, certify_tv=args.certify_tv, device=args.device,
+                               max_memory=args.max_memory, verifier_timeout=args.verifier_timeout or None)
         try:
             report = run_suite(suite, verifiers, options, progress=progress)
+        except RunInterrupted as exc:
+            report, stopped = exc.report, (130, "interrupted (Ctrl-C)")
+        except RunAborted as exc:
+            report, stopped = exc.report, (2, f"error: {type(exc.cause).__name__}: {exc.cause}")
         finally:
             progress.close()
     thresholds = args.gate or []
     gate = evaluate_gate(report.results, thresholds) if thresholds else None
     if gate is not None:
         report = dataclasses.replace(report, meta={**report.meta, "gate": gate.to_dict()})
-    paths = [write_json(report, out / "report.json"), write_markdown(report, out / "report.md")]
-    if args.html:
-        from spectr_audit.reports.html import write_html
+    paths = []
+    if _RANK == 0:  # under torchrun, the other processes hold the same report
+        paths = [write_json(report, out / "report.json"), write_markdown(report, out / "report.md")]
+        if args.html:
+            from spectr_audit.reports.html import write_html
 
-        paths.append(write_html(report, out / "report.html", gate))
-    if args.junit:
-        from spectr_audit.reports.junit import write_junit
+            paths.append(write_html(report, out / "report.html", gate))
+        if args.junit:
+            from spectr_audit.reports.junit import write_junit
 
-        paths.append(write_junit(report, Path(args.junit), gate))
+            paths.append(write_junit(report, Path(args.junit), gate))
+        write_manifest(out, paths, complete=stopped is None)
+    if stopped is not None:
+        where = f"; the finished results are in {', '.join(str(p) for p in paths)}" if paths else ""
+        print(f"spectr-audit run: {stopped[1]}: {incomplete_text(report)}{where}", file=sys.stderr)
+        return stopped[0]
     gate_failed = gate is not None and not gate.passed
+    fail_on_inconclusive = bool(getattr(args, "fail_on_inconclusive", False) or getattr(args, "certify_tv", None))
     if args.json:
         print(render_json(report))
     else:
         unexpected = [r for r in report.results if not r.as_expected]
         findings = [r for r in report.results if not r.passed]
-        verdict = "PASS" if report.passed and not gate_failed else "FAIL"
+        inconclusive = report.inconclusive
+        certified = [r for r in report.results if r.verdict == "CERTIFIED"]
+        failed = not report.passed or gate_failed or (fail_on_inconclusive and inconclusive)
+        verdict = "FAIL" if failed else ("INCONCLUSIVE" if inconclusive else "PASS")
         gate_text = "" if gate is None else f", gate {'held' if gate.passed else 'FAILED'}"
+        certified_text = f", {len(certified)} certified" if getattr(args, "certify_tv", None) else ""
         print(
             f"spectr-audit: suite {report.suite!r}: {len(report.results)} audits in {time.perf_counter() - start:.1f}s, "
-            f"{len(findings)} with findings, {len(unexpected)} not as expected{gate_text} -> {verdict}"
+            f"{len(findings)} with findings, {len(inconclusive)} inconclusive{certified_text}, "
+            f"{len(unexpected)} not as expected{gate_text} -> {verdict}"
             + _power_text(report)
         )
         for r in unexpected:
             print(f"  unexpected: {r.verifier} on {r.case}: " + (r.error or ", ".join(c.name for c in r.failed_checks)))
-        print(f"reports: {', '.join(str(p) for p in paths)}")
+        for r in inconclusive:
+            print(f"  inconclusive: {r.verifier} on {r.case}: " + "; ".join(c.detail for c in r.checks if c.inconclusive))
+        if paths:
+            print(f"reports: {', '.join(str(p) for p in paths)}")
     if gate_failed:
         print(f"spectr-audit run: {gate.message()}", file=sys.stderr)
         return 1
-    return report.exit_code
+    return report.exit_status(fail_on_inconclusive)
+
+
+def _clear(out: Path, clear_earlier_run) -> None:
+    """Remove an earlier run's report files from ``out`` (said on stderr) before this run's first audit."""
+    if _RANK != 0:
+        return
+    removed = clear_earlier_run(out)
+    if removed:
+        print(f"spectr-audit run: removed the report files of an earlier run from {str(out)!r}: "
+              f"{', '.join(p.name for p in removed)}", file=sys.stderr)
+
+
+def _tree_case(args, draft_model, target_model, prefix):
+    """``audit --tree``: the tree verifier (a chain verifier runs on chain trees) and the tree case."""
+    from spectr_audit.registry import load_tree_verifier
+    from spectr_audit.run.suite import Case, tree_from_spec
+
+    tree = tree_from_spec(args.tree, "--tree")
+    verifier = load_tree_verifier(args.verifier)
+    verifier.check_supports_tree(tree)
+    scheme = args.draft_scheme or verifier.draft_schemes[0]
+    if scheme not in verifier.draft_schemes:
+        raise _UsageError(f"--draft-scheme: {verifier.name!r} verifies drafts of the schemes "
+                          f"{', '.join(verifier.draft_schemes)}; got {scheme!r}")
+    case = Case(name=f"cli-tree/{scheme}", draft_model=draft_model, target_model=target_model,
+                num_drafts=len(tree.children[0]), draft_len=tree.max_depth, prefix=prefix, tree=tree,
+                draft_scheme=scheme, tree_spec=args.tree)
+    return verifier, case
 
 
 def _cmd_audit(args) -> int:
@@ -272,12 +516,24 @@ def _cmd_audit(args) -> int:
     from spectr_audit.run.runner import AuditOptions, audit_case
     from spectr_audit.run.suite import Case
 
-    if args.num_drafts < 1:
-        raise _UsageError(f"--num-drafts: must be >= 1, got {args.num_drafts}")
-    if args.draft_len < 1:
-        raise _UsageError(f"--draft-len: must be >= 1, got {args.draft_len}")
-    draft_model = parse_model_spec(args.draft, "--draft")
-    target_model = parse_model_spec(args.target, "--target")
+    if args.tree is not None:
+        if args.num_drafts is not None or args.draft_len is not None:
+            raise _UsageError("--num-drafts, --draft-len: a tree case takes them from --tree (the root's children, "
+                              "the depth); drop them")
+    else:
+        if args.draft_scheme is not None:
+            raise _UsageError("--draft-scheme: only with --tree (a chain verifier declares its own draft scheme)")
+        if args.num_drafts is None:
+            raise _UsageError("--num-drafts: required (or --tree SPEC for a draft-tree case)")
+        args.draft_len = 1 if args.draft_len is None else args.draft_len
+        if args.num_drafts < 1:
+            raise _UsageError(f"--num-drafts: must be >= 1, got {args.num_drafts}")
+        if args.draft_len < 1:
+            raise _UsageError(f"--draft-len: must be >= 1, got {args.draft_len}")
+    sampling = _sampling_overrides(args)
+    inputs = sampling.get("inputs", "probs")
+    draft_model = parse_model_spec(args.draft, "--draft", args.max_memory, inputs=inputs)
+    target_model = parse_model_spec(args.target, "--target", args.max_memory, inputs=inputs)
     if draft_model.vocab_size != target_model.vocab_size:
         raise _UsageError(f"--draft, --target: vocab sizes differ ({draft_model.vocab_size} vs {target_model.vocab_size})")
     try:
@@ -286,17 +542,38 @@ def _cmd_audit(args) -> int:
         raise _UsageError(f"--prefix: expected comma-separated token ids, got {args.prefix!r}") from None
     if any(not 0 <= t < draft_model.vocab_size for t in prefix):
         raise _UsageError(f"--prefix: token ids must lie in [0, {draft_model.vocab_size})")
-    verifier = load_verifier(args.verifier)
-    verifier.check_supports(args.num_drafts, args.draft_len)
-    case = Case(name="cli", draft_model=draft_model, target_model=target_model, num_drafts=args.num_drafts,
-                draft_len=args.draft_len, prefix=prefix)
-    result = audit_case(verifier, case, AuditOptions(seed=args.seed))
+    if args.tree is not None:
+        if sampling:
+            raise _UsageError("--temperature, --top-k, --top-p, --min-p, --order, --logits: for chain cases; a tree "
+                              "verifier is handed probabilities (give the processed laws as --draft and --target)")
+        verifier, case = _tree_case(args, draft_model, target_model, prefix)
+    else:
+        verifier = load_verifier(args.verifier)
+        if not verifier.supports(args.num_drafts, args.draft_len):
+            raise _UsageError(_unsupported_drafts(verifier, args.num_drafts, args.draft_len))
+        case = Case(name="cli", draft_model=draft_model, target_model=target_model, num_drafts=args.num_drafts,
+                    draft_len=args.draft_len, prefix=prefix, **_cli_sampling(sampling))
+    options = AuditOptions(seed=args.seed, alpha=args.alpha, max_samples=args.max_samples,
+                           max_seconds=args.max_seconds, certify_tv=args.certify_tv, device=args.device,
+                           max_memory=args.max_memory, verifier_timeout=args.verifier_timeout or None)
+    result = audit_case(verifier, case, options)
     report = AuditReport(results=(result,), suite="cli")
+    status = report.exit_status(args.fail_on_inconclusive or args.certify_tv is not None)
     if args.json:
         print(render_json(report))
     else:
-        _print_result_text(result)
-    return report.exit_code
+        _print_result_text(result, status)
+    return status
+
+
+def _cli_sampling(sampling: dict) -> dict:
+    """The ``params``, ``order`` and ``inputs`` of the ``audit`` case (none without sampling flags)."""
+    if not sampling:
+        return {}
+    from spectr_audit.contract.sampling import SamplingParams
+
+    params = SamplingParams(**{key: sampling[key] for key in ("temperature", "top_k", "top_p", "min_p") if key in sampling})
+    return {"params": params, "order": sampling.get("order", "vllm"), "inputs": sampling.get("inputs", "probs")}
 
 
 def _cmd_bound(args) -> int:
@@ -306,8 +583,8 @@ def _cmd_bound(args) -> int:
     from spectr_audit.errors import InvalidArgument
     from spectr_audit.drafting.models import ContextFreeModel
 
-    draft_model = parse_model_spec(args.draft, "--draft")
-    target_model = parse_model_spec(args.target, "--target")
+    draft_model = parse_model_spec(args.draft, "--draft", args.max_memory)
+    target_model = parse_model_spec(args.target, "--target", args.max_memory)
     if not isinstance(draft_model, ContextFreeModel) or not isinstance(target_model, ContextFreeModel):
         raise _UsageError("--draft, --target: bound needs context-free distributions")
     if draft_model.vocab_size != target_model.vocab_size:
@@ -350,9 +627,13 @@ def _cmd_list(args) -> int:
                          indent=2))
         return 0
     # Columns aligned on the longest entry of each, across every namespace.
-    fields = {"name": "name", "num_drafts": "K", "draft_len": "L", "draft_scheme": "drafts"}
+    for r in rows:
+        if "trees" in r:  # which draft trees each verifier takes, under which draft schemes
+            r["tree_cell"] = f"{r['trees']} ({r['tree_draft_schemes'].replace(',', ', ')})"
+    fields = {"name": "name", "num_drafts": "K", "draft_len": "L", "draft_scheme": "drafts", "tree_cell": "trees"}
     width = {key: max([len(title)] + [len(str(r.get(key, ""))) for r in rows]) for key, title in fields.items()}
-    print("verifiers (by short name, or namespace:name):")
+    print("verifiers (by short name, or namespace:name; trees: 'any' draft tree or only 'chains' of K x L, "
+          "and the tree draft schemes):")
     for namespace in namespaces():
         print(f"{namespace}:")
         print("  " + "  ".join(f"{title:<{width[key]}}" for key, title in fields.items()) + "  exact law  notes")
@@ -364,6 +645,8 @@ def _cmd_list(args) -> int:
             notes = [f"declared {r['expected']}"] if r["expected"] else []
             if r["extra"]:
                 notes.append(f"extra: spectr-audit[{r['extra']}]")
+            if r.get("takes_logits"):
+                notes.append("takes logits and sampling parameters")
             notes.append(r["description"])
             print(f"  {cells}  {'yes' if r['exact_law'] else 'no ':<9}  {'; '.join(n for n in notes if n)}")
     print("suites:")
@@ -378,16 +661,117 @@ def _cmd_list(args) -> int:
 _COMMANDS = {"run": _cmd_run, "audit": _cmd_audit, "bound": _cmd_bound, "list": _cmd_list}
 
 
+#: This process's rank under ``torchrun`` (0 otherwise): only rank 0 prints and writes reports.
+_RANK = 0
+
+
+def _join_torchrun(args) -> None:
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1), join the process group the statistical audits shard over."""
+    import os
+
+    global _RANK
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        cuda = str(getattr(args, "device", "cpu")).startswith("cuda") and torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if cuda else "gloo")
+    _RANK = dist.get_rank()
+    if _RANK != 0:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
+
+
+class _PipeSafe:
+    """A text stream whose reader may go away: on EPIPE (``spectr-audit ... | head``) the stream's file
+    descriptor is pointed at ``os.devnull`` and output is dropped, the standard way (Python's
+    ``signal`` documentation, "Note on SIGPIPE"), so that neither a write nor the flush at exit
+    raises ``BrokenPipeError``; the command's exit code stands."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.broken = False
+
+    def _silence(self) -> None:
+        self.broken = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # not a real file (captured output): just drop
+            pass
+
+    def write(self, text: str) -> int:
+        if self.broken:
+            return len(text)
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._silence()
+            return len(text)
+
+    def flush(self) -> None:
+        if self.broken:
+            return
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._silence()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of the ``spectr-audit`` console script; returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from spectr_audit.errors import InvalidArgument
+    """Entry point of the ``spectr-audit`` console script; returns the exit code.
+
+    Exit codes: 0, 1, 3 as in the module docstring; 2 for usage and input errors (a message
+    naming the argument, never a traceback; an unexpected error is reported as an internal
+    error); 130 after Ctrl-C (SIGINT), with the results finished so far written by ``run``.
+    """
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _PipeSafe(sys.stdout), _PipeSafe(sys.stderr)
+    command = "?"
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command = args.command
+        return _main(args)
+    except KeyboardInterrupt:
+        print(f"spectr-audit {command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = streams
+
+
+def _main(args) -> int:
+    if args.command in ("run", "audit"):
+        _join_torchrun(args)
+    from spectr_audit.errors import InvalidArgument, SpectrAuditError
 
     try:
         return _COMMANDS[args.command](args)
     except (_UsageError, InvalidArgument) as exc:
         print(f"spectr-audit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except SpectrAuditError as exc:  # e.g. a verifier that breaks the contract outside an audit
+        print(f"spectr-audit {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"spectr-audit {args.command}: error: out of memory; lower --max-memory below what this machine "
+              "can give (the budget then refuses what does not fit)", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"spectr-audit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug of spectr-audit: a message, not a traceback
+        print(f"spectr-audit {args.command}: internal error: {type(exc).__name__}: {exc} "
+              "(please report it, with the command line)", file=sys.stderr)
         return 2
 
 

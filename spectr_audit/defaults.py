@@ -30,6 +30,9 @@ __all__ = [
     "LP_SOLVER_FALLBACK_TOL",
     "LP_MAX_VARIABLES",
     "LP_CROSS_CHECK_MAX_VARIABLES",
+    "MAX_MEMORY_FRACTION",
+    "MAX_MEMORY_FALLBACK",
+    "VERIFIER_TIMEOUT",
 ]
 
 # -- the statistical audit ----------------------------------------------------------------------
@@ -79,3 +82,17 @@ LP_SOLVER_FALLBACK_TOL = 1e-9
 LP_MAX_VARIABLES = 200_000
 #: A run solves the alpha* LP next to the closed form, as a cross-check, up to this many variables.
 LP_CROSS_CHECK_MAX_VARIABLES = 20_000
+
+# -- resources ------------------------------------------------------------------------------------
+
+#: The memory budget of a run (``--max-memory``, ``AuditOptions.max_memory``, ``check_verifier``'s
+#: ``max_memory``) by default: this fraction of the machine's memory (the smaller of physical memory
+#: and a cgroup limit), so that a run refuses an audit it cannot hold instead of being killed.
+MAX_MEMORY_FRACTION = 0.5
+#: The default budget, in bytes, where the machine's memory cannot be read.
+MAX_MEMORY_FALLBACK = 4 * 2**30
+#: Seconds one call of a verifier (``verify`` or ``output_probs``) may take before it is stopped and
+#: the audit becomes an error result (``--verifier-timeout``, ``AuditOptions.verifier_timeout``,
+#: ``check_verifier``'s ``verifier_timeout``; ``None`` or 0: no limit).  Generous: the exact audit calls
+#: ``output_probs`` on 8192 draft tuples at a time.
+VERIFIER_TIMEOUT = 300.0

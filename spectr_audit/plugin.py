@@ -11,6 +11,9 @@ The ``spectr_audit`` fixture::
     def test_my_verifier_is_lossless(spectr_audit):
         spectr_audit.check(my_verify, num_drafts=[1, 2], draft_len=1)
 
+    def test_my_tree_verifier_is_lossless(spectr_audit):
+        spectr_audit.check(my_verify_tree, tree="paths:[[0],[1],[0,0]]", draft_scheme="topk")
+
 runs :func:`spectr_audit.run.conformance.check_verifier` (contract checks, then fidelity on a
 standard small suite) with the session's seed, sample budget and alpha, applies the gate
 thresholds, records every result, and fails the test with a message naming the case and the
@@ -29,7 +32,16 @@ Options (command line, then ini key, then default): ``--spectr-seed`` /
 ``--spectr-alpha`` / ``spectr_audit_alpha`` (0.001), ``--spectr-report PATH`` /
 ``spectr_audit_report`` (``.json``, ``.md``, ``.html`` or ``.xml`` by suffix), and the gate:
 ``--spectr-max-tv X``, ``--spectr-min-pvalue X``, ``--spectr-fail-under-acceptance-ratio X``,
-... and ``--spectr-gate EXPR`` / ``spectr_audit_gate`` (one expression per line).
+... and ``--spectr-gate EXPR`` / ``spectr_audit_gate`` (one expression per line).  Budgets and
+certification: ``--spectr-max-samples N`` (the same as ``--spectr-samples``),
+``--spectr-max-seconds S`` / ``spectr_audit_max_seconds``, ``--spectr-certify-tv EPS`` /
+``spectr_audit_certify_tv`` (a check passes only when every case is CERTIFIED), and
+``--spectr-fail-on-inconclusive`` / ``spectr_audit_fail_on_inconclusive`` (a check whose results
+held without their planned power, INCONCLUSIVE, fails its test).
+
+With pytest-xdist (``pytest -n N``) each worker sends its audits to the controller when it
+finishes (``workeroutput``), so the terminal summary, the session gate and ``--spectr-report``
+cover every worker's audits.
 """
 
 from __future__ import annotations
@@ -49,7 +61,10 @@ __all__ = ["SpectrAuditFixture", "spectr_audit"]
 
 _MARKER = "spectr_audit"
 #: Keyword arguments the marker (and the fixture's ``check``) accept.
-_CHECK_KWARGS = ("num_drafts", "draft_len", "suite", "name", "output_probs", "draft_scheme")
+_CHECK_KWARGS = ("num_drafts", "draft_len", "suite", "name", "output_probs", "draft_scheme", "tree", "params", "order",
+                 "temperature", "top_k", "top_p", "min_p")
+#: The sampling fields the marker and ``check`` may give one by one instead of ``params``.
+_PARAM_FIELDS = ("temperature", "top_k", "top_p", "min_p")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +74,9 @@ class _Settings:
     alpha: float = defaults.ALPHA
     report: Optional[Path] = None
     thresholds: tuple = ()
+    max_seconds: Optional[float] = None
+    certify_tv: Optional[float] = None
+    fail_on_inconclusive: bool = False
 
 
 @dataclasses.dataclass
@@ -70,6 +88,8 @@ class _Record:
 
 _SETTINGS = pytest.StashKey[_Settings]()
 _RECORDS = pytest.StashKey[list]()
+#: The key of a worker's records in pytest-xdist's ``workeroutput``.
+_WORKER_KEY = "spectr_audit_records"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,13 +128,39 @@ def _alpha(text: str, argument: str = "--spectr-alpha") -> float:
     return value
 
 
+def _seconds(text: str, argument: str = "--spectr-max-seconds") -> Optional[float]:
+    if text in ("", None):
+        return None
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{argument}: expected a positive number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{argument}: expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _tolerance(text: str, argument: str = "--spectr-certify-tv") -> Optional[float]:
+    if text in ("", None):
+        return None
+    return _alpha(text, argument)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("spectr-audit", "spectr-audit: audit speculative-decoding verifiers")
     group.addoption("--spectr-seed", dest="spectr_seed", type=_seed, default=None, metavar="N",
                     help=f"seed of every random draw in audits (ini: spectr_audit_seed; default {defaults.SEED})")
-    group.addoption("--spectr-samples", dest="spectr_samples", type=_samples, default=None, metavar="N",
-                    help="sample budget of each statistical test (ini: spectr_audit_samples; "
+    group.addoption("--spectr-samples", "--spectr-max-samples", dest="spectr_samples", type=_samples, default=None,
+                    metavar="N", help="sample budget of each statistical test (ini: spectr_audit_samples; "
                     f"default {defaults.CHECK_SAMPLES})")
+    group.addoption("--spectr-max-seconds", dest="spectr_max_seconds", type=_seconds, default=None, metavar="S",
+                    help="wall-time budget of each statistical audit's sampling (ini: spectr_audit_max_seconds)")
+    group.addoption("--spectr-certify-tv", dest="spectr_certify_tv", type=_tolerance, default=None, metavar="EPS",
+                    help="certify TV <= EPS on every case: a check passes only when every case is CERTIFIED "
+                    "(ini: spectr_audit_certify_tv)")
+    group.addoption("--spectr-fail-on-inconclusive", dest="spectr_fail_on_inconclusive", action="store_true",
+                    default=None, help="fail a check whose results held only below their planned power "
+                    "(INCONCLUSIVE) (ini: spectr_audit_fail_on_inconclusive)")
     group.addoption("--spectr-alpha", dest="spectr_alpha", type=_alpha, default=None, metavar="ALPHA",
                     help=f"false-alarm rate of each check (ini: spectr_audit_alpha; default {defaults.ALPHA:g})")
     group.addoption("--spectr-report", dest="spectr_report", default=None, metavar="PATH",
@@ -130,6 +176,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   default="")
     parser.addini("spectr_audit_gate", "spectr-audit: gate thresholds 'METRIC OP NUMBER', one per line",
                   type="linelist", default=[])
+    parser.addini("spectr_audit_max_seconds", "spectr-audit: wall-time budget of each statistical audit", default="")
+    parser.addini("spectr_audit_certify_tv", "spectr-audit: certify TV <= this on every case", default="")
+    parser.addini("spectr_audit_fail_on_inconclusive", "spectr-audit: fail checks with INCONCLUSIVE results",
+                  type="bool", default=False)
 
 
 def _from_ini(config: pytest.Config, key: str, convert) -> Any:
@@ -144,8 +194,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{_MARKER}(verifier=None, *, num_drafts=..., draft_len=..., suite=..., name=..., output_probs=..., "
-        "draft_scheme=...): with a verifier, audit it after the test body (the test fails if the audit does); "
-        "without, supply defaults to the spectr_audit fixture.",
+        "draft_scheme=..., tree=..., params=..., order=..., temperature=..., top_k=..., top_p=..., min_p=...): with a "
+        "verifier, audit it after the test body (the test fails if the audit does); without, supply defaults to the "
+        "spectr_audit fixture.",
     )
     option = config.option
     seed = option.spectr_seed if getattr(option, "spectr_seed", None) is not None else _from_ini(
@@ -167,7 +218,15 @@ def pytest_configure(config: pytest.Config) -> None:
                 thresholds.append(parse_threshold(line, "spectr_audit_gate"))
             except ValueError as exc:
                 raise pytest.UsageError(f"ini option {exc}") from None
-    config.stash[_SETTINGS] = _Settings(seed, samples, alpha, report, tuple(thresholds))
+    max_seconds = (option.spectr_max_seconds if getattr(option, "spectr_max_seconds", None) is not None
+                   else _from_ini(config, "spectr_audit_max_seconds", _seconds))
+    certify_tv = (option.spectr_certify_tv if getattr(option, "spectr_certify_tv", None) is not None
+                  else _from_ini(config, "spectr_audit_certify_tv", _tolerance))
+    fail_on_inconclusive = (bool(option.spectr_fail_on_inconclusive)
+                            if getattr(option, "spectr_fail_on_inconclusive", None) is not None
+                            else bool(config.getini("spectr_audit_fail_on_inconclusive")))
+    config.stash[_SETTINGS] = _Settings(seed, samples, alpha, report, tuple(thresholds), max_seconds, certify_tv,
+                                        fail_on_inconclusive)
     config.stash[_RECORDS] = []
 
 
@@ -196,12 +255,17 @@ class SpectrAuditFixture:
         self.num_samples = settings.num_samples
         self.alpha = settings.alpha
         self.thresholds: tuple = settings.thresholds
+        self.max_seconds = settings.max_seconds
+        self.certify_tv = settings.certify_tv
+        #: INCONCLUSIVE results fail the test (``--spectr-fail-on-inconclusive``, or certifying)
+        self.fail_on_inconclusive = settings.fail_on_inconclusive or settings.certify_tv is not None
 
     def options(self) -> Any:
         """The :class:`~spectr_audit.run.runner.AuditOptions` of this session."""
         from spectr_audit.run.runner import AuditOptions
 
-        return AuditOptions(seed=self.seed, alpha=self.alpha, max_samples=self.num_samples)
+        return AuditOptions(seed=self.seed, alpha=self.alpha, max_samples=self.num_samples,
+                            max_seconds=self.max_seconds, certify_tv=self.certify_tv)
 
     def generator(self) -> Any:
         """A ``torch.Generator`` seeded with the session's seed (for the test's own draws)."""
@@ -218,7 +282,12 @@ class SpectrAuditFixture:
             Defaults to the marker's verifier.
         **kwargs
             ``num_drafts``, ``draft_len``, ``suite``, ``name``, ``output_probs``,
-            ``draft_scheme``; missing ones come from the test's ``spectr_audit`` marker.
+            ``draft_scheme``, ``tree`` (check a tree verifier on that draft tree: a
+            ``DraftTree``, a spec such as ``"cartesian:2,2"`` or a path list), ``params`` (a
+            ``SamplingParams``: hold the verifier to the engine's sampler with them) or the
+            fields ``temperature``, ``top_k``, ``top_p``, ``min_p`` one by one, and ``order``
+            (the engine's processing order, default ``"vllm"``; docs/sampling.md); missing ones
+            come from the test's ``spectr_audit`` marker.
 
         Returns
         -------
@@ -230,26 +299,31 @@ class SpectrAuditFixture:
             (an ``AssertionError``) naming each failed check, its case and the worst cells,
             and every gate violation.
         """
+        # A finding (an AssertionError) is shown from the test's line, not from the plugin's source.
+        __tracebackhide__ = _hide_for_findings
         from spectr_audit.run.conformance import ConformanceFailure, check_verifier
         from spectr_audit.errors import InvalidArgument
 
         unknown = sorted(set(kwargs) - set(_CHECK_KWARGS))
         if unknown:
             raise InvalidArgument(f"{', '.join(unknown)}: unknown argument(s); expected some of {', '.join(_CHECK_KWARGS)}")
-        merged = {**{k: v for k, v in self._defaults.items() if k != "verifier"}, **kwargs}
+        merged = _with_params({**{k: v for k, v in self._defaults.items() if k != "verifier"}, **kwargs})
         verifier = verifier if verifier is not None else self._defaults.get("verifier")
         if verifier is None:
             raise InvalidArgument("verifier: no verifier given to spectr_audit.check and none on the marker")
         report = check_verifier(verifier, seed=self.seed, num_samples=self.num_samples, alpha=self.alpha,
-                                raise_on_failure=False, **merged)
+                                max_seconds=self.max_seconds, certify_tv=self.certify_tv, raise_on_failure=False,
+                                **merged)
         gate = self._record(report.audit)
         if not report.passed:
             raise ConformanceFailure(report)
         if gate.violations:
             raise AssertionError(f"spectr-audit {_violations_only(gate).message()}")
+        if self.fail_on_inconclusive and report.inconclusive:
+            raise AssertionError("spectr-audit: INCONCLUSIVE: " + _inconclusive_text(report.inconclusive))
         return report
 
-    def audit(self, verifier: Any, suite: Any = "default") -> Any:
+    def audit(self, verifier: Any, suite: Any = "default", *, params: Any = None, order: Optional[str] = None) -> Any:
         """Audit ``verifier`` on every case of ``suite`` it supports; record and return the report.
 
         Parameters
@@ -257,6 +331,10 @@ class SpectrAuditFixture:
         verifier : callable, Verifier, class, str, or a list of them
         suite : str or Suite
             A built-in suite name, a path to a suite ``.toml``, or a :class:`~spectr_audit.run.suite.Suite`.
+        params : SamplingParams, optional
+            Sampling parameters for every chain case (replacing the suite's own; docs/sampling.md).
+        order : str, optional
+            The engine's processing order of the parameters (default: each case's, ``"vllm"``).
 
         Returns
         -------
@@ -265,9 +343,11 @@ class SpectrAuditFixture:
         """
         from spectr_audit.registry import load_verifier
         from spectr_audit.run.runner import run_suite
-        from spectr_audit.run.suite import Suite, load_suite
+        from spectr_audit.run.suite import Suite, load_suite, with_sampling
 
         suite_obj = suite if isinstance(suite, Suite) else load_suite(suite)
+        if params is not None or order is not None:
+            suite_obj = with_sampling(suite_obj, params, order)
         verifiers = verifier if isinstance(verifier, (list, tuple)) else [verifier]
         report = run_suite(suite_obj, [load_verifier(v) for v in verifiers], self.options())
         self._record(report)
@@ -275,6 +355,7 @@ class SpectrAuditFixture:
 
     def assert_passed(self, report: Any) -> None:
         """Fail with a readable message unless every result went as declared and the gate held."""
+        __tracebackhide__ = _hide_for_findings
         from spectr_audit.run.conformance import describe_result
 
         gate = evaluate_gate(report.results, self.thresholds)
@@ -284,6 +365,8 @@ class SpectrAuditFixture:
                 lines.extend(describe_result(result).splitlines())
         if gate.violations:
             lines.append(_violations_only(gate).message())
+        if self.fail_on_inconclusive and report.inconclusive:
+            lines.append("INCONCLUSIVE: " + _inconclusive_text(report.inconclusive))
         if lines:
             raise AssertionError(f"spectr-audit: {report.suite}: " + "\n".join(lines))
 
@@ -298,6 +381,31 @@ class SpectrAuditFixture:
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._node.user_properties.append((f"{prefix}.{key}", value))
         return gate
+
+
+def _with_params(kwargs: dict) -> dict:
+    """``check``'s arguments with the sampling fields (``temperature=...``) folded into ``params``."""
+    fields = {key: kwargs.pop(key) for key in _PARAM_FIELDS if key in kwargs}
+    if not fields:
+        return kwargs
+    from spectr_audit.contract.sampling import SamplingParams
+    from spectr_audit.errors import InvalidArgument
+
+    if kwargs.get("params") is not None:
+        raise InvalidArgument(f"params, {', '.join(fields)}: give the sampling parameters one way, not both")
+    return {**kwargs, "params": SamplingParams(**fields)}
+
+
+def _hide_for_findings(excinfo: Any) -> bool:
+    """``__tracebackhide__`` filter of the plugin's frames: hidden for an audit's finding (an
+    ``AssertionError``, whose message says everything), shown for anything else (a bug to debug)."""
+    return excinfo.errisinstance(AssertionError)
+
+
+def _inconclusive_text(results: Any) -> str:
+    """Which results were inconclusive, and why (their inconclusive checks' details)."""
+    return "; ".join(f"{r.verifier} on {r.case}: " + " / ".join(c.detail for c in r.checks if c.inconclusive)
+                     for r in results)
 
 
 def _violations_only(gate: Any) -> Any:
@@ -343,6 +451,7 @@ def spectr_audit(request: pytest.FixtureRequest) -> SpectrAuditFixture:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):
+    __tracebackhide__ = _hide_for_findings
     outcome = yield
     if outcome.excinfo is not None or item.get_closest_marker(_MARKER) is None:
         return
@@ -356,6 +465,60 @@ def pytest_runtest_call(item: pytest.Item):
 # ---------------------------------------------------------------------------------------------
 # Reporting
 # ---------------------------------------------------------------------------------------------
+
+
+def _numbers(m: dict) -> str:
+    """A result's numbers: the exact TV, or the sampled TV estimate with its interval and the power reached."""
+    if m.get("tv_estimate") is not None or m.get("tv_upper") is not None:
+        tv = (f"tv~{_fmt(m.get('tv_estimate'))} [{_fmt(m.get('tv_lower'))}, {_fmt(m.get('tv_upper'))}] "
+              f"mdtv={_fmt(m.get('min_detectable_tv'))}/{_fmt(m.get('requested_tv'))}")
+    else:
+        tv = f"tv={_fmt(m.get('tv_distance'))}"
+    acceptance = _fmt(m.get("acceptance"))
+    ratio = _fmt(m.get("acceptance_ratio"))
+    ci = m.get("acceptance_ci")
+    if not (isinstance(ci, (list, tuple)) and len(ci) == 2) and "acceptance_ci_low" in m:
+        ci = (m.get("acceptance_ci_low"), m.get("acceptance_ci_high"))
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(_fmt(v) != "-" for v in ci):
+        # a sampled acceptance: its interval, and the ratio's (a sampled ratio above 1 may be noise)
+        acceptance += f" [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+        optimum = m.get("optimal_acceptance")
+        if ratio != "-" and _fmt(optimum) != "-" and optimum > 0:
+            ratio += f" [{_fmt(ci[0] / optimum)}, {_fmt(ci[1] / optimum)}]"
+    pvalue = f"p={_fmt(m.get('pvalue'))}"
+    if _fmt(m.get("pvalue")) != "-" and _fmt(m.get("alpha")) != "-":
+        pvalue += f" (alpha {_fmt(m.get('alpha'))})"
+    drawn = f" n={m['num_samples']}" if _fmt(m.get("num_samples")) != "-" else ""
+    return (f"{tv} {pvalue}{drawn} acc={acceptance} acc/alpha*={ratio} "
+            f"block_eff={_fmt(m.get('block_efficiency'))}")
+
+
+def _session_header(settings: _Settings, results: list) -> list:
+    """The summary's first lines: the settings, with the samples the audits drew and the levels they ran at."""
+    gate = ", ".join(str(t) for t in settings.thresholds) or "none"
+    budget = "" if settings.max_seconds is None else f", max {settings.max_seconds:g} s of sampling per audit"
+    certify = "" if settings.certify_tv is None else f", certify TV <= {settings.certify_tv:g}"
+    drawn = sorted({int(r.metrics["num_samples"]) for r in results if _fmt(r.metrics.get("num_samples")) != "-"})
+    drawn_text = "" if not drawn else (
+        f"; drawn: {drawn[0]}" if len(drawn) == 1 else f"; drawn: {drawn[0]} to {drawn[-1]}") + " per audit (n= below)"
+    levels = sorted({float(r.metrics["alpha"]) for r in results if _fmt(r.metrics.get("alpha")) != "-"})
+    alpha_text = f"alpha {settings.alpha:g} per check"
+    if levels and any(not math.isclose(level, settings.alpha) for level in levels):
+        alpha_text += (", split over the check's statistical tests (Bonferroni): each audit ran at "
+                       + " or ".join(f"{level:g} = {settings.alpha:g} / {round(settings.alpha / level)}"
+                                     for level in levels))
+    return [f"seed {settings.seed}{certify}, gate: {gate}",
+            f"samples: at most {settings.num_samples} per statistical audit's main design, each drawing what its "
+            f"power plan needs up to that (a stratified design adds as many){budget}{drawn_text}",
+            alpha_text]
+
+
+def _markup(verdict: str, settings: _Settings) -> dict:
+    if verdict in ("ERROR", "FINDING", "GATE"):
+        return {"red": True}
+    if verdict == "INCONCLUSIVE":
+        return {"red": True} if settings.fail_on_inconclusive or settings.certify_tv is not None else {"yellow": True}
+    return {"green": True}
 
 
 def _fmt(value: Any) -> str:
@@ -372,9 +535,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     settings = config.stash[_SETTINGS]
     terminalreporter.section("spectr-audit")
-    gate = ", ".join(str(t) for t in settings.thresholds) or "none"
-    terminalreporter.write_line(
-        f"seed {settings.seed}, samples {settings.num_samples}, alpha {settings.alpha:g}, gate: {gate}")
+    for line in _session_header(settings, [r.result for r in records]):
+        terminalreporter.write_line(line)
+    counts: dict = {}
     for record in records:
         result = record.result
         if result.error is not None:
@@ -383,14 +546,17 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             verdict = "FINDING"
         elif record.gate_violations:
             verdict = "GATE"
+        elif result.inconclusive:
+            verdict = "INCONCLUSIVE"
+        elif result.verdict == "CERTIFIED":
+            verdict = "CERTIFIED"
         else:
             verdict = "exact" if result.passed else "inexact (declared)"
-        m = result.metrics
-        numbers = (f"tv={_fmt(m.get('tv_distance'))} p={_fmt(m.get('pvalue'))} "
-                   f"acc/alpha*={_fmt(m.get('acceptance_ratio'))} block_eff={_fmt(m.get('block_efficiency'))}")
-        markup = {"red": True} if verdict in ("ERROR", "FINDING", "GATE") else {"green": True}
+        counts[verdict] = counts.get(verdict, 0) + 1
         terminalreporter.write_line(
-            f"{verdict:<8} {result.verifier} on {result.case}: {numbers}  [{record.nodeid}]", **markup)
+            f"{verdict:<12} {result.verifier} on {result.case}: {_numbers(result.metrics)}  [{record.nodeid}]",
+            **_markup(verdict, settings))
+    terminalreporter.write_line("verdicts: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
     gate = _session_gate(config)
     if gate is not None and gate.unmeasured:
         for threshold in gate.unmeasured:
@@ -409,10 +575,32 @@ def _session_gate(config: pytest.Config) -> Any:
     return evaluate_gate([r.result for r in records], settings.thresholds)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist, on the controller: collect a finished worker's audits."""
+    config = node.config
+    settings = config.stash.get(_SETTINGS, None)
+    sent = (getattr(node, "workeroutput", None) or {}).get(_WORKER_KEY)
+    if settings is None or not sent:
+        return
+    from spectr_audit.results import AuditResult
+
+    records = config.stash.setdefault(_RECORDS, [])
+    for item in sent:
+        result = AuditResult.from_dict(item["result"])
+        violations = tuple(evaluate_gate([result], settings.thresholds).violations) if settings.thresholds else ()
+        records.append(_Record(item["nodeid"], result, violations))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     settings = config.stash.get(_SETTINGS, None)
     records = config.stash.get(_RECORDS, [])
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:
+        # An xdist worker: the controller prints the summary, runs the session gate and writes the report.
+        workeroutput[_WORKER_KEY] = [{"nodeid": r.nodeid, "result": r.result.to_dict()} for r in records]
+        return
     gate = _session_gate(config)
     if gate is not None and gate.unmeasured and session.exitstatus == pytest.ExitCode.OK:
         # Like coverage's --fail-under: a gate that checked nothing must not pass silently.

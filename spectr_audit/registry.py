@@ -6,9 +6,21 @@ broken    realistic slips that break exactness (``spectr_audit.verifiers.library
 historic  public bugs of real engines, reproduced (``spectr_audit.verifiers.library.historic``)
 engine    adapters around the engines' own verification functions (``spectr_audit.engines``;
           each needs its optional extra)
+tree      the built-in tree verifiers (``spectr_audit.verifiers.tree``): what ``run`` audits
+          on a suite's draft-tree cases by default
+sampling- verifiers that take logits and sampling parameters
+bugs      (``spectr_audit.verifiers.library.sampling_bugs``): the correct ``logits-speculative``
+          and its processing slips (docs/sampling.md)
 <dist>    a third-party package's verifiers, registered through the ``spectr_audit.verifiers``
           entry-point group; the namespace is the distribution's name (``plugin`` when unknown)
 ========  ===================================================================================
+
+Tree verifiers (:class:`~spectr_audit.contract.tree_verifier.TreeVerifier`, in any namespace)
+load two ways: :func:`load_tree_verifier` gives the tree verifier itself, for draft trees
+(a chain verifier comes as :class:`~spectr_audit.contract.chain_trees.ChainVerifierAsTree`,
+for chain trees); :func:`load_verifier` gives a chain
+:class:`~spectr_audit.contract.verifier.Verifier` as everywhere else, a tree verifier run on the
+chain contract's drafts (:class:`~spectr_audit.contract.chain_trees.TreeVerifierAsChain`).
 
 A verifier is found by its short name (``"kseq"``, ``"always-accept"``) or, where a short name
 is in more than one namespace, by ``"namespace:name"`` (``"broken:always-accept"``).  The
@@ -32,7 +44,7 @@ Examples
 >>> load_verifier("ksq")
 Traceback (most recent call last):
 ...
-spectr_audit.errors.InvalidArgument: verifier: 'ksq' is neither a built-in name (speculative, kseq, spectr-tree, rrs, rrs-wor, block, greedy-block, greedy-block-repaired, spectr-gbv-published, spectr-gbv-published-alg2) nor a registered one nor an import string 'package.module:attr' or 'path/to/file.py:attr'; did you mean 'kseq'? (spectr-audit list shows every name)
+spectr_audit.errors.InvalidArgument: verifier: 'ksq' is neither a built-in name (speculative, kseq, spectr-tree, rrs, rrs-wor, block, greedy-block, greedy-block-repaired, spectr-gbv-published, spectr-gbv-published-alg2, multi-block) nor a registered one nor an import string 'package.module:attr' or 'path/to/file.py:attr'; did you mean 'kseq'? (spectr-audit list shows every name)
 """
 
 from __future__ import annotations
@@ -47,6 +59,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from spectr_audit.contract.tree_verifier import TreeVerifier, as_tree_verifier
 from spectr_audit.contract.verifier import Verifier, as_verifier
 from spectr_audit.errors import InvalidArgument
 
@@ -59,6 +72,7 @@ __all__ = [
     "INCONSISTENT_VERIFIERS",
     "NAMESPACES",
     "RegistryEntry",
+    "TREE_VERIFIERS",
     "broken_names",
     "broken_verifiers",
     "builtin_names",
@@ -72,14 +86,18 @@ __all__ = [
     "load_engine",
     "load_historic",
     "load_object",
+    "load_tree_verifier",
     "load_verifier",
     "namespaces",
+    "sampling_bug_verifiers",
+    "tree_names",
+    "tree_verifiers",
 ]
 
 #: The entry-point group through which other packages register verifiers.
 ENTRY_POINT_GROUP = "spectr_audit.verifiers"
 #: The namespaces shipped with spectr-audit, in listing (and lookup) order.
-NAMESPACES: tuple[str, ...] = ("builtin", "broken", "historic", "engine")
+NAMESPACES: tuple[str, ...] = ("builtin", "broken", "historic", "engine", "tree", "sampling-bugs")
 #: The namespace of an entry point whose distribution is unknown.
 PLUGIN_NAMESPACE = "plugin"
 
@@ -100,6 +118,15 @@ BUILTIN_VERIFIERS: dict[str, str] = {
     "greedy-block-repaired": f"{_RULES}.greedy_block:RepairedGreedyBlockVerification",
     "spectr-gbv-published": f"{_RULES}.spectr_gbv:PublishedSpecTrGBV",
     "spectr-gbv-published-alg2": f"{_RULES}.spectr_gbv:PublishedSpecTrGBVWithCorrection",
+    "multi-block": f"{_RULES}.multi_block:MultiDraftBlockVerification",
+}
+
+#: tree: short name -> "module:attribute" of the built-in tree verifiers (docs/rules/trees.md).
+TREE_VERIFIERS: dict[str, str] = {
+    "tree-rrs": f"{_RULES}.tree:TreeRecursiveRejection",
+    "tree-rrs-wor": f"{_RULES}.tree:TreeRecursiveRejectionWithoutReplacement",
+    "tree-target-only": f"{_RULES}.tree:TreeTargetOnly",
+    "tree-spectr": f"{_RULES}.tree:TreeSpecTr",
 }
 
 #: broken: the slips (each declares ``expected = "inexact"``), in library order.
@@ -151,11 +178,21 @@ ENGINES: dict[str, tuple[str, str]] = {
     "keras-hub": (f"{_ENGINES}.keras_hub_sd:KerasHubSpeculativeSampler", "keras-hub"),
     "sglang": (f"{_ENGINES}.sglang_chain:SGLangChainVerifier", "sglang"),
     "sglang-block": (f"{_ENGINES}.sglang_chain:SGLangBlockVerifier", "sglang"),
+    "eagle": (f"{_ENGINES}.eagle_tree:EagleTreeVerifier", "eagle"),
+    "medusa": (f"{_ENGINES}.medusa_tree:MedusaTreeVerifier", "medusa"),
+    "sglang-tree": (f"{_ENGINES}.sglang_tree:SGLangTreeVerifier", "sglang"),
 }
 
 #: How messages call a verifier of each shipped namespace.
 _KIND = {"builtin": "built-in verifier", "broken": "broken verifier", "historic": "historic-bug verifier",
-         "engine": "engine"}
+         "engine": "engine", "tree": "built-in tree verifier", "sampling-bugs": "sampling-bug verifier"}
+
+
+def _is_tree_object(obj: Any) -> bool:
+    """Whether a loaded object is a tree verifier (class, instance, or object with ``verify_tree`` only)."""
+    if isinstance(obj, type):
+        return issubclass(obj, TreeVerifier)
+    return isinstance(obj, TreeVerifier) or (callable(getattr(obj, "verify_tree", None)) and not hasattr(obj, "verify"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,8 +250,8 @@ class RegistryEntry:
                 raise
             raise self._unavailable(exc) from exc
 
-    def create(self, **kwargs: Any) -> Verifier:
-        """A fresh :class:`Verifier` (keyword arguments go to the class's constructor)."""
+    def _build(self, **kwargs: Any) -> Any:
+        """The registered object, instantiated when it is a verifier class (or given arguments)."""
         obj = self.load()
         if kwargs:
             if not isinstance(obj, type):
@@ -223,15 +260,54 @@ class RegistryEntry:
                 obj = obj(**kwargs)
             except ImportError as exc:
                 raise self._unavailable(exc) from exc
-        elif isinstance(obj, type) and issubclass(obj, Verifier):
+        elif isinstance(obj, type) and issubclass(obj, (Verifier, TreeVerifier)):
             try:
                 obj = obj()
             except ImportError as exc:  # engine adapters import their engine when built
                 raise self._unavailable(exc) from exc
+        return obj
+
+    def create(self, **kwargs: Any) -> Verifier:
+        """A fresh :class:`Verifier` (keyword arguments go to the class's constructor).
+
+        A tree verifier comes run on the chain contract's drafts
+        (:class:`~spectr_audit.contract.chain_trees.TreeVerifierAsChain`); :meth:`create_tree`
+        gives it as it is.
+        """
+        obj = self._build(**kwargs)
+        if _is_tree_object(obj):
+            return _tree_as_chain(_named_tree(obj, self.name), f"{self.kind} {self.name!r}")
         verifier = as_verifier(obj)
         if not verifier.name:
             verifier.name = self.name
         return verifier
+
+    def create_tree(self, **kwargs: Any) -> TreeVerifier:
+        """A fresh :class:`~spectr_audit.contract.tree_verifier.TreeVerifier` (a chain verifier on chain trees)."""
+        return _named_tree(self._build(**kwargs), self.name)
+
+
+def _named_tree(obj: Any, default_name: str) -> TreeVerifier:
+    if not _is_tree_object(obj) and not isinstance(obj, type) and hasattr(obj, "verify"):
+        obj = as_verifier(obj)  # a chain verifier object: it runs on chain trees
+    tree_verifier = as_tree_verifier(obj)
+    if not tree_verifier.name:
+        tree_verifier.name = default_name
+    return tree_verifier
+
+
+def _tree_as_chain(tree_verifier: TreeVerifier, what: str) -> Verifier:
+    """A tree verifier as a chain verifier, or a message that says where to audit it instead."""
+    from spectr_audit.contract.chain_trees import TreeVerifierAsChain
+
+    try:
+        return TreeVerifierAsChain(tree_verifier)
+    except InvalidArgument:
+        raise InvalidArgument(
+            f"verifier: {what} verifies draft trees under the draft schemes {tree_verifier.draft_schemes} only, which "
+            f"the chain contract does not draft; audit it on a tree (spectr-audit audit --tree SPEC, a suite case "
+            f"with tree = ..., or load_tree_verifier)"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,7 +325,20 @@ def _shipped(namespace: str) -> list[RegistryEntry]:
         return [RegistryEntry("historic", n, t) for n, t in HISTORIC_VERIFIERS.items()]
     if namespace == "engine":
         return [RegistryEntry("engine", n, t, extra) for n, (t, extra) in ENGINES.items()]
+    if namespace == "tree":
+        return [RegistryEntry("tree", n, t) for n, t in TREE_VERIFIERS.items()]
+    if namespace == "sampling-bugs":
+        return [RegistryEntry("sampling-bugs", n, t) for n, t in sampling_bug_verifiers().items()]
     raise KeyError(namespace)
+
+
+def sampling_bug_verifiers() -> dict[str, str]:
+    """sampling-bugs: short name -> "module:attribute": the correct ``logits-speculative``, then the slips
+    (``SAMPLING_BUG_VERIFIERS``, each declared inexact)."""
+    from spectr_audit.verifiers.library.sampling_bugs import SAMPLING_BUG_VERIFIERS
+
+    control = "spectr_audit.verifiers.library.sampling_bugs:LogitsSpeculativeSampling"
+    return {"logits-speculative": control, **SAMPLING_BUG_VERIFIERS}
 
 
 def _canonical(name: str) -> str:
@@ -314,6 +403,8 @@ def _registered(spec: str, argument: str) -> Optional[RegistryEntry]:
     """The entry ``spec`` names (a built-in first, then ``namespace:name``, then a short name), if any."""
     if spec in BUILTIN_VERIFIERS:  # the common case: no entry-point scan, no other namespace
         return RegistryEntry("builtin", spec, BUILTIN_VERIFIERS[spec])
+    if spec in TREE_VERIFIERS:
+        return RegistryEntry("tree", spec, TREE_VERIFIERS[spec])
     qualified = _qualified(spec)
     if qualified is not None:
         return qualified
@@ -406,6 +497,16 @@ def load_historic(name: str) -> Verifier:
         ``spectr_audit.verifiers.block`` is not available.
     """
     return _namespace_loader("historic", name, list(HISTORIC_VERIFIERS))
+
+
+def tree_names() -> list[str]:
+    """Short names of the built-in tree verifiers, in registry order."""
+    return list(TREE_VERIFIERS)
+
+
+def tree_verifiers() -> list[TreeVerifier]:
+    """A fresh instance of every built-in tree verifier (as tree verifiers, not chain wrappers)."""
+    return [load_tree_verifier(name) for name in TREE_VERIFIERS]
 
 
 def engine_names() -> list[str]:
@@ -531,10 +632,42 @@ def load_verifier(spec: Any) -> Verifier:
 
 
 def _named(obj: Any, default_name: str) -> Verifier:
+    if _is_tree_object(obj):
+        return _tree_as_chain(_named_tree(obj, default_name), f"tree verifier {default_name!r}")
     verifier = as_verifier(obj)
     if not verifier.name:
         verifier.name = default_name
     return verifier
+
+
+def load_tree_verifier(spec: Any) -> TreeVerifier:
+    """Return a :class:`~spectr_audit.contract.tree_verifier.TreeVerifier` for a name, an import string or an object.
+
+    Names resolve as in :func:`load_verifier`.  A tree verifier is returned as it is; a chain
+    verifier comes as :class:`~spectr_audit.contract.chain_trees.ChainVerifierAsTree` (it runs on
+    chain trees, ``DraftTree.chains(K, L)``); a chain wrapper of a tree verifier is unwrapped.
+
+    Examples
+    --------
+    >>> load_tree_verifier("tree-rrs").draft_schemes
+    ('iid',)
+    >>> kseq = load_tree_verifier("kseq")       # a chain verifier: chain trees only
+    >>> from spectr_audit.contract.tree import DraftTree
+    >>> kseq.supports_tree(DraftTree.chains(2, 1)), kseq.supports_tree(DraftTree.from_paths([(0,), (0, 0)]))
+    (True, False)
+    """
+    if not isinstance(spec, str):
+        return as_tree_verifier(spec)
+    entry = _registered(spec, "verifier")
+    if entry is not None:
+        return entry.create_tree()
+    try:
+        return _named_tree(load_object(spec), spec.rpartition(":")[2])
+    except InvalidArgument as exc:
+        hint = _suggestion(spec)
+        if not hint:
+            raise
+        raise InvalidArgument(f"{exc}{hint} (spectr-audit list shows every name)") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,18 +675,60 @@ def _named(obj: Any, default_name: str) -> Verifier:
 # ---------------------------------------------------------------------------------------------
 
 
-def describe(entry: RegistryEntry) -> dict:
-    """What a registered verifier supports: K, L, draft scheme, exact law, declared verdict.
+def _tree_columns(draft_schemes: tuple, any_tree: bool) -> dict:
+    """``trees`` (which draft trees the verifier takes) and ``tree_draft_schemes``, for :func:`describe`."""
+    return {"trees": "any" if any_tree else "chains", "tree_draft_schemes": ",".join(draft_schemes)}
 
-    Engine adapters are described from their class, without building them (which imports the
-    engine); others are instantiated.  A verifier that cannot be loaded gets ``error`` instead.
+
+def _describe_tree(entry: RegistryEntry, row: dict, obj: Any) -> dict:
+    """A tree verifier's row: its tree draft schemes, and K, L as a chain verifier where it is one."""
+    if entry.namespace == "engine" and isinstance(obj, type):
+        # described from the class: building an engine adapter imports the engine
+        info: Any = obj
+        exact = obj._tree_output_probs is not TreeVerifier._tree_output_probs
+        doc = (obj.__doc__ or "").strip()
+        description = obj.__dict__.get("description") or (doc.splitlines()[0] if doc else obj.description)
+    else:
+        info = entry.create_tree()
+        exact, description = info.has_tree_law, info.description
+    schemes = tuple(info.draft_schemes)
+    # as a chain verifier (TreeVerifierAsChain): i.i.d. chains, or one token drawn without replacement
+    chain_scheme = next((s for s in ("iid", "without_replacement") if s in schemes), None)
+    row.update(
+        num_drafts="[1, inf)" if chain_scheme else "-",
+        draft_len=("[1, inf)" if chain_scheme == "iid" else "[1, 1]") if chain_scheme else "-",
+        draft_scheme=chain_scheme or "-",
+        exact_law=bool(exact),
+        expected=info.expected,
+        description=description,
+        extra=entry.extra,
+        **_tree_columns(schemes, True),
+    )
+    return row
+
+
+def describe(entry: RegistryEntry) -> dict:
+    """What a registered verifier supports: K, L, draft scheme, trees, exact law, declared verdict, logits.
+
+    ``takes_logits`` says whether it is handed raw logits and sampling parameters (docs/sampling.md)
+    rather than processed probabilities.
+
+    ``trees`` is ``"any"`` for a tree verifier and ``"chains"`` for a chain verifier (it runs on
+    ``DraftTree.chains(K, L)``); ``tree_draft_schemes`` lists the draft schemes it takes trees
+    under.  Engine adapters are described from their class, without building them (which imports
+    the engine); others are instantiated.  A verifier that cannot be loaded gets ``error`` instead.
     """
     row: dict = {"namespace": entry.namespace, "name": entry.name}
     try:
         obj = entry.load()
+        if _is_tree_object(obj):
+            return _describe_tree(entry, row, obj)
         if entry.namespace == "engine" and isinstance(obj, type) and issubclass(obj, Verifier):
+            from spectr_audit.contract.logits import LogitsVerifier
+
             info: Any = obj
-            exact = obj._output_probs is not Verifier._output_probs
+            exact = (obj._output_probs_logits is not LogitsVerifier._output_probs_logits if issubclass(obj, LogitsVerifier)
+                     else obj._output_probs is not Verifier._output_probs)
             # A variant that only passes its base other constructor arguments says what it is in its docstring.
             doc = (obj.__doc__ or "").strip()
             description = obj.__dict__.get("description") or (doc.splitlines()[0] if doc else obj.description)
@@ -571,5 +746,7 @@ def describe(entry: RegistryEntry) -> dict:
         expected=info.expected,
         description=description,
         extra=entry.extra,
+        takes_logits=bool(getattr(info, "takes_logits", False)),
+        **_tree_columns((info.draft_scheme,), False),
     )
     return row

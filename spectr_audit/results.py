@@ -11,10 +11,12 @@ JSON contract (stable; CI users parse it)::
           "verifier": str,
           "case": str,
           "passed": bool,          # all of this result's checks hold (false on error)
+          "verdict": str,          # "exact", "CERTIFIED", "INCONCLUSIVE", "FINDING" or "ERROR"
+          "inconclusive": bool,    # passed, but some check lacked the power asked for
           "expected": bool,        # only when the verifier declared a verdict:
                                    # the declared value of "passed"
           "error": str,            # only when the audit could not run
-          "checks": [{"name", "passed", "value", "threshold"}, ...],
+          "checks": [{"name", "passed", "value", "threshold", "inconclusive"?}, ...],
           "metrics": {"tv_distance", "acceptance", "optimal_acceptance", ...},
           "details": {...}         # worst strings, solver statuses, ...
         }
@@ -28,7 +30,13 @@ import dataclasses
 import math
 from typing import Any, Optional
 
-__all__ = ["Check", "AuditResult", "AuditReport", "jsonable"]
+__all__ = ["Check", "AuditResult", "AuditReport", "EXIT_INCONCLUSIVE", "VERDICTS", "jsonable"]
+
+#: The verdicts of a result, from :attr:`AuditResult.verdict`.
+VERDICTS = ("exact", "CERTIFIED", "INCONCLUSIVE", "FINDING", "ERROR")
+#: Exit status of a run that failed only because some results were inconclusive
+#: (``--fail-on-inconclusive``, or ``--certify-tv`` where a certificate was not reached).
+EXIT_INCONCLUSIVE = 3
 
 
 def jsonable(value: Any) -> Any:
@@ -52,19 +60,32 @@ def jsonable(value: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """One named check: ``value`` compared with ``threshold``; ``passed`` says whether it held."""
+    """One named check: ``value`` compared with ``threshold``; ``passed`` says whether it held.
+
+    ``inconclusive``: the check held (nothing was rejected) but without the power it was
+    planned for (a statistical test cut short by a budget, a certificate not reached).
+    """
 
     name: str
     passed: bool
     value: Optional[float] = None
     threshold: Optional[float] = None
     detail: str = ""
+    inconclusive: bool = False
 
     def to_dict(self) -> dict:
         out = {"name": self.name, "passed": bool(self.passed), "value": jsonable(self.value), "threshold": jsonable(self.threshold)}
         if self.detail:
             out["detail"] = self.detail
+        if self.inconclusive:
+            out["inconclusive"] = True
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Check":
+        """The inverse of :meth:`to_dict`."""
+        return cls(str(data["name"]), bool(data["passed"]), data.get("value"), data.get("threshold"),
+                   str(data.get("detail", "")), bool(data.get("inconclusive", False)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,11 +115,29 @@ class AuditResult:
         return self.passed if self.expected is None else self.passed == self.expected
 
     @property
+    def inconclusive(self) -> bool:
+        """Every check held, but some without the power asked for (see :class:`Check`)."""
+        return self.passed and any(c.inconclusive for c in self.checks)
+
+    @property
+    def verdict(self) -> str:
+        """``"ERROR"``, ``"FINDING"`` (a check failed), ``"INCONCLUSIVE"``, ``"CERTIFIED"`` (a TV
+        tolerance certified) or ``"exact"`` (every check held at its planned power)."""
+        if self.error is not None:
+            return "ERROR"
+        if not self.passed:
+            return "FINDING"
+        if self.inconclusive:
+            return "INCONCLUSIVE"
+        return "CERTIFIED" if any(c.name == "certified-tv" for c in self.checks) else "exact"
+
+    @property
     def failed_checks(self) -> list:
         return [c for c in self.checks if not c.passed]
 
     def to_dict(self) -> dict:
-        out: dict = {"verifier": self.verifier, "case": self.case, "passed": self.passed}
+        out: dict = {"verifier": self.verifier, "case": self.case, "passed": self.passed, "verdict": self.verdict,
+                     "inconclusive": self.inconclusive}
         if self.expected is not None:
             out["expected"] = self.expected
         if self.error is not None:
@@ -108,6 +147,21 @@ class AuditResult:
         if self.details:
             out["details"] = jsonable(self.details)
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "AuditResult":
+        """The inverse of :meth:`to_dict` (numbers as JSON keeps them).
+
+        Examples
+        --------
+        >>> r = AuditResult("kseq", "seed", (Check("statistical", True, 0.5, 0.001, inconclusive=True),))
+        >>> AuditResult.from_dict(r.to_dict()).verdict
+        'INCONCLUSIVE'
+        """
+        return cls(verifier=str(data["verifier"]), case=str(data["case"]),
+                   checks=tuple(Check.from_dict(c) for c in data.get("checks", ())),
+                   metrics=dict(data.get("metrics") or {}), expected=data.get("expected"), error=data.get("error"),
+                   details=dict(data.get("details") or {}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,13 +174,25 @@ class AuditReport:
 
     @property
     def passed(self) -> bool:
-        """Every result's verdict matches its declaration."""
-        return all(r.as_expected for r in self.results)
+        """Every result's verdict matches its declaration, and the run finished (not ``meta["incomplete"]``)."""
+        return all(r.as_expected for r in self.results) and not self.meta.get("incomplete")
+
+    @property
+    def inconclusive(self) -> list:
+        """The results that held only without the power asked for (see :attr:`AuditResult.inconclusive`)."""
+        return [r for r in self.results if r.inconclusive]
 
     @property
     def exit_code(self) -> int:
         """0 when every verdict is as expected, 1 otherwise (2 is reserved for usage errors)."""
         return 0 if self.passed else 1
+
+    def exit_status(self, fail_on_inconclusive: bool = False) -> int:
+        """:attr:`exit_code`, or :data:`EXIT_INCONCLUSIVE` (3) when that is 0, inconclusive results
+        fail the run (``fail_on_inconclusive``) and there are some."""
+        if self.exit_code == 0 and fail_on_inconclusive and self.inconclusive:
+            return EXIT_INCONCLUSIVE
+        return self.exit_code
 
     def to_dict(self) -> dict:
         from spectr_audit import __version__

@@ -146,3 +146,61 @@ def test_run_writes_reports_and_exits_by_verdict(capsys, tmp_path):
     assert report["passed"] is True and report["suite"] == "tiny"
     assert {(r["verifier"], r["case"]) for r in report["results"]} >= {("kseq", "seed/K=2"), ("speculative", "seed/K=1")}
     assert "| kseq | seed/K=2 |" in (tmp_path / "out" / "report.md").read_text()
+
+
+BLACK_BOX = (
+    "from spectr_audit.verifiers.speculative import SpeculativeSampling\n"
+    "_inner = SpeculativeSampling()\n"
+    "def verify(draft_tokens, draft_probs, target_probs, generator):\n"
+    "    out = _inner.verify(draft_tokens, draft_probs, target_probs, generator)\n"
+    "    return out.num_accepted, out.draft_index, out.next_token\n"
+)
+
+
+def _black_box(tmp_path, *extra):
+    path = tmp_path / "black_box.py"
+    path.write_text(BLACK_BOX)
+    return ("audit", "--verifier", f"{path}:verify", "--draft", "0.6,0.4", "--target", "0.3,0.7", "--num-drafts", "1",
+            "--json", *extra)
+
+
+def test_a_budget_cut_black_box_is_inconclusive_and_fails_only_on_request(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, *_black_box(tmp_path, "--max-samples", "5000"))
+    assert code == 0  # not a finding: the run passes, the verdict says the power was missing
+    result = json.loads(out)["results"][0]
+    assert result["verdict"] == "INCONCLUSIVE" and result["inconclusive"] is True and result["passed"] is True
+    metrics = result["metrics"]
+    assert metrics["min_detectable_tv"] > metrics["requested_tv"] == 0.005
+    assert 0 <= metrics["tv_lower"] <= metrics["tv_estimate"] <= metrics["tv_upper"] <= 1
+    assert metrics["tv_confidence"] == pytest.approx(0.999) and metrics["stop_reason"] == "max_samples"
+    assert metrics["power_at_requested_tv"] < 0.99 and metrics["planned_samples"] > 5000
+    statistical = next(c for c in result["checks"] if c["name"] == "statistical")
+    assert statistical["inconclusive"] is True and "INCONCLUSIVE" in statistical["detail"]
+    code, _, _ = run_cli(capsys, *_black_box(tmp_path, "--max-samples", "5000", "--fail-on-inconclusive"))
+    assert code == 3
+    code, out, _ = run_cli(capsys, *_black_box(tmp_path, "--max-seconds", "1e-6"))
+    metrics = json.loads(out)["results"][0]["metrics"]
+    assert code == 0 and metrics["stop_reason"] == "max_seconds" and metrics["num_samples"] < metrics["planned_samples"]
+
+
+def test_certify_tv_certifies_a_correct_black_box_and_fails_without_a_certificate(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, *_black_box(tmp_path, "--certify-tv", "0.05"))
+    result = json.loads(out)["results"][0]
+    assert code == 0 and result["verdict"] == "CERTIFIED"
+    check = next(c for c in result["checks"] if c["name"] == "certified-tv")
+    assert check["passed"] and check["value"] <= check["threshold"] == 0.05
+    assert result["metrics"]["stop_reason"] == "certified"
+    # a budget too small for the certificate: inconclusive, and a certification that is not reached fails (3)
+    code, out, _ = run_cli(capsys, *_black_box(tmp_path, "--certify-tv", "0.01", "--max-samples", "4096"))
+    result = json.loads(out)["results"][0]
+    assert code == 3 and result["verdict"] == "INCONCLUSIVE"
+    assert result["details"]["statistical"]["certification"] == "uncertified"
+
+
+def test_certify_tv_of_a_verifier_with_an_exact_law_uses_its_exact_tv(capsys):
+    argv = ("audit", "--verifier", "kseq", "--draft", "0.6,0.4", "--target", "0.3,0.7", "--num-drafts", "2", "--json")
+    code, out, _ = run_cli(capsys, *argv, "--certify-tv", "0.001")
+    result = json.loads(out)["results"][0]
+    assert code == 0 and result["verdict"] == "CERTIFIED"
+    check = next(c for c in result["checks"] if c["name"] == "certified-tv")
+    assert check["value"] == result["metrics"]["tv_distance"] <= 1e-12

@@ -126,7 +126,11 @@ def test_fixture_and_marker_audit_a_plain_function(project):
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines([
         "*= spectr-audit =*",
-        "seed 0, samples 2000, alpha 0.001, gate: none",
+        "seed 0, gate: none",
+        # the cap, what the audits drew, and the level each ran at (alpha split over the check's 5 cases)
+        "samples: at most 2000 per statistical audit's main design*; drawn: * per audit (n= below)",
+        "alpha 0.001 per check, split over the check's statistical tests (Bonferroni): each audit ran at "
+        "0.0002 = 0.001 / 5",
         # 2000 samples are far below the planned power: nothing rejected, so INCONCLUSIVE, with the TV estimate,
         # its interval and the minimum detectable TV reached against the planned one
         "INCONCLUSIVE good_verify on seed-spectr/K=1/L=1: tv~* [[]0, *] mdtv=*/0.005 p=* acc=* [[]*] acc/alpha*=* "

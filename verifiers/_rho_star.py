@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -234,7 +234,12 @@ def _segment_gap(rho, draft_high, target_high, draft_low, target_low, k):
     For ``beta < 1/2`` the direct form ``rho beta + expm1(K log1p(-beta))`` is the accurate one
     (exactly 0 for disjoint supports), as in :func:`_kseq_gap`.
     """
-    return _segment_gap_and_slope(rho, draft_high, target_high, draft_low, target_low, k)[0]
+    # the arithmetic of _segment_gap_and_slope, without the slope (this one runs inside grid searches)
+    beta = target_low / rho + draft_high
+    one_minus_beta = (draft_low - target_low / rho).clamp(min=0)
+    near_one = rho * draft_high - target_high + one_minus_beta ** (k - 1) * one_minus_beta
+    small = rho * beta + torch.expm1(k * torch.log1p(-beta.clamp(max=1.0)))
+    return torch.where(beta < 0.5, small, near_one)
 
 
 def _segment_gap_and_slope(rho, draft_high, target_high, draft_low, target_low, k):
@@ -354,12 +359,9 @@ _SORT_FREE_PASSES = 6
 #: The CPU stops the sort-free solve once every row's acceptance is provably within this of the best
 #: acceptance a valid rho allows (a bound from the bracket, see :func:`_bracket_models`).
 _SORT_FREE_CPU_LOSS = 1e-8
-import os
-_VARIANT = int(os.environ.get("RHO_VARIANT", "1"))
-_NO_EXIT = os.environ.get("RHO_NO_EXIT") == "1"
 
 
-def _grid_root(is_valid, below: torch.Tensor, above: torch.Tensor, *, rounds: int = 6, points: int = 16) -> torch.Tensor:
+def _grid_root(is_valid, below: torch.Tensor, above: torch.Tensor, *, rounds: int = 4, points: int = 64) -> torch.Tensor:
     """Smallest valid point of a monotone predicate on ``[below, above]``, to ``(above - below) / points**rounds``.
 
     Each round evaluates ``is_valid`` (``[..., points] -> [..., points]`` bool) at ``points`` evenly
@@ -426,6 +428,25 @@ def _bracket_models(
     return draft_high, target_high, draft_low, target_low
 
 
+def _inverse_hermite(
+    ends: torch.Tensor,  # [n, 2]: a bracket (low, high)
+    values: torch.Tensor,  # [n, 2]: an increasing function there, < 0 at low and >= 0 at high
+    slopes: torch.Tensor,  # [n, 2]: its derivatives there (> 0)
+) -> torch.Tensor:  # [n]
+    """Where the cubic Hermite interpolant of the inverse function (x against the value) crosses 0."""
+    span = (values[:, 1] - values[:, 0]).clamp(min=torch.finfo(values.dtype).tiny)
+    t = (-values[:, 0] / span).clamp(0, 1)
+    t2, t3 = t * t, t * t * t
+    inverse_slopes = span.unsqueeze(-1) / slopes  # dx/dvalue, scaled to the unit interval
+    guess = (
+        (2 * t3 - 3 * t2 + 1) * ends[:, 0]
+        + (t3 - 2 * t2 + t) * inverse_slopes[:, 0]
+        + (3 * t2 - 2 * t3) * ends[:, 1]
+        + (t3 - t2) * inverse_slopes[:, 1]
+    )
+    return torch.minimum(torch.maximum(guess, ends[:, 0]), ends[:, 1])
+
+
 def _model_beta(x: torch.Tensor, draft_high: torch.Tensor, target_low: torch.Tensor) -> torch.Tensor:
     """A segment model's beta at x: ``Q_low / x + P_high``."""
     return target_low / x + draft_high
@@ -440,6 +461,7 @@ def kseq_rho_star_sampler(
     num_drafts: torch.Tensor,
     *,
     passes: int = _SORT_FREE_PASSES,
+    stop_early: Optional[bool] = None,
 ) -> torch.Tensor:  # [n] float64
     """A valid rho for K-SEQ's sampler, equal to rho* to the inputs' precision; no sort, no host sync on accelerators.
 
@@ -469,13 +491,25 @@ def kseq_rho_star_sampler(
     num_drafts : torch.Tensor, shape ``[n]``
         K >= 1 per row, float64.
     passes : int
-        Passes over the vocabulary (sort-free path; at most, on the CPU).
+        Passes over the vocabulary (sort-free path; at most, with ``stop_early``), >= 1.
+    stop_early : bool, optional
+        Stop once the acceptance bound is met, checked on the host after each pass; default: on
+        the CPU only (no device round trip there).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[n]`` float64: rho with ``f(rho) >= 0`` on the rows renormalised, at least rho*.
     """
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise InvalidArgument(f"passes: expected an integer >= 1, got {passes!r}")
     n, vocab_size = draft_probs.shape
     k = num_drafts.to(torch.float64)
     if vocab_size <= _SORT_FREE_MIN_VOCAB:
         return _rho_star_sorted(draft_probs.double(), target_probs.double(), k, hot=True)
     dtype, device = draft_probs.dtype, draft_probs.device
+    if stop_early is None:
+        stop_early = device.type == "cpu"  # a host check costs no device round trip there
     eps64 = torch.finfo(torch.float64).eps
     # [n] f(c) >= margin counts as valid: tokens within rounding of c may be classified on either side
     # (each moves beta by up to p ulp/2, f by K times that), and float64 sums over V round
@@ -487,13 +521,15 @@ def kseq_rho_star_sampler(
             [draft_probs.sum(-1, dtype=torch.float64), target_probs.sum(-1, dtype=torch.float64)], dim=-1
         ).unsqueeze(-1)  # [n, 2, 1]
     else:
-        ratio = (target_probs / draft_probs).unsqueeze(1)  # [n, 1, V]; inf (p = 0 < q), nan (0/0): never "low"
         # [n, 2, V] float64 p and q, so one bmm against the low masks sums both in float64: a float32
         # product rounds V terms far above the margin (and may run in TF32 on a GPU)
         stacked = torch.empty(n, 2, vocab_size, dtype=torch.float64, device=device)
         stacked[:, 0].copy_(draft_probs)
         stacked[:, 1].copy_(target_probs)
         totals = stacked.sum(-1, keepdim=True)  # [n, 2, 1]
+        # [n, 1, V] float64 (a float64 comparison into the float64 mask is the fast one); inf (p = 0 < q),
+        # nan (0/0): never "low"
+        ratio = torch.div(stacked[:, 1:], stacked[:, :1])
         # [n, 2, V], reused by every pass: a comparison written straight into a float buffer is one cheap
         # pass, where a bool mask and its conversion cost an allocation and two more
         low_mask = torch.empty(n, 2, vocab_size, dtype=torch.float64, device=device)
@@ -507,10 +543,11 @@ def kseq_rho_star_sampler(
     for step in range(passes):
         threshold = candidates.to(dtype)
         candidates = threshold.double()
+        high_before = high
         if fused:
             sums = kseq_low_sums(draft_probs, target_probs, threshold)  # [n, 2, 2] float64
         else:
-            torch.le(ratio, threshold.unsqueeze(-1), out=low_mask)
+            torch.le(ratio, candidates.unsqueeze(-1), out=low_mask)
             sums = torch.bmm(stacked, low_mask.transpose(1, 2))  # [n, 2, 2] float64
         sums = sums / totals  # normalised P_low, Q_low at each candidate
         d_low, t_low = sums[:, 0], sums[:, 1]  # [n, 2]
@@ -536,7 +573,7 @@ def kseq_rho_star_sampler(
             low.unsqueeze(-1).expand(n, 4), high.unsqueeze(-1).expand(n, 4),
         )
         from_below, from_above = roots[:, :2].amax(-1), roots[:, 2:].amin(-1)
-        if device.type == "cpu" and not _NO_EXIT:  # a host check costs no device round trip here
+        if stop_early:
             # beta(x) <= the exact models' beta at from_below (<= f's root), >= the bounds' at from_above
             most = _model_beta(from_below.unsqueeze(-1), models[0][:, :2], models[3][:, :2]).amin(-1)
             least = _model_beta(from_above.unsqueeze(-1), models[0][:, 2:], models[3][:, 2:]).amax(-1)
@@ -544,31 +581,25 @@ def kseq_rho_star_sampler(
             if bool((loss <= _SORT_FREE_CPU_LOSS).all()):
                 break
         lower = torch.nextafter(from_below.to(dtype), up).double()
+        lower = torch.where((lower > low) & (lower < high), lower, 0.5 * (low + high))
+        # The second candidate: where the last pass moved the upper end, the root of the inverse cubic through
+        # both ends' values and slopes (fast where many ratios lie inside the bracket and f is smooth on its
+        # scale, where the bounds are loose); else the upper bound's root, which is valid and moves it.
         upper = torch.nextafter(from_above.to(dtype), up).double()
-        lower_inside = (lower > low) & (lower < high)
-        lower = torch.where(lower_inside, lower, 0.5 * (low + high))
-        if _VARIANT >= 1:
-            ends = torch.stack([low, high], -1)
-            f_ends, slope_ends = _segment_gap_and_slope(ends, models[0][:, :2], models[1][:, :2], models[2][:, :2], models[3][:, :2], kk)
-            y0, y1 = f_ends[:, 0] - margin, f_ends[:, 1] - margin
-            span = (y1 - y0).clamp(min=1e-300)
-            t = (-y0 / span).clamp(0, 1)
-            s0, s1 = 1 / slope_ends[:, 0], 1 / slope_ends[:, 1]
-            h00, h10, h01, h11 = 2*t**3 - 3*t**2 + 1, t**3 - 2*t**2 + t, -2*t**3 + 3*t**2, t**3 - t**2
-            guess = h00 * low + h10 * span * s0 + h01 * high + h11 * span * s1
-            if _VARIANT == 2:
-                guess = torch.maximum(guess, lower + 4 * (lower - low))
-            guess = torch.nextafter(guess.to(dtype), up).double()
-            upper = torch.where((guess > lower) & (guess < upper), guess, upper)
+        ends = torch.stack([low, high], dim=-1)  # columns 0 and 1 of the models are exact there
+        gap_ends, slope_ends = _segment_gap_and_slope(ends, *(m[:, :2] for m in models), kk)
+        guess = _inverse_hermite(ends, gap_ends - margin.unsqueeze(-1), slope_ends)
+        guess = torch.nextafter(guess.to(dtype), up).double()
+        upper = torch.where((guess > lower) & (guess < upper) & (high < high_before), guess, upper)
         # where the upper bound is no better than the bracket's end (much mass inside it), halve the rest
         upper = torch.where((upper > lower) & (upper < high), upper, 0.5 * (lower + high))
         candidates = torch.stack([lower, upper], dim=-1)
-    # The answer: the upper bound's root on the final bracket, solved to float64 precision, then moved up
-    # to where the bound is at least `margin` (one Newton step on its segment).
-    draft_high, target_high, draft_low, target_low = (m[:, 2:] for m in _bracket_models(low, high, low_sums, high_sums, snap))
-    bracket = (low.unsqueeze(-1).expand(n, 2), high.unsqueeze(-1).expand(n, 2))
-    refined = _solve_segment(draft_high, target_high, draft_low, target_low, kk, *bracket, steps=_HOT_NEWTON_STEPS)
-    gap, slope = _segment_gap_and_slope(refined, draft_high, target_high, draft_low, target_low, kk)
-    refined = refined + (margin.unsqueeze(-1) - gap).clamp(min=0) / slope
-    rho = torch.minimum(refined.amin(-1), high)
+    # The answer: the smallest point where a lower bound on f (columns 2 and 3) is >= margin on the final
+    # bracket, to 1/64^4 of its width; `high` itself where none is (it was found valid by a pass).
+    columns = tuple(m[:, 2:].unsqueeze(-1) for m in _bracket_models(low, high, low_sums, high_sums, snap))
+    roots = _grid_root(
+        lambda x: _segment_gap(x, *columns, kk.unsqueeze(-1)) >= margin[:, None, None],
+        low.unsqueeze(-1).expand(n, 2), high.unsqueeze(-1).expand(n, 2),
+    )
+    rho = torch.minimum(roots.amin(-1), high)
     return torch.where(k <= 1, ones, rho)  # K = 1: f(1) = 0 exactly

@@ -6,7 +6,7 @@ drafts' next tokens are tried *in order*, draft ``i`` is accepted with a
 probability ``accept_probs[i]`` that is fixed once the drafts are known, the
 first accepted one is the output, and if none is accepted the output is drawn
 from a ``residual`` distribution.  A :class:`NodeRule` returns those two
-things; :class:`TreeVerifier` walks the draft tree with it (the SpecTr tree,
+things; :class:`ChainWalkVerifier` walks the draft tree with it (the SpecTr tree,
 docs/rules/spectr-tree.md: a drawn token that matches surviving drafts continues
 along them, otherwise the walk stops) and derives both the sampler and the
 exact law from the same numbers.
@@ -19,7 +19,7 @@ import torch
 from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.contract.randomness import sample_categorical, sample_categorical_with_total, uniform
 
-__all__ = ["NodeRule", "TreeVerifier", "gather_tokens", "normalise"]
+__all__ = ["NodeRule", "ChainWalkVerifier", "gather_tokens", "normalise"]
 
 
 def gather_tokens(
@@ -61,7 +61,7 @@ class NodeRule:
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([n, num_drafts], [n, vocab_size] non-negative, unnormalised)
         """The sampler's view of ``__call__``: the residual may be unnormalised, or all zero on rows never sampled.
 
-        :meth:`TreeVerifier._verify` only draws from the residual (``sample_categorical`` takes
+        :meth:`ChainWalkVerifier._verify` only draws from the residual (``sample_categorical`` takes
         unnormalised mass) and falls back to the target on rows with no residual mass, so rules
         override this to skip ``__call__``'s normalisation pass.  The exact law keeps ``__call__``.
         """
@@ -111,7 +111,7 @@ def _first_true(mask: torch.Tensor) -> torch.Tensor:
     return mask.to(torch.int8).argmax(-1)
 
 
-class TreeVerifier(Verifier):
+class ChainWalkVerifier(Verifier):
     """A verifier defined by a :class:`NodeRule`, walked down the draft tree.
 
     Subclasses set ``rule``.  Randomness per level: ``num_drafts`` acceptance

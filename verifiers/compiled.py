@@ -59,14 +59,16 @@ def _kseq_low_sums_eager(
     draft: torch.Tensor,  # [n, V]
     target: torch.Tensor,  # [n, V]
     thresholds: torch.Tensor,  # [n, C], the rows' dtype
-) -> torch.Tensor:  # [n, 3, C]: sums of p and q over the tokens with q <= c p (p > 0), and their count
-    low = (target.unsqueeze(1) <= thresholds.unsqueeze(-1) * draft.unsqueeze(1)) & (draft.unsqueeze(1) > 0)
-    low = low.to(draft.dtype)  # [n, C, V]: fused away when compiled
-    return torch.stack([(low * draft.unsqueeze(1)).sum(-1), (low * target.unsqueeze(1)).sum(-1), low.sum(-1)], dim=1)
+) -> torch.Tensor:  # [n, 2, C] float64: sums of p and q over the tokens with q <= c p (p > 0)
+    low = (target.unsqueeze(1) <= thresholds.unsqueeze(-1) * draft.unsqueeze(1)) & (draft.unsqueeze(1) > 0)  # [n, C, V]
+    # accumulated in float64: rounding V float32 terms costs far more than the sampler's validity margin
+    low_draft = torch.where(low, draft.unsqueeze(1), torch.zeros_like(draft).unsqueeze(1)).sum(-1, dtype=torch.float64)
+    low_target = torch.where(low, target.unsqueeze(1), torch.zeros_like(target).unsqueeze(1)).sum(-1, dtype=torch.float64)
+    return torch.stack([low_draft, low_target], dim=1)
 
 
 def kseq_low_sums(draft: torch.Tensor, target: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
-    """One pass of the sort-free rho* solve, fused: ``[n, 3, C]`` low sums at ``C`` candidates per row.
+    """One pass of the sort-free rho* solve, fused: ``[n, 2, C]`` float64 low sums of p and q at ``C`` candidates per row.
 
     A token is "low" at candidate c when ``q <= c p`` and ``p > 0`` (ratio ``q/p <= c``).
     """

@@ -6,7 +6,7 @@ import torch
 
 from spectr_audit.verifiers import compiled
 from spectr_audit.verifiers._rho_star import kseq_accept_prob, kseq_rho_star, kseq_rho_star_sampler
-from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise
+from spectr_audit.verifiers._walk import NodeRule, ChainWalkVerifier, gather_tokens, normalise
 
 __all__ = ["KSeq", "KSeqRule", "SpecTrTree"]
 
@@ -26,10 +26,24 @@ def _rho_per_distinct_k(solver, draft_dist: torch.Tensor, target_dist: torch.Ten
     ):
         # K is a whole number of surviving drafts: solve for k = 1 .. max K and look each row's up
         largest = int(num_drafts.max())
-        values = torch.arange(1, largest + 1, dtype=torch.float64, device=num_drafts.device)
-        rho = solver(draft_dist[:1].expand(largest, -1), target_dist[:1].expand(largest, -1), values)
+        key = (solver, largest, draft_dist.dtype, draft_dist.device, draft_dist[0].cpu().numpy().tobytes(),
+               target_dist[0].cpu().numpy().tobytes())
+        rho = _SOLVED.get(key)
+        if rho is None:
+            values = torch.arange(1, largest + 1, dtype=torch.float64, device=num_drafts.device)
+            rho = solver(draft_dist[:1].expand(largest, -1), target_dist[:1].expand(largest, -1), values)
+            # a Monte-Carlo audit calls with the same pair chunk after chunk: the solve (a few hundred small
+            # ops) is kept for the last few pairs; rho is a function of the pair and k alone
+            _SOLVED[key] = rho
+            while len(_SOLVED) > _SOLVED_PAIRS:
+                _SOLVED.pop(next(iter(_SOLVED)))
         return rho[num_drafts.long() - 1]
     return solver(draft_dist, target_dist, num_drafts)
+
+
+#: The last few (solver, max K, pair) solves of :func:`_rho_per_distinct_k`, oldest first.
+_SOLVED: dict = {}
+_SOLVED_PAIRS = 8
 
 
 class KSeqRule(NodeRule):
@@ -85,7 +99,7 @@ class KSeqRule(NodeRule):
         return accept_probs, excess
 
 
-class KSeq(TreeVerifier):
+class KSeq(ChainWalkVerifier):
     """K-SEQ (SpecTr, Sun et al. 2023): token-level selection among K i.i.d. drafts, L = 1.
 
     Draft i is accepted with ``min(1, q(x_i) / (rho* p(x_i)))`` in order; the first accepted

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise
+from spectr_audit.verifiers._walk import NodeRule, ChainWalkVerifier, gather_tokens, normalise
 
 __all__ = ["RecursiveRejection", "RecursiveRejectionWithoutReplacement", "RecursiveRejectionRule"]
 
@@ -37,7 +37,7 @@ class RecursiveRejectionRule(NodeRule):
         return torch.cat(accept, dim=1), residual
 
 
-class RecursiveRejection(TreeVerifier):
+class RecursiveRejection(ChainWalkVerifier):
     """Recursive rejection sampling over K i.i.d. drafts (any L: applied at every tree node).
 
     Duplicated drafts are tried again (skipping them breaks exactness with i.i.d. drafts).
@@ -48,7 +48,7 @@ class RecursiveRejection(TreeVerifier):
     rule = RecursiveRejectionRule(without_replacement=False)
 
 
-class RecursiveRejectionWithoutReplacement(TreeVerifier):
+class RecursiveRejectionWithoutReplacement(ChainWalkVerifier):
     """Recursive rejection sampling for drafts drawn without replacement (L = 1).
 
     The drafts must be distinct tokens drawn sequentially from p with the drawn tokens

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise
+from spectr_audit.verifiers._walk import NodeRule, ChainWalkVerifier, gather_tokens, normalise
 
 __all__ = ["SpeculativeSampling", "MaximalCouplingRule"]
 
@@ -24,7 +24,7 @@ class MaximalCouplingRule(NodeRule):
         return accept_probs, excess
 
 
-class SpeculativeSampling(TreeVerifier):
+class SpeculativeSampling(ChainWalkVerifier):
     """Single-draft speculative sampling (Leviathan et al.; Chen et al.), K = 1, any L.
 
     Each draft token is accepted with probability ``min(1, q(x) / p(x))`` in turn; at the

@@ -1,4 +1,4 @@
-"""Optimality bounds: alpha* (closed form and LP), SpecTr's guarantee, and the block LPs.
+"""Optimality bounds: alpha* (closed form and LP), SpecTr's guarantee, the block LPs, and the draft-tree bounds.
 """
 
 from __future__ import annotations
@@ -19,6 +19,14 @@ from .block_lp import (
     CLARABEL_OPTIONS,
     block_lp,
 )
+from .tree_lp import (
+    TreeBound,
+    TreeLPResult,
+    tree_bound,
+    tree_lp,
+    tree_optimal_acceptance,
+    tree_paths_target_mass,
+)
 
 __all__ = [
     "KSeqAcceptanceResult",
@@ -33,4 +41,10 @@ __all__ = [
     "CLARABEL_FALLBACK_OPTIONS",
     "CLARABEL_OPTIONS",
     "block_lp",
+    "TreeBound",
+    "TreeLPResult",
+    "tree_bound",
+    "tree_lp",
+    "tree_optimal_acceptance",
+    "tree_paths_target_mass",
 ]

@@ -314,8 +314,10 @@ def optimal_acceptance(
 def _iid_set_probs(draft: np.ndarray, num_drafts: int) -> dict[frozenset[int], float]:
     """P(set of distinct drafts = S) for K i.i.d. drafts, by enumerating multisets."""
     support = np.flatnonzero(draft > 0).tolist()
-    k_factorial = math.factorial(num_drafts)
     set_probs: dict[frozenset[int], float] = {}
+    if num_drafts > _EXACT_MULTINOMIAL_MAX_K:
+        return _iid_set_probs_log(draft, support, num_drafts)
+    k_factorial = math.factorial(num_drafts)
     for multiset in itertools.combinations_with_replacement(support, num_drafts):
         coefficient = k_factorial
         weight = 1.0
@@ -325,6 +327,27 @@ def _iid_set_probs(draft: np.ndarray, num_drafts: int) -> dict[frozenset[int], f
             weight *= float(draft[token]) ** count
         key = frozenset(multiset)
         set_probs[key] = set_probs.get(key, 0.0) + coefficient * weight
+    return set_probs
+
+
+#: Up to this K the multinomial weights are exact integers times float powers; beyond, K! overflows a
+#: float (171! > 1.8e308) and p^m underflows while their product need not: logarithms instead.
+_EXACT_MULTINOMIAL_MAX_K = 170
+
+
+def _iid_set_probs_log(draft: np.ndarray, support: list, num_drafts: int) -> dict[frozenset[int], float]:
+    """:func:`_iid_set_probs` for large K: multisets as count vectors (stars and bars, O(n) each, not O(K)),
+    weights ``exp(lgamma(K + 1) - sum lgamma(m_i + 1) + sum m_i log p_i)``."""
+    n = len(support)
+    logs = [math.log(float(draft[t])) for t in support]
+    log_k_factorial = math.lgamma(num_drafts + 1)
+    set_probs: dict[frozenset[int], float] = {}
+    for bars in itertools.combinations(range(num_drafts + n - 1), n - 1):
+        edges = (-1, *bars, num_drafts + n - 1)
+        counts = [edges[i + 1] - edges[i] - 1 for i in range(n)]
+        log_mass = log_k_factorial + sum(c * lp - math.lgamma(c + 1) for c, lp in zip(counts, logs) if c)
+        key = frozenset(t for t, c in zip(support, counts) if c)
+        set_probs[key] = set_probs.get(key, 0.0) + math.exp(log_mass)
     return set_probs
 
 

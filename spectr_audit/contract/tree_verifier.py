@@ -410,12 +410,14 @@ def as_tree_verifier(obj: Any, name: Optional[str] = None) -> TreeVerifier:
     * a :class:`TreeVerifier` instance is returned as it is (renamed if ``name`` is given);
     * a class is instantiated with no arguments, then converted;
     * a chain :class:`~spectr_audit.contract.verifier.Verifier` runs on chain trees
-      (:class:`~spectr_audit.contract.chain_trees.ChainVerifierAsTree`);
+      (:class:`~spectr_audit.contract.chain_trees.ChainVerifierAsTree`), except a
+      :class:`~spectr_audit.contract.chain_trees.TreeVerifierAsChain`, whose tree verifier is
+      returned (renamed if ``name`` is given);
     * an object with a ``verify_tree`` method is wrapped, keeping its ``tree_output_probs``,
       ``draft_schemes`` and ``supports_tree``;
     * a plain callable of the ``verify_tree`` signature is wrapped by :class:`FunctionTreeVerifier`.
     """
-    from spectr_audit.contract.chain_trees import ChainVerifierAsTree
+    from spectr_audit.contract.chain_trees import ChainVerifierAsTree, TreeVerifierAsChain
     from spectr_audit.contract.verifier import Verifier
 
     if isinstance(obj, type):
@@ -427,6 +429,10 @@ def as_tree_verifier(obj: Any, name: Optional[str] = None) -> TreeVerifier:
         if name:
             obj.name = name
         return obj
+    if isinstance(obj, TreeVerifierAsChain):
+        if name:
+            obj.tree_verifier.name = name
+        return obj.tree_verifier
     if isinstance(obj, Verifier):
         return ChainVerifierAsTree(obj, name=name)
     if hasattr(obj, "verify_tree") and callable(obj.verify_tree):

@@ -453,6 +453,8 @@ def as_verifier(obj: Any, name: Optional[str] = None) -> Verifier:
     * a class is instantiated with no arguments, then converted;
     * an object with a ``verify`` method is wrapped, keeping its ``output_probs``
       and the contract attributes it declares;
+    * an object or function that declares ``takes_logits = True``, or has a ``verify_logits``
+      method, goes through :func:`~spectr_audit.contract.logits.as_logits_verifier`;
     * a plain callable of the ``verify`` signature is wrapped by :class:`FunctionVerifier`.
     """
     if isinstance(obj, type):
@@ -464,6 +466,11 @@ def as_verifier(obj: Any, name: Optional[str] = None) -> Verifier:
         if name:
             obj.name = name
         return obj
+    if getattr(obj, "takes_logits", False) or callable(getattr(obj, "verify_logits", None)):
+        # it takes raw logits and sampling parameters (docs/sampling.md)
+        from spectr_audit.contract.logits import as_logits_verifier
+
+        return as_logits_verifier(obj, name=name)
     if hasattr(obj, "verify") and callable(obj.verify):
         kwargs = {attr: getattr(obj, attr) for attr in _PASSTHROUGH_ATTRS if hasattr(obj, attr)}
         law = getattr(obj, "output_probs", None)

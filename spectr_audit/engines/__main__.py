@@ -8,8 +8,12 @@ Usage::
 Prints one JSON object: the engine and its version, the exactness verdict (``pvalue``,
 ``rejects`` at ``alpha``, ``num_samples``, ``seed``) and the acceptance against the optimum
 (``acceptance`` with a 99.9% interval, ``optimal_acceptance`` = alpha*, ``optimality_pvalue``
-of "acceptance below alpha*").  Exit status 0 when exactness is not rejected, 1 when it is,
-2 on a usage error.  Default case: draft (0.1, 0.2, 0.3, 0.4), target (0.4, 0.3, 0.2, 0.1),
+of "acceptance below alpha*"), the ``verdict`` (``exact``, ``INCONCLUSIVE`` when nothing was
+rejected below the planned power, ``CERTIFIED`` with ``--certify-tv``, ``FINDING``) and the TV
+estimate on the partition with its interval.  ``--samples N`` runs N samples; ``--max-samples``
+and ``--max-seconds`` cap them.  Exit status 0 when exactness is not rejected, 1 when it is (or a
+certificate is refuted), 2 on a usage error, 3 with ``--fail-on-inconclusive`` (or
+``--certify-tv``) when the verdict is INCONCLUSIVE.  Default case: draft (0.1, 0.2, 0.3, 0.4), target (0.4, 0.3, 0.2, 0.1),
 alpha* = 0.6.
 """
 
@@ -30,9 +34,15 @@ def main(argv=None) -> int:
     parser.add_argument("--draft", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4], help="draft distribution")
     parser.add_argument("--target", type=float, nargs="+", default=[0.4, 0.3, 0.2, 0.1], help="target distribution")
     parser.add_argument("--draft-len", type=int, default=1)
-    parser.add_argument("--samples", type=int, default=defaults.CHECK_SAMPLES)
+    parser.add_argument("--samples", type=int, default=None,
+                        help=f"samples to run (default {defaults.CHECK_SAMPLES}; with --certify-tv: planned for it)")
     parser.add_argument("--seed", type=int, default=defaults.SEED)
     parser.add_argument("--alpha", type=float, default=defaults.ALPHA)
+    parser.add_argument("--max-samples", type=int, default=None, help="cap on the samples (default: --samples)")
+    parser.add_argument("--max-seconds", type=float, default=None, help="wall-time budget of the sampling")
+    parser.add_argument("--certify-tv", type=float, default=None, metavar="EPS",
+                        help="certify TV <= EPS on the partition (the sample is planned for it unless --samples)")
+    parser.add_argument("--fail-on-inconclusive", action="store_true", help="exit 3 on an INCONCLUSIVE verdict")
     args = parser.parse_args(argv)
 
     from spectr_audit.bounds.acceptance import optimal_acceptance
@@ -44,7 +54,10 @@ def main(argv=None) -> int:
         alpha_star = optimal_acceptance(args.draft, args.target, 1).item()
         result = statistical_audit(
             verifier, ContextFreeModel(args.draft), ContextFreeModel(args.target), 1, args.draft_len,
-            num_samples=args.samples, seed=args.seed, alpha=args.alpha, stratify=False, claimed_acceptance=alpha_star,
+            num_samples=(args.samples if args.samples is not None
+                         else None if args.certify_tv is not None else defaults.CHECK_SAMPLES),
+            max_samples=args.max_samples, max_seconds=args.max_seconds, certify_tv=args.certify_tv,
+            seed=args.seed, alpha=args.alpha, stratify=False, claimed_acceptance=alpha_star,
         )
     except InvalidArgument as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -65,8 +78,23 @@ def main(argv=None) -> int:
         "optimal_acceptance": alpha_star,
         "optimality_pvalue": result.optimality_pvalue,
         "block_efficiency": result.block_efficiency,
+        "verdict": result.verdict,
+        "tv_estimate": result.tv_estimate,
+        "tv_interval": [result.tv_lower, result.tv_upper],
+        "tv_confidence": result.tv_confidence,
+        "partition": result.partition,
+        "min_detectable_tv": result.min_detectable_tv,
+        "requested_tv": result.requested_tv,
+        "power_at_requested_tv": result.power_at_requested_tv,
+        "stop_reason": result.stop_reason,
+        "certify_tv": result.certify_tv,
+        "certification": result.certification,
     }, indent=2))
-    return 1 if result.rejects() else 0
+    if result.verdict == "FINDING":
+        return 1
+    if result.inconclusive and (args.fail_on_inconclusive or args.certify_tv is not None):
+        return 3
+    return 0
 
 
 if __name__ == "__main__":

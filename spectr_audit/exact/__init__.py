@@ -1,4 +1,4 @@
-"""The exact audit: single-iteration and multi-iteration laws by enumeration.
+"""The exact audit: single-iteration and multi-iteration laws, and one draft-tree step, by enumeration.
 """
 
 from __future__ import annotations
@@ -9,6 +9,13 @@ from .iteration import (
     enumerate_drafts,
     exact_iteration,
     string_of,
+)
+from .tree import (
+    ExactTreeResult,
+    TreeDraftEnumeration,
+    enumerate_tree_drafts,
+    exact_tree,
+    tree_enumeration_size,
 )
 from .multi_iteration import (
     MultiIterationResult,
@@ -25,4 +32,9 @@ __all__ = [
     "MultiIterationResult",
     "exact_multi_iteration",
     "target_string_law",
+    "ExactTreeResult",
+    "TreeDraftEnumeration",
+    "enumerate_tree_drafts",
+    "exact_tree",
+    "tree_enumeration_size",
 ]

@@ -296,6 +296,8 @@ def exact_iteration(
     prefix: Sequence[int] = (),
     draft_scheme: Optional[str] = None,
     chunk_size: int = 8192,
+    params=None,
+    order="vllm",
 ) -> ExactIterationResult:
     """Exact law of one step of ``verifier`` after ``prefix``, by enumerating draft tuples.
 
@@ -311,6 +313,15 @@ def exact_iteration(
         Defaults to the verifier's declared scheme.
     chunk_size : int
         Draft tuples per ``output_probs`` call (bounds memory).
+    params : SamplingParams, optional
+        Sampling parameters (one setting, scalars).  The models are then raw: the drafts are
+        enumerated from the processed draft law, the step is held to the processed target law
+        (:func:`~spectr_audit.contract.sampling.process_logits` with ``order``), and a verifier
+        that takes logits gets the raw logits of every node and ``params``
+        (:func:`~spectr_audit.contract.logits.output_probs_with_params`; docs/sampling.md).
+        ``None``: the models' laws as they are (the probability path).
+    order : str, sequence of str or ProcessingOrder
+        The engine's processing conventions (default ``"vllm"``).
 
     Returns
     -------
@@ -329,7 +340,21 @@ def exact_iteration(
     ...                         ContextFreeModel([0.3, 0.7]), num_drafts=2)
     >>> audit.max_abs_error < 1e-12
     True
+
+    With sampling parameters, a verifier that applies them to the draft only is flagged:
+
+    >>> from spectr_audit.contract.sampling import SamplingParams
+    >>> from spectr_audit.drafting.processed import ContextFreeLogitsModel
+    >>> audit = exact_iteration(load_verifier("params-draft-only"), ContextFreeLogitsModel([1.0, 0.0, -1.0]),
+    ...                         ContextFreeLogitsModel([0.0, 1.0, -1.0]), num_drafts=1,
+    ...                         params=SamplingParams(temperature=0.5))
+    >>> round(audit.tv_distance, 4)
+    0.2071
     """
+    if params is not None:
+        from spectr_audit.drafting.processed import bind_params
+
+        verifier, draft_model, target_model = bind_params(verifier, draft_model, target_model, params, order, prefix)
     if not verifier.has_exact_law:
         raise InvalidArgument(f"verifier: {verifier.name!r} has no exact law (output_probs); use the statistical audit")
     verifier.check_supports(num_drafts, draft_len)

@@ -258,6 +258,8 @@ def exact_multi_iteration(
     draft_scheme: Optional[str] = None,
     carried_correction: Optional[Callable] = None,
     max_histories: int = MAX_HISTORIES,
+    params=None,
+    order="vllm",
 ) -> MultiIterationResult:
     """Exact law of the first ``num_tokens`` tokens of the decoding loop with ``verifier``.
 
@@ -279,6 +281,14 @@ def exact_multi_iteration(
         Overrides ``verifier.carried_correction`` (e.g. for a wrapped third-party verifier).
     max_histories : int
         Refuse (InvalidArgument) when more live histories than this would be followed.
+    params : SamplingParams, optional
+        Sampling parameters (one setting, scalars): the models are then raw, every iteration
+        drafts from the processed draft law, the loop is held to the processed target's law,
+        and a verifier that takes logits gets the raw logits at every node of every history and
+        ``params`` (docs/sampling.md).  Such a verifier cannot carry a correction (a correction
+        adjusts the target's probabilities, which it is not handed).
+    order : str, sequence of str or ProcessingOrder
+        The engine's processing conventions (default ``"vllm"``).
 
     Returns
     -------
@@ -306,6 +316,10 @@ def exact_multi_iteration(
     verifier.check_supports(num_drafts, draft_len)
     draft_scheme = draft_scheme or verifier.draft_scheme
     correct = carried_correction or getattr(verifier, "carried_correction", None)
+    logits_law = None
+    if params is not None:
+        draft_model, target_model, logits_law = _with_params(verifier, draft_model, target_model, params, order,
+                                                             correct is not None)
     vocab_size = draft_model.vocab_size
     prefix = tuple(int(t) for t in prefix)
 
@@ -328,10 +342,10 @@ def exact_multi_iteration(
             )
         tuples = _draft_tuples(live, prefix, enumerations, draft_model, target_model, num_drafts, draft_len,
                                draft_scheme)
-        law = check_output_probs(
-            verifier.output_probs(tuples.draft_tokens, tuples.draft_probs, tuples.target_probs).double(),
-            tuples.draft_tokens.shape[0], num_drafts, draft_len, vocab_size, who=verifier.name,
-        )
+        raw_law = (verifier.output_probs(tuples.draft_tokens, tuples.draft_probs, tuples.target_probs)
+                   if logits_law is None else logits_law(live, prefix, enumerations, tuples))
+        law = check_output_probs(raw_law.double(), tuples.draft_tokens.shape[0], num_drafts, draft_len, vocab_size,
+                                 who=verifier.name)
         if correct is None and tally.num_histories == 1:
             _refuse_hidden_corrections(verifier, tuples)
         live = _iterate(live, tuples, law, correct, num_tokens, vocab_size, tally)
@@ -353,6 +367,43 @@ def exact_multi_iteration(
         expected_iterations=tally.expected_iterations,
         num_histories=tally.num_histories,
     )
+
+
+def _with_params(verifier, draft_model, target_model, params, order, carries: bool):
+    """The processed models, and (for a verifier that takes logits) the function giving its law on a round's tuples."""
+    from spectr_audit.contract.logits import output_probs_with_params, takes_logits
+    from spectr_audit.drafting.processed import audit_params, is_processed, node_logits, processed_model
+
+    params = audit_params(params)
+    if is_processed(draft_model) or is_processed(target_model):
+        raise InvalidArgument("draft_model, target_model: give the raw models; the parameters process them")
+    draft_model, target_model = processed_model(draft_model, params, order), processed_model(target_model, params, order)
+    if not takes_logits(verifier):
+        return draft_model, target_model, None  # handed the processed laws, as verify_with_params would
+    if carries:
+        raise InvalidArgument(
+            f"verifier: {verifier.name!r} takes logits and carries a correction; a correction adjusts target "
+            f"probabilities, which a logits verifier is not handed"
+        )
+    cache: dict = {}
+
+    def law(live: _Histories, prefix: tuple, enumerations: dict, tuples: _Tuples) -> torch.Tensor:
+        # the raw logits of every tuple, in _draft_tuples' row order (histories in turn), cached by context
+        draft_rows, target_rows = [], []
+        for row_tokens, length in zip(live.tokens.tolist(), live.lengths.tolist()):
+            context = prefix + tuple(row_tokens[:length])
+            if context not in cache:
+                tokens = enumerations[context].draft_tokens  # [N, K, L]
+                contexts = contexts_from(context, torch.zeros(tokens.shape[0], 0, dtype=torch.int64))
+                padded = torch.cat([tokens, tokens[:, :, :1]], dim=2)  # the last column is never read
+                cache[context] = (node_logits(draft_model, contexts, tokens, tokens.shape[2]),
+                                  node_logits(target_model, contexts, padded, tokens.shape[2] + 1))
+            draft_rows.append(cache[context][0])
+            target_rows.append(cache[context][1])
+        return output_probs_with_params(verifier, tuples.draft_tokens, torch.cat(draft_rows), torch.cat(target_rows),
+                                        params, order=order, validate=False)
+
+    return draft_model, target_model, law
 
 
 def _prefix_cap_excess(

@@ -143,6 +143,9 @@ class RealLMOptions:
         False-alarm rate of one result's checks (Holm within the result).
     power : float
         Power used to state the sampled test's minimum detectable TV.
+    min_detectable_tv : float
+        The minimum detectable TV planned: a result whose sampled test rejects nothing while
+        detecting only larger TVs is INCONCLUSIVE (the ``--quick`` preset reaches about 0.6).
     dtype : {"auto", "bfloat16", "float32"}
     num_threads : int or None
         ``torch.set_num_threads`` for the run (None: leave torch's setting).
@@ -168,6 +171,7 @@ class RealLMOptions:
     seed: int = defaults.SEED
     alpha: float = defaults.ALPHA
     power: float = defaults.POWER
+    min_detectable_tv: float = defaults.MIN_DETECTABLE_TV
     dtype: str = "auto"
     num_threads: Optional[int] = None
     max_tree_rows: int = 576
@@ -291,6 +295,17 @@ def _holm_checks(tests: Sequence[TestResult], alpha: float) -> tuple[list[TestRe
                             f"{t.detail}: Holm-adjusted p-value {t.pvalue_adjusted:.3g} "
                             f"{'>=' if held else '<'} {alpha:g}, exactness {outcome}"))
     return adjusted, tuple(checks)
+
+
+def _mark_underpowered(checks: tuple, sampled: TestResult, planned: float) -> tuple:
+    """The checks, the sampled test's marked INCONCLUSIVE when nothing failed and it detects only TVs above ``planned``."""
+    detectable = sampled.min_detectable_tv
+    if any(not c.passed for c in checks) or detectable is None or not detectable > planned:
+        return checks
+    note = (f"; minimum detectable TV {detectable:.3g}, above the {planned:g} planned: INCONCLUSIVE "
+            "(nothing rejected, too few samples to show exactness at the planned power)")
+    return tuple(dataclasses.replace(c, inconclusive=True, detail=c.detail + note) if c.name == sampled.name else c
+                 for c in checks)
 
 
 def _verdict_metrics(tests: Sequence[TestResult], sampled: TestResult, alpha: float) -> dict:
@@ -417,7 +432,8 @@ def _token_audit(
     # The sampled test counts at the Holm level alpha / m at worst: its power is stated there.
     sampled = tallied.tally.test(options.alpha / (len(tests) + 1), options.power)
     tests, checks = _holm_checks([sampled, *tests], options.alpha)
-    metrics.update(_verdict_metrics(tests, tests[0], options.alpha))
+    checks = _mark_underpowered(checks, tests[0], options.min_detectable_tv)
+    metrics.update(_verdict_metrics(tests, tests[0], options.alpha), requested_tv=options.min_detectable_tv)
     metrics.update(first_token_pvalue=sampled.pvalue, first_token_min_detectable_tv=sampled.min_detectable_tv)
     if len(tests) > 1:
         metrics["rb_pvalue"] = tests[1].pvalue
@@ -497,6 +513,7 @@ def _decode_audit(
     mean, low, high = _mean_ci(per_row_efficiency)
     tests, checks = _holm_checks([tally.test(options.alpha, options.power)], options.alpha)
     test = tests[0]
+    checks = _mark_underpowered(checks, test, options.min_detectable_tv)
     method = METHOD_LABELS.get(verifier.name, verifier.name)
     metrics = {
         "num_drafts": K, "draft_len": L, "block_efficiency": mean, "block_efficiency_ci_low": low,
@@ -504,6 +521,7 @@ def _decode_audit(
         "tokens": float(row_tokens.sum()), "acceptance": first_in_drafts / iterations,
         "first_token_pvalue": test.pvalue, "first_token_min_detectable_tv": test.min_detectable_tv,
         **_verdict_metrics(tests, test, options.alpha), "num_samples": iterations, "seconds": seconds,
+        "requested_tv": options.min_detectable_tv,
     }
     details = {"method": method, "sampled_test": test.to_dict(), "sample_text": sample_text,
                "partition": describe_ratio_cells(num_cells),

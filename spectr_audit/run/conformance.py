@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from spectr_audit import defaults
 from spectr_audit._validation import check_prob
 from spectr_audit.errors import InvalidArgument, SpectrAuditError, VerifierError
+from spectr_audit.run import budget, guard
 
 __all__ = ["ConformanceCheck", "ConformanceResult", "ConformanceFailure", "check_verifier", "standard_suite"]
 
@@ -70,6 +71,16 @@ class ConformanceResult:
         return all(c.passed for c in self.checks) and self.audit.passed
 
     @property
+    def inconclusive(self) -> list:
+        """Fidelity results that held only without the power asked for (a budget; a certificate not reached)."""
+        return self.audit.inconclusive
+
+    @property
+    def certified(self) -> bool:
+        """Whether every fidelity result is CERTIFIED (only with ``certify_tv``)."""
+        return bool(self.audit.results) and all(r.verdict == "CERTIFIED" for r in self.audit.results)
+
+    @property
     def failures(self) -> list:
         """Failed contract checks and fidelity results that did not go as expected."""
         return [c for c in self.checks if not c.passed] + [r for r in self.audit.results if not r.as_expected]
@@ -80,12 +91,19 @@ class ConformanceResult:
         failed_results = [r for r in self.audit.results if not r.as_expected]
         total = len(self.checks) + len(self.audit.results)
         if not failed_checks and not failed_results:
-            return f"check_verifier({self.verifier}): all {total} checks passed"
+            inconclusive = self.inconclusive
+            note = "" if not inconclusive else (
+                f"; {len(inconclusive)} INCONCLUSIVE (nothing rejected, below the planned power: "
+                + ", ".join(r.case for r in inconclusive[:5]) + (" ..." if len(inconclusive) > 5 else "") + ")")
+            return f"check_verifier({self.verifier}): all {total} checks passed{note}"
         lines = [f"check_verifier({self.verifier}): {len(failed_checks) + len(failed_results)} of {total} checks failed"]
         for check in failed_checks:
             lines.append(f"  contract: {check}")
         for result in failed_results:
             lines.extend("  " + line for line in describe_result(result, max_cells).splitlines())
+        split = alpha_split_text(self.alpha, [r.metrics.get("alpha") for r in self.audit.results])
+        if split:
+            lines.append(f"  ({split})")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -98,6 +116,32 @@ class ConformanceFailure(SpectrAuditError, AssertionError):
     def __init__(self, report: ConformanceResult):
         super().__init__(report.message())
         self.report = report
+
+
+def alpha_split_text(alpha: float, test_alphas: Sequence[Any]) -> str:
+    """Why a statistical check's threshold is below ``alpha``: the call's false-alarm rate split over its tests.
+
+    ``test_alphas``: the level each audit ran at (``metrics["alpha"]``; None where none ran).
+    Returns "" when every audit ran at ``alpha`` itself (or none ran).
+
+    Examples
+    --------
+    >>> alpha_split_text(0.001, [0.0002, 0.0002, None])
+    'alpha = 0.001 is the false-alarm rate of the whole check, split over its 5 statistical tests (Bonferroni): each runs at 0.001 / 5 = 0.0002'
+    """
+    levels = sorted({float(a) for a in test_alphas if isinstance(a, (int, float)) and not isinstance(a, bool)})
+    if not levels or all(math.isclose(a, alpha) for a in levels):
+        return ""
+    parts = [f"{alpha:g} / {round(alpha / level)} = {level:g}" for level in levels]
+    counts = " or ".join(str(round(alpha / level)) for level in levels)
+    return (f"alpha = {alpha:g} is the false-alarm rate of the whole check, split over its {counts} statistical tests "
+            f"(Bonferroni): each runs at {' or '.join(parts)}")
+
+
+def _hide_for_failure(excinfo: Any) -> bool:
+    """pytest's ``__tracebackhide__`` filter: hide :func:`check_verifier`'s frame for its own
+    :class:`ConformanceFailure` (the message says everything), keep it for any other error."""
+    return excinfo.errisinstance(ConformanceFailure)
 
 
 def describe_result(result: Any, max_cells: int = 5) -> str:
@@ -189,7 +233,12 @@ def _to_verifier(verifier: Any, name: Optional[str], output_probs: Optional[Call
     from spectr_audit.registry import load_verifier
 
     is_plain_function = (callable(verifier) and not isinstance(verifier, (type, str, Verifier))
-                         and not hasattr(verifier, "verify"))
+                         and not hasattr(verifier, "verify") and not hasattr(verifier, "verify_logits"))
+    if is_plain_function and getattr(verifier, "takes_logits", False):
+        from spectr_audit.contract.logits import FunctionLogitsVerifier
+
+        # fn(draft_tokens, draft_logits, target_logits, params, generator), as engines verify
+        return FunctionLogitsVerifier(verifier, name=name, output_probs=output_probs, draft_scheme=draft_scheme or "iid")
     if is_plain_function:
         return FunctionVerifier(verifier, name=name, output_probs=output_probs, draft_scheme=draft_scheme or "iid")
     if output_probs is not None:
@@ -257,8 +306,12 @@ def _contract_checks(verifier, num_drafts: int, draft_len: int, seed: int, batch
     checks.append(ConformanceCheck("output contract", where, True, "int64 [batch_size] fields in range"))
     changed = [name for name, before, after in zip(("draft_tokens", "draft_probs", "target_probs"), originals, inputs)
                if not torch.equal(before, after)]
-    checks.append(ConformanceCheck("inputs unchanged", where, not changed,
-                                   f"verify modified {', '.join(changed)} in place" if changed else ""))
+    changed = [f"verify modified {', '.join(changed)} in place"] if changed else []
+    # The contract inputs have zero entries by design (a forbidden token, an unproposed one), and an
+    # in-place change that scales or clamps an entry leaves a zero unchanged: check on inputs whose
+    # every probability is positive too.
+    changed += guard.dense_mutations(verifier, vocab_size, num_drafts, draft_len, seed, batch_size)
+    checks.append(ConformanceCheck("inputs unchanged", where, not changed, "; ".join(changed)))
     # Determinism under a fixed generator.
     second = run(inputs, seed)
     differs = ((first.num_accepted != second.num_accepted) | (first.draft_index != second.draft_index)
@@ -378,36 +431,28 @@ def _law_checks(verifier, batch, num_samples: int, alpha: float, seed: int, wher
 # ---------------------------------------------------------------------------------------------
 
 
-def _sampled_fidelity(verifier, case, result, alpha: float, max_samples: int, seed: int):
+def _sampled_fidelity(verifier, case, result, options):
     """Add the statistical audit to a result that measured no fidelity (a black box)."""
-    from spectr_audit.results import Check
+    from spectr_audit.run.runner import add_statistical_result
 
     try:
         from spectr_audit.statistical.audit import statistical_audit
     except ImportError:  # pragma: no cover - a build without the statistical audit
         return dataclasses.replace(result, details={**result.details, "note": "no exact law and no statistical audit"})
+    sampling = {} if getattr(case, "params", None) is None else {"params": case.params, "order": case.order}
     try:
         audit = statistical_audit(verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len,
-                                  prefix=case.prefix, alpha=alpha, max_samples=max_samples, seed=seed)
+                                  prefix=case.prefix, alpha=options.alpha, max_samples=options.max_samples,
+                                  max_seconds=options.max_seconds, seed=options.seed, certify_tv=options.certify_tv,
+                                  **sampling)
     except (SpectrAuditError, ValueError, RuntimeError, TypeError, IndexError) as exc:
         return dataclasses.replace(result, error=f"statistical audit: {type(exc).__name__}: {exc}")
     metrics = dict(result.metrics)
-    metrics.update(pvalue=audit.pvalue, statistic=audit.statistic, test=audit.test, num_samples=audit.num_samples,
-                   min_detectable_tv=audit.min_detectable_tv)
-    if audit.acceptance_samples:
-        metrics["acceptance"] = audit.acceptance
-        metrics["block_efficiency"] = audit.block_efficiency
-        alpha_star = metrics.get("optimal_acceptance")
-        if isinstance(alpha_star, float) and alpha_star > 0:
-            metrics["acceptance_ratio"] = audit.acceptance / alpha_star
     details = {k: v for k, v in result.details.items() if k != "note"}
-    details["statistical"] = {"stop_reason": audit.stop_reason, "num_tests": audit.num_tests, "alpha": alpha,
-                              "min_detectable_tv": audit.min_detectable_tv}
-    details["worst_cells"] = [c.to_dict() for c in audit.worst_cells]
-    checks = tuple(c for c in result.checks if c.name != "ran")
-    checks += (Check("statistical", audit.pvalue > alpha, audit.pvalue, alpha,
-                     f"familywise p-value of 'the verifier is exact' ({audit.test}, {audit.num_samples} samples)"),)
-    return dataclasses.replace(result, checks=checks, metrics=metrics, details=details)
+    checks = [c for c in result.checks if c.name != "ran"]
+    add_statistical_result(audit, checks, metrics, details)
+    metrics["statistic"] = audit.statistic
+    return dataclasses.replace(result, checks=tuple(checks), metrics=metrics, details=details)
 
 
 def _measured_fidelity(result) -> bool:
@@ -445,6 +490,50 @@ def _supported_drafts(verifier, ks: Optional[tuple], ls: tuple) -> tuple:
     return ks
 
 
+#: The sampling settings a verifier that takes logits is checked at when none is given: a temperature
+#: below 1, top-k (above 1), top-p; each is valid in every engine's processing order.
+LOGITS_CHECK_SETTINGS: tuple = (
+    {"temperature": 0.6},
+    {"temperature": 1.3, "top_k": 2},
+    {"top_p": 0.8},
+)
+
+
+def _sampling_settings(verifier, params, order) -> list:
+    """The sampling settings to check at: ``params``; for a verifier that takes logits and none given,
+    :data:`LOGITS_CHECK_SETTINGS`; otherwise none (``[None]``: each case's own)."""
+    from spectr_audit.contract.logits import takes_logits
+    from spectr_audit.contract.sampling import SamplingParams, processing_order
+
+    processing_order(order)
+    if params is not None:
+        if not isinstance(params, SamplingParams):
+            raise InvalidArgument(f"params: expected SamplingParams, got {type(params).__name__}")
+        if params.batch_size is not None:
+            raise InvalidArgument("params: a check takes one setting for all its rows; give scalars")
+        return [params]
+    if takes_logits(verifier):
+        return [SamplingParams(**setting) for setting in LOGITS_CHECK_SETTINGS]
+    return [None]
+
+
+def _cases_at(cases: list, settings: list, order) -> list:
+    """Each chain case without parameters at each setting (named ``case/temperature=0.6`` ...); cases with
+    their own parameters, and every case when there is no setting, as they are."""
+    if settings == [None]:
+        return cases
+    out = []
+    for case in cases:
+        if getattr(case, "tree", None) is not None or case.params is not None:
+            out.append(case)
+            continue
+        for params in settings:
+            label = ",".join(f"{key}={value:g}" for key, value in params.describe().items()) or "neutral"
+            name = case.name + (f"/{label}" if len(settings) > 1 or params.describe() else "")
+            out.append(dataclasses.replace(case, name=name, params=params, order=order))
+    return out
+
+
 def _fitting_cases(verifier, suite, ks: tuple, ls: tuple) -> tuple:
     """The suite (the standard one for ``ks`` x ``ls`` by default) and its cases the verifier can run."""
     from spectr_audit.run.runner import scheme_fits
@@ -474,8 +563,19 @@ def check_verifier(
     batch_size: int = 64,
     suite: Any = None,
     raise_on_failure: bool = True,
+    max_samples: Optional[int] = None,
+    max_seconds: Optional[float] = None,
+    certify_tv: Optional[float] = None,
+    tree: Any = None,
+    max_memory: Any = None,
+    verifier_timeout: Optional[float] = defaults.VERIFIER_TIMEOUT,
+    params: Any = None,
+    order: str = "vllm",
 ) -> ConformanceResult:
     """Check that a verifier honours the contract and is lossless on a standard suite.
+
+    With ``tree`` the verifier is checked as a tree verifier on that draft tree (or those trees):
+    see :mod:`spectr_audit.run.tree_conformance`.
 
     Parameters
     ----------
@@ -506,6 +606,38 @@ def check_verifier(
     raise_on_failure : bool
         Raise :class:`ConformanceFailure` (an ``AssertionError``) when a check fails; else
         return the report.
+    max_memory : int or str, optional
+        Memory budget (bytes, or a size such as ``"4GiB"``); default a fraction of the machine's
+        memory.  A check whose batches or audits would exceed it is refused before it starts
+        (:class:`~spectr_audit.run.budget.MemoryBudgetExceeded`).
+    verifier_timeout : float, optional
+        Seconds one call of the verifier may take (``None`` or 0: no limit); a call past it
+        fails the check it was part of (:mod:`spectr_audit.run.guard`).
+    max_samples : int, optional
+        The same budget as ``num_samples`` (the name every sampling face uses); wins when given.
+    max_seconds : float, optional
+        Wall-time budget of each statistical audit's sampling.
+    tree : DraftTree, str, path list, or a list of them, optional
+        Check a tree verifier (a plain ``verify_tree`` function, a
+        :class:`~spectr_audit.contract.tree_verifier.TreeVerifier`, or a name) on these draft
+        trees: a :class:`~spectr_audit.contract.tree.DraftTree`, a spec such as
+        ``"paths:[[0],[1],[0,0]]"`` or ``"cartesian:2,2"``, or a path list.  ``draft_scheme``
+        then names the tree draft scheme to check (default: every scheme the verifier declares;
+        ``"iid"`` for a plain function); ``num_drafts`` and ``draft_len`` do not apply.
+    certify_tv : float, optional
+        Certify TV <= ``certify_tv`` on every case (a black box by the statistical audit's
+        anytime-valid upper bound on its partition, a verifier with an exact law by its exact TV);
+        ``report.certified`` says whether every case was.
+    params : SamplingParams, optional
+        Hold the verifier to the law the engine's sampler draws from with these parameters on every
+        case (one setting, scalars; docs/sampling.md).  A verifier that takes logits
+        (``takes_logits = True``, a ``verify_logits`` method, or a plain function with
+        ``fn.takes_logits = True`` and the signature ``(draft_tokens, draft_logits, target_logits,
+        params, generator)``) is handed the raw logits and the parameters; without ``params`` it is
+        checked at each setting of :data:`LOGITS_CHECK_SETTINGS` (a temperature below 1, top-k,
+        top-p).
+    order : str
+        The engine's processing order (``"vllm"``, ``"sglang"``, ``"transformers"``, ``"eagle"``).
 
     Returns
     -------
@@ -533,36 +665,79 @@ def check_verifier(
     >>> report = check_verifier("kseq", num_drafts=2, draft_len=1, num_samples=2000)
     >>> report.passed
     True
+
+    A verifier that takes logits, checked at three sampling settings:
+
+    >>> report = check_verifier("logits-speculative", num_drafts=1, raise_on_failure=False)
+    >>> report.passed, sorted({r.metrics["sampling"] for r in report.audit.results})
+    (True, ['temperature=0.6; vllm order', 'temperature=1.3, top_k=2; vllm order', 'top_p=0.8; vllm order'])
     """
+    # Inside pytest a failure is shown from the caller's line: its message names every failed check.
+    __tracebackhide__ = _hide_for_failure
     from spectr_audit.results import AuditReport
     from spectr_audit.run.runner import AuditOptions, audit_case
 
+    if tree is not None:
+        from spectr_audit.run.tree_conformance import check_tree_verifier
+
+        if num_drafts is not None or draft_len != 1:
+            raise InvalidArgument("num_drafts, draft_len: a tree check takes them from tree; drop them")
+        if certify_tv is not None:
+            raise InvalidArgument("certify_tv: not available for a tree check")
+        if params is not None:
+            raise InvalidArgument("params: a tree verifier is handed probabilities; give the processed laws as the "
+                                  "suite's models instead")
+        if max_samples is not None:
+            num_samples = max_samples
+        if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 100:
+            raise InvalidArgument(f"num_samples: expected an integer >= 100, got {num_samples!r}")
+        return check_tree_verifier(verifier, tree=tree, name=name, output_probs=output_probs,
+                                   draft_scheme=draft_scheme, seed=seed, num_samples=num_samples,
+                                   alpha=check_prob("alpha", alpha), batch_size=batch_size, suite=suite,
+                                   raise_on_failure=raise_on_failure, max_seconds=max_seconds)
     ks = None if num_drafts is None else _as_ints(num_drafts, "num_drafts")
     ls = _as_ints(draft_len, "draft_len")
+    if max_samples is not None:
+        num_samples = max_samples
+    if max_seconds is not None and (isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float))
+                                    or not 0 < max_seconds < math.inf):
+        raise InvalidArgument(f"max_seconds: expected a positive number, got {max_seconds!r}")
+    if certify_tv is not None and (isinstance(certify_tv, bool) or not isinstance(certify_tv, (int, float))
+                                   or not 0 < certify_tv < 1):
+        raise InvalidArgument(f"certify_tv: expected a number in (0, 1), got {certify_tv!r}")
     alpha = _check_arguments(seed, num_samples, alpha, batch_size, draft_scheme, suite)
     verifier = _to_verifier(verifier, name, output_probs, draft_scheme)
     ks = _supported_drafts(verifier, ks, ls)
+    settings = _sampling_settings(verifier, params, order)
     suite, cases = _fitting_cases(verifier, suite, ks, ls)
+    cases = _cases_at(cases, settings, order)
     combos = [(k, length) for k in ks for length in ls
               if verifier.draft_scheme == "iid" or (length == 1 and k <= 5)]
     # Bonferroni over every statistical test this call may run.
     num_tests = len(combos) * int(verifier.has_exact_law) + len(cases) * int(not verifier.has_exact_law)
     test_alpha = alpha / max(1, num_tests)
+    verifier_timeout = guard.check_timeout(verifier_timeout)
+    options = AuditOptions(seed=seed, alpha=test_alpha, max_samples=num_samples, max_seconds=max_seconds,
+                           certify_tv=certify_tv, max_memory=budget.resolve_max_memory(max_memory),
+                           verifier_timeout=verifier_timeout)
+    budget.check_conformance(verifier, combos, cases, batch_size=batch_size, num_samples=num_samples, options=options)
     checks: list[ConformanceCheck] = []
-    for k, length in combos:
-        checks += _contract_checks(verifier, k, length, seed, batch_size, num_samples, test_alpha)
-    options = AuditOptions(seed=seed, alpha=test_alpha, max_samples=num_samples)
     results = []
-    for case in cases:
-        result = audit_case(verifier, case, options)
-        if result.error is None and not _measured_fidelity(result):
-            result = _sampled_fidelity(verifier, case, result, test_alpha, num_samples, seed)
-        results.append(result)
+    with guard.time_limited(verifier, verifier_timeout):
+        for k, length in combos:
+            checks += _contract_checks(verifier, k, length, seed, batch_size, num_samples, test_alpha)
+        for case in cases:
+            result = audit_case(verifier, case, options)
+            if result.error is None and not _measured_fidelity(result):
+                result = _sampled_fidelity(verifier, case, result, options)
+            results.append(result)
     report = ConformanceResult(
         verifier=verifier.name,
         checks=tuple(checks),
         audit=AuditReport(results=tuple(results), suite=suite.name,
-                          meta={"num_cases": len(cases), "seed": seed, "alpha": alpha}),
+                          meta={"num_cases": len(cases), "seed": seed, "alpha": alpha,
+                                **({} if settings == [None] else {"sampling": [p.describe() for p in settings],
+                                                                  "order": order})}),
         alpha=alpha,
     )
     if raise_on_failure and not report.passed:

@@ -59,6 +59,11 @@ KNOWN_METRICS: tuple[str, ...] = (
     "statistic",
     "num_samples",
     "min_detectable_tv",
+    "tv_estimate",
+    "tv_lower",
+    "tv_upper",
+    "power_at_requested_tv",
+    "planned_samples",
     # bookkeeping
     "num_draft_tuples",
     "seconds",
@@ -323,7 +328,16 @@ class GateOutcome:
             return "gate: no thresholds"
         if self.passed:
             return f"gate passed: {', '.join(map(str, self.thresholds))} held on {self.num_gated} results"
-        lines = [f"gate failed: {len(self.violations)} violation(s) of {', '.join(map(str, self.thresholds))}"]
+        if self.violations:
+            lines = [f"gate failed: {len(self.violations)} violation(s) of {', '.join(map(str, self.thresholds))}"]
+        elif self.num_gated == 0:
+            # nothing was measured at all: say so, not "0 violations"
+            left_out = f" ({len(self.skipped)} left out: {'; '.join(self.skipped[:3])}{' ...' if len(self.skipped) > 3 else ''})"
+            lines = [f"gate failed: nothing was measured: no result was gated{left_out if self.skipped else ''}, "
+                     f"so {', '.join(map(str, self.thresholds))} checked nothing"]
+        else:
+            lines = [f"gate failed: nothing was measured for {', '.join(map(str, self.unmeasured))}: none of the "
+                     f"{self.num_gated} gated results has the metric, so the threshold checked nothing"]
         for violation in self.violations[:max_lines]:
             lines.append(f"  {violation}  [{violation.threshold.source or violation.threshold}]")
         if len(self.violations) > max_lines:

@@ -28,9 +28,12 @@ from spectr_audit.exact.iteration import exact_iteration
 from spectr_audit.drafting.models import contexts_from
 from spectr_audit.registry import builtin_verifiers, load_verifier
 from spectr_audit.results import AuditReport, AuditResult, Check
+from spectr_audit.run.budget import check_block_lp, check_jobs
+from spectr_audit.run.guard import probe_checks as guard_probe
+from spectr_audit.run.incomplete import RunAborted, RunInterrupted, incomplete_report
 from spectr_audit.run.suite import Case, Suite
 
-__all__ = ["AuditOptions", "audit_case", "declared_verdict", "error_result", "plan_jobs", "run_suite", "scheme_fits", "select_verifiers", "EXACT_TOL", "BOUND_TOL"]
+__all__ = ["AuditOptions", "audit_case", "audit_tree_case", "tree_fits", "declared_verdict", "error_result", "plan_jobs", "run_suite", "scheme_fits", "select_verifiers", "EXACT_TOL", "BOUND_TOL"]
 
 # The tolerances of the checks (documented in spectr_audit.defaults).
 EXACT_TOL = defaults.EXACT_TOL
@@ -39,6 +42,14 @@ BOUND_TOL = defaults.BOUND_TOL
 LP_TOL = defaults.LP_TOL
 #: Run the alpha* LP next to the closed form when it has at most this many variables.
 LP_MAX_VARIABLES = defaults.LP_CROSS_CHECK_MAX_VARIABLES
+
+
+def _said(passed: bool, held: str, failed: str) -> str:
+    """A check's detail in the words of its outcome: ``held`` when it passed, ``failed`` when it did not.
+
+    Reports print the detail beside the verdict, so a fixed text would contradict one of the two.
+    """
+    return held if passed else failed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +66,15 @@ class AuditOptions:
     #: Sample cap of the sampler-versus-exact-law check of verifiers with ``output_probs``.
     sampler_max_samples: Optional[int] = defaults.SAMPLER_MAX_SAMPLES
     device: str = "cpu"
+    #: Certify TV <= this on every result (``--certify-tv``): black boxes by the statistical audit's
+    #: anytime-valid upper bound on the partition, verifiers with an exact law by their exact TV.
+    certify_tv: Optional[float] = None
+    #: Memory budget in bytes (or a size such as ``"4GiB"``); ``None``: a fraction of the machine's
+    #: memory (:func:`spectr_audit.run.budget.default_max_memory`).  Audits over it are refused.
+    max_memory: Optional[int] = None
+    #: Seconds one verifier call may take before it becomes an error result (``None``: no limit);
+    #: see :mod:`spectr_audit.run.guard` for the mechanism and its limits.
+    verifier_timeout: Optional[float] = defaults.VERIFIER_TIMEOUT
 
 
 def declared_verdict(verifier: Verifier) -> Optional[bool]:
@@ -75,8 +95,10 @@ def error_result(verifier: Verifier, case: str, exc: BaseException, checks: Sequ
 
 
 def _first_position(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
-    ctx = contexts_from(case.prefix, torch.zeros(1, 0, dtype=torch.int64))
-    return case.draft_model(ctx)[0].double(), case.target_model(ctx)[0].double()
+    """The draft and target laws at the case's first position (processed, with sampling parameters)."""
+    laws = case.laws() if hasattr(case, "laws") else case
+    ctx = contexts_from(laws.prefix, torch.zeros(1, 0, dtype=torch.int64))
+    return laws.draft_model(ctx)[0].double(), laws.target_model(ctx)[0].double()
 
 
 def scheme_fits(verifier: Verifier, case: Case) -> bool:
@@ -138,7 +160,8 @@ def _optimality(case: Case, draft_scheme: str, metrics: dict, details: dict) -> 
 def _exact_checks(verifier, case, alpha_star, carries, checks, metrics, details) -> None:
     """Single-iteration exact law: exactness (the judge unless a repair is carried), prefix cap, acceptance."""
     audit = exact_iteration(
-        verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, prefix=case.prefix
+        verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, prefix=case.prefix,
+        **_sampling_args(case),
     )
     metrics.update(
         tv_distance=audit.tv_distance,
@@ -160,24 +183,45 @@ def _exact_checks(verifier, case, alpha_star, carries, checks, metrics, details)
         metrics["single_iteration_tv_distance"] = metrics.pop("tv_distance")
         metrics["single_iteration_max_abs_error"] = metrics.pop("max_abs_error")
     else:
-        checks.append(Check("exact", audit.max_abs_error <= EXACT_TOL, audit.max_abs_error, EXACT_TOL,
-                            "max |F(w) - q(w)| over strings of length L + 1 (single iteration, unmodified continuation)"))
-    checks.append(Check("prefix-cap", audit.prefix_cap_excess <= EXACT_TOL, audit.prefix_cap_excess, EXACT_TOL,
-                        "max over prefixes u of B(u) - q(u); above 0 no later correction can repair the step"))
+        exact = audit.max_abs_error <= EXACT_TOL
+        checks.append(Check("exact", exact, audit.max_abs_error, EXACT_TOL, _exact_detail(
+            exact, "strings of length L + 1", "single iteration, unmodified continuation")))
+    capped = audit.prefix_cap_excess <= EXACT_TOL
+    checks.append(Check("prefix-cap", capped, audit.prefix_cap_excess, EXACT_TOL, _prefix_cap_detail(capped)))
     if alpha_star is not None:
         acceptance = audit.acceptance
         # An LP optimum is only as accurate as the solver (about 1e-9 relative); the closed form is exact.
         tol = LP_TOL if details.get("optimal_acceptance_source") == "lp" else BOUND_TOL
         metrics["acceptance_ratio"] = acceptance / alpha_star if alpha_star > 0 else None
-        checks.append(Check("acceptance<=optimal", acceptance <= alpha_star + tol, acceptance, alpha_star,
-                            "P(first emitted token in the drafts' first tokens) <= alpha*"))
+        below = acceptance <= alpha_star + tol
+        checks.append(Check("acceptance<=optimal", below, acceptance, alpha_star, _said(
+            below, "P(first emitted token in the drafts' first tokens) <= alpha*, as for every exact verifier",
+            "P(first emitted token in the drafts' first tokens) above alpha*, which no exact verifier reaches")))
         if "optimal" in verifier.guarantees:
-            checks.append(Check("acceptance>=optimal", acceptance >= alpha_star - tol, acceptance, alpha_star,
-                                "the verifier claims the optimal acceptance alpha*"))
+            reached = acceptance >= alpha_star - tol
+            checks.append(Check("acceptance>=optimal", reached, acceptance, alpha_star, _said(
+                reached, "reaches the optimal acceptance alpha* it claims",
+                "below the optimal acceptance alpha* it claims")))
         if "spectr" in verifier.guarantees and "spectr_bound" in metrics:
             floor = metrics["spectr_bound"]
-            checks.append(Check("spectr-guarantee", acceptance >= floor - BOUND_TOL, acceptance, floor,
-                                "acceptance >= (1 - (1 - 1/K)^K) alpha*"))
+            kept = acceptance >= floor - BOUND_TOL
+            checks.append(Check("spectr-guarantee", kept, acceptance, floor, _said(
+                kept, "acceptance >= (1 - (1 - 1/K)^K) alpha*: SpecTr's guarantee kept",
+                "acceptance below (1 - (1 - 1/K)^K) alpha*: SpecTr's guarantee broken")))
+
+
+def _exact_detail(passed: bool, strings: str, how: str) -> str:
+    """The ``exact`` check's detail: the implied law is the target's, or not, over ``strings``."""
+    return _said(passed, f"max |F(w) - q(w)| over {strings} within the tolerance: the implied law is the target's ({how})",
+                 f"max |F(w) - q(w)| over {strings} above the tolerance: the implied law is not the target's ({how}; "
+                 "the worst strings are listed)")
+
+
+def _prefix_cap_detail(passed: bool) -> str:
+    """The ``prefix-cap`` check's detail."""
+    return _said(passed, "max over prefixes u of B(u) - q(u) within the tolerance: no prefix is emitted more often "
+                 "than the target allows",
+                 "a prefix u has B(u) - q(u) above the tolerance: no later correction can repair the step")
 
 
 def _multi_iteration_check(verifier, case, checks, metrics, details) -> None:
@@ -185,14 +229,19 @@ def _multi_iteration_check(verifier, case, checks, metrics, details) -> None:
 
     num_tokens = case.num_tokens or case.draft_len + 1
     audit = exact_multi_iteration(
-        verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, num_tokens, prefix=case.prefix
+        verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, num_tokens, prefix=case.prefix,
+        **_sampling_args(case),
     )
     metrics.update(tv_distance=audit.tv_distance, max_abs_error=audit.max_abs_error,
                    multi_iteration_tokens=num_tokens, multi_iteration_prefix_cap_excess=audit.prefix_cap_excess)
     details["multi_iteration"] = {"num_tokens": num_tokens, "num_histories": audit.num_histories,
                                   "expected_iterations": audit.expected_iterations}
-    checks.append(Check("exact-multi-iteration", audit.max_abs_error <= MULTI_TOL, audit.max_abs_error, MULTI_TOL,
-                        f"max |P(first {num_tokens} tokens = w) - q(w)| over the whole decoding loop, corrections applied"))
+    exact = audit.max_abs_error <= MULTI_TOL
+    checks.append(Check("exact-multi-iteration", exact, audit.max_abs_error, MULTI_TOL, _said(
+        exact, f"max |P(first {num_tokens} tokens = w) - q(w)| within the tolerance over the whole decoding loop, "
+        "corrections applied: the loop's law is the target's",
+        f"max |P(first {num_tokens} tokens = w) - q(w)| above the tolerance over the whole decoding loop, "
+        "corrections applied: the loop's law is not the target's")))
 
 
 def _block_lp_check(case, carries, checks, metrics, details) -> None:
@@ -210,65 +259,196 @@ def _block_lp_check(case, carries, checks, metrics, details) -> None:
     metrics["block_efficiency_ratio"] = efficiency / bound if bound > 0 else None
     if metrics.get("max_abs_error", 1.0) <= EXACT_TOL or carries:
         # Only an exact verifier is bound by the LP; an inexact one can "beat" it by losing fidelity.
-        checks.append(Check("block-efficiency<=optimal", efficiency <= bound + LP_TOL, efficiency, bound,
-                            "E[len(s)] <= the block LP optimum" + (" with repair" if carries else "")))
+        below = efficiency <= bound + LP_TOL
+        optimum = "the block LP optimum" + (" with repair" if carries else "")
+        checks.append(Check("block-efficiency<=optimal", below, efficiency, bound, _said(
+            below, f"E[len(s)] <= {optimum}", f"E[len(s)] above {optimum}, which no exact verifier reaches")))
 
 
-def _statistical_check(verifier, case, options, checks, metrics, details) -> None:
+def _statistical_check(verifier, case, options, checks, metrics, details, draft_scheme=None) -> None:
     from spectr_audit.statistical.audit import statistical_audit
 
+    # a tree case samples the case's tree under draft_scheme (the tree path of the sampling stage)
+    tree = getattr(case, "tree", None)
+    tree_args = {} if tree is None else {"tree": tree, "draft_scheme": draft_scheme}
     result = statistical_audit(
         verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len,
         prefix=case.prefix, alpha=options.alpha, min_detectable_tv=options.min_detectable_tv, power=options.power,
         max_samples=options.max_samples, max_seconds=options.max_seconds, seed=options.seed, device=options.device,
+        certify_tv=options.certify_tv, **tree_args, **_sampling_args(case),
     )
+    add_statistical_result(result, checks, metrics, details)
+
+
+def add_statistical_result(result, checks: list, metrics: dict, details: dict) -> None:
+    """A :class:`~spectr_audit.statistical.results.StatisticalAuditResult` as a result's checks, metrics and details.
+
+    Metrics: the p-value, the TV estimate on the partition with its interval (``tv_estimate``,
+    ``tv_lower``, ``tv_upper`` at ``tv_confidence``), the achieved and requested minimum detectable
+    TV and the power left at the requested one, the samples run and planned, acceptance and
+    block efficiency with their intervals.  Checks: ``statistical`` (fails when exactness is
+    rejected, inconclusive when not rejected but under-powered; :func:`statistical_detail`) and, when certifying, ``certified-tv`` (fails when TV
+    above the tolerance is shown, inconclusive when the budget ran out first).
+    """
     summary = result.to_dict()
     metrics.update(pvalue=result.pvalue, test=result.test, num_samples=result.num_samples, seed=result.seed,
-                   min_detectable_tv=result.min_detectable_tv, alpha=result.alpha)
+                   min_detectable_tv=result.min_detectable_tv, alpha=result.alpha,
+                   requested_tv=result.requested_tv, power_at_requested_tv=result.power_at_requested_tv,
+                   planned_samples=result.planned_samples, tv_estimate=result.tv_estimate, tv_lower=result.tv_lower,
+                   tv_upper=result.tv_upper, tv_confidence=result.tv_confidence, stop_reason=result.stop_reason)
     if result.acceptance_samples:
         metrics.update(acceptance=result.acceptance, block_efficiency=result.block_efficiency,
-                       acceptance_ci=list(result.acceptance_ci()))
+                       acceptance_ci=list(result.acceptance_ci()),
+                       block_efficiency_ci=list(result.block_efficiency_ci()))
         if metrics.get("optimal_acceptance"):
             metrics["acceptance_ratio"] = result.acceptance / metrics["optimal_acceptance"]
     details["statistical"] = summary
     details["worst_cells"] = summary.get("worst_cells", [])
-    checks.append(Check("statistical", not result.rejects(), result.pvalue, result.alpha,
-                        f"{result.test}: exactness not rejected at the stated false-alarm rate "
-                        f"(minimum detectable TV {result.min_detectable_tv:.3g} at power {result.power:.2f}, "
-                        f"{result.num_samples} samples)"))
+    if result.acceptance_samples:
+        # the worst cells' counts are of the main design: its size turns them into frequencies (figures)
+        details["worst_cells_num_samples"] = result.acceptance_samples
+    certifying = result.certify_tv is not None
+    rejected = result.rejects()
+    underpowered = not certifying and not rejected and result.inconclusive
+    checks.append(Check("statistical", not rejected, result.pvalue, result.alpha, statistical_detail(result),
+                        inconclusive=underpowered))
+    if certifying:
+        checks.append(Check("certified-tv", result.certification != "refuted", result.tv_upper, result.certify_tv,
+                            f"{result.certification}: upper confidence bound {result.tv_upper:.4g} on TV(F, q) on the "
+                            f"partition ({100 * result.tv_confidence:g}%, anytime-valid) vs the tolerance "
+                            f"{result.certify_tv:g}; lower bound {result.tv_lower:.4g}; {result.num_samples} of "
+                            f"{result.planned_samples} planned samples",
+                            inconclusive=result.certification == "uncertified"))
+
+
+def statistical_detail(result) -> str:
+    """The ``statistical`` check's detail, in the words of its outcome.
+
+    REJECTED (p at most alpha: exactness refuted at that false-alarm rate), INCONCLUSIVE (not
+    rejected, but the minimum detectable TV reached is above the one planned), or not rejected
+    at the planned power; then the samples, the TV estimate and its interval.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> result = NS(test="pearson", pvalue=1e-9, alpha=0.001, min_detectable_tv=0.03, power=0.99,
+    ...             requested_tv=0.05, power_at_requested_tv=1.0, num_samples=4096, stop_reason="e-process",
+    ...             tv_estimate=0.2, tv_confidence=0.999, tv_lower=0.15, tv_upper=0.25, partition="16 cells",
+    ...             certify_tv=None, inconclusive=False, rejects=lambda: True)
+    >>> statistical_detail(result).split(";")[0]
+    'pearson: exactness REJECTED: p = 1e-09 <= alpha = 0.001'
+    """
+    power = f"minimum detectable TV {result.min_detectable_tv:.3g} at power {result.power:.2f}"
+    if result.rejects():
+        outcome = f"exactness REJECTED: p = {result.pvalue:.3g} <= alpha = {result.alpha:g}; {power}"
+    elif result.certify_tv is None and result.inconclusive:
+        outcome = (f"INCONCLUSIVE: exactness not rejected (p = {result.pvalue:.3g} > alpha = {result.alpha:g}), but "
+                   f"the {power} is above the {result.requested_tv:g} planned (power "
+                   f"{result.power_at_requested_tv:.2f} at TV {result.requested_tv:g})")
+    else:
+        outcome = f"exactness not rejected: p = {result.pvalue:.3g} > alpha = {result.alpha:g}; {power}"
+    return (f"{result.test}: {outcome}; {result.num_samples} samples, stopped: {result.stop_reason}; TV on the "
+            f"partition {result.tv_estimate:.3g}, {100 * result.tv_confidence:g}% interval "
+            f"[{result.tv_lower:.3g}, {result.tv_upper:.3g}] ({result.partition})")
+
+
+def _sampling_args(case) -> dict:
+    """``params`` and ``order`` for the audits of a case with sampling parameters (none without)."""
+    params = getattr(case, "params", None)
+    return {} if params is None else {"params": params, "order": case.order}
+
+
+def _record_sampling(verifier, case, metrics: dict, details: dict) -> None:
+    """The case's sampling setting in the result: every field as a metric (JUnit properties), the summary,
+    and ``details["sampling"]`` (with whether the verifier was handed logits)."""
+    sampling = getattr(case, "sampling", None)
+    if sampling is None:
+        return
+    from spectr_audit.contract.logits import takes_logits
+
+    params = case.params
+    metrics.update(sampling=sampling["summary"], sampling_order=case.order, temperature=float(params.temperature),
+                   top_k=int(params.top_k), top_p=float(params.top_p), min_p=float(params.min_p))
+    details["sampling"] = {**sampling, "verifier_takes_logits": takes_logits(verifier)}
+
+
+def _exact_certificate(options, checks, metrics) -> None:
+    """With ``certify_tv``, an exact law is its own certificate: its TV against the tolerance."""
+    tv = metrics.get("tv_distance")
+    if options.certify_tv is None or not isinstance(tv, float):
+        return
+    certified = tv <= options.certify_tv
+    checks.append(Check("certified-tv", certified, tv, options.certify_tv, _said(
+        certified, "certified: the exact TV distance of the law (no sampling) is within the tolerance",
+        "refuted: the exact TV distance of the law (no sampling) is above the tolerance")))
 
 
 def _sampler_check(verifier, case, options, checks, metrics, details) -> None:
+    from spectr_audit.drafting.processed import bind_params
     from spectr_audit.statistical.agreement import sampler_law_agreement
 
+    # with sampling parameters: the processed laws, and a logits verifier handed the raw logits
+    verifier, draft_model, target_model = bind_params(verifier, case.draft_model, case.target_model,
+                                                      getattr(case, "params", None), getattr(case, "order", "vllm"),
+                                                      case.prefix)
     result = sampler_law_agreement(
-        verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, prefix=case.prefix,
+        verifier, draft_model, target_model, case.num_drafts, case.draft_len, prefix=case.prefix,
         alpha=options.alpha, min_detectable_tv=options.min_detectable_tv, power=options.power,
         max_samples=options.sampler_max_samples, seed=options.seed, device=options.device,
     )
     metrics.update(sampler_pvalue=result.pvalue, sampler_samples=result.num_samples,
                    sampler_min_detectable_tv=result.min_detectable_tv)
-    checks.append(Check("sampler-law", result.pvalue > result.alpha, result.pvalue, result.alpha,
-                        f"{result.test}: the sampler follows the verifier's own output_probs "
-                        f"({result.num_samples} samples, minimum detectable TV {result.min_detectable_tv:.3g})"))
+    follows = result.pvalue > result.alpha
+    measured = f"{result.num_samples} samples, minimum detectable TV {result.min_detectable_tv:.3g}"
+    checks.append(Check("sampler-law", follows, result.pvalue, result.alpha, _said(
+        follows, f"{result.test}: not rejected that the sampler follows the verifier's own output_probs "
+        f"(p = {result.pvalue:.3g} > alpha = {result.alpha:g}; {measured})",
+        f"{result.test}: REJECTED: the sampler does not follow the verifier's own output_probs "
+        f"(p = {result.pvalue:.3g} <= alpha = {result.alpha:g}; {measured})")))
 
 
 def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOptions()) -> AuditResult:
     """Audit ``verifier`` on ``case``; never raises for a verifier's own failure.
 
+    Refused (:class:`~spectr_audit.run.budget.MemoryBudgetExceeded`, before anything is allocated)
+    when a stage would exceed ``options.max_memory``; every verifier call is limited to
+    ``options.verifier_timeout`` seconds, and a probe checks that the verifier leaves its inputs
+    unchanged and is deterministic under a fixed generator (:mod:`spectr_audit.run.guard`).
+    """
+    from spectr_audit.run import budget, guard
+
+    if getattr(case, "tree", None) is not None:
+        return audit_tree_case(verifier, case.laws() if hasattr(case, "laws") else case, options)
+    budget.check_audit(verifier, case.laws() if hasattr(case, "laws") else case, options)
+    with guard.time_limited(verifier, guard.check_timeout(options.verifier_timeout)):
+        return _audit_case(verifier, case, options)
+
+
+def _audit_case(verifier: Verifier, case: Case, options: AuditOptions) -> AuditResult:
+    """:func:`audit_case` within its guards.
+
     Exact verifiers (with ``output_probs``) get the exact single-iteration audit, the
     multi-iteration audit when they carry a next-iteration repair, the block LP for
     L > 1, and optionally a sampler-versus-law check; black boxes get the statistical
     audit.  Every number lands in ``metrics``; only ``checks`` decide.
+
+    With sampling parameters (``case.params``) the audits take the raw models and the
+    parameters (a verifier that takes logits is handed the raw logits), while the bounds, the
+    block LP and the probe use the processed laws (``case.laws()``); the setting is recorded in
+    ``metrics`` (``sampling``, ``temperature``, ``top_k``, ``top_p``, ``min_p``) and in
+    ``details["sampling"]``.
     """
     from spectr_audit.contract.correction import has_carried_correction
 
     checks: list[Check] = []
     details: dict = {}
     metrics: dict = {"num_drafts": case.num_drafts, "draft_len": case.draft_len, "vocab_size": case.vocab_size}
+    laws = case.laws() if hasattr(case, "laws") else case
+    _record_sampling(verifier, case, metrics, details)
     start = time.perf_counter()
     try:
-        alpha_star = _optimality(case, verifier.draft_scheme, metrics, details) if "optimality" in case.checks else None
+        checks.extend(guard_probe(verifier, laws, options.seed))
+        alpha_star = _optimality(laws, verifier.draft_scheme, metrics, details) if "optimality" in case.checks else None
         carries = has_carried_correction(verifier)
         if verifier.has_exact_law:
             if "exact" in case.checks:
@@ -277,11 +457,13 @@ def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOpti
                 _multi_iteration_check(verifier, case, checks, metrics, details)
             if "sampler" in case.checks:
                 _sampler_check(verifier, case, options, checks, metrics, details)
+            _exact_certificate(options, checks, metrics)
         elif "statistical" in case.checks:
             _statistical_check(verifier, case, options, checks, metrics, details)
         if "block-lp" in case.checks and case.draft_len > 1 and verifier.draft_scheme == "iid":
             try:
-                _block_lp_check(case, carries, checks, metrics, details)
+                check_block_lp(laws, options)
+                _block_lp_check(laws, carries, checks, metrics, details)
             except InvalidArgument as exc:
                 details["block_lp"] = f"skipped: {exc}"
         if not checks:
@@ -295,9 +477,238 @@ def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOpti
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Draft-tree cases
+# ---------------------------------------------------------------------------------------------
+
+
+def _tree_optimality(case: Case, draft_scheme: str, metrics: dict, details: dict):
+    """The tree bound (docs/audit/bounds.md): alpha* in closed form, the best accepted length where reachable."""
+    from spectr_audit.bounds.tree_lp import tree_bound
+
+    try:
+        bound = tree_bound(case.draft_model, case.target_model, case.tree, draft_scheme, prefix=case.prefix,
+                           max_variables=LP_MAX_VARIABLES)
+    except InvalidArgument as exc:
+        details["tree_bound"] = f"skipped: {exc}"
+        return None
+    metrics["optimal_acceptance"] = bound.acceptance
+    if bound.accepted_length is not None:
+        metrics["optimal_accepted_length"] = bound.accepted_length
+    if bound.repair_accepted_length is not None:
+        metrics["optimal_accepted_length_repair"] = bound.repair_accepted_length
+    details["tree_bound"] = bound.to_dict()
+    return bound
+
+
+def _tree_bound_checks(tree_verifier, bound, checks: list, metrics: dict) -> None:
+    """Acceptance and accepted length against the tree bound (the length only for a verifier found exact)."""
+    if bound is None or "acceptance" not in metrics:
+        return
+    acceptance = metrics["acceptance"]
+    alpha_star = bound.acceptance
+    metrics["acceptance_ratio"] = acceptance / alpha_star if alpha_star > 0 else None
+    below = acceptance <= alpha_star + BOUND_TOL
+    checks.append(Check("acceptance<=optimal", below, acceptance, alpha_star, _said(
+        below, "P(first emitted token among the root's children's tokens) <= alpha* of the tree's draft scheme",
+        "P(first emitted token among the root's children's tokens) above alpha* of the tree's draft scheme, "
+        "which no exact verifier reaches")))
+    if "optimal" in tree_verifier.guarantees:
+        reached = acceptance >= alpha_star - BOUND_TOL
+        checks.append(Check("acceptance>=optimal", reached, acceptance, alpha_star, _said(
+            reached, "reaches the optimal acceptance alpha* it claims", "below the optimal acceptance alpha* it claims")))
+    best = bound.accepted_length
+    length = metrics.get("accepted_length")
+    if best is None or length is None:
+        return
+    metrics["accepted_length_ratio"] = length / best if best > 0 else None
+    if metrics.get("max_abs_error", 1.0) <= EXACT_TOL:
+        # only a lossless verifier is bound; an inexact one can "beat" the optimum by losing fidelity
+        tol = LP_TOL if bound.accepted_length_source == "lp" else BOUND_TOL
+        within = length <= best + tol
+        source = bound.accepted_length_source
+        checks.append(Check("accepted-length<=optimal", within, length, best, _said(
+            within, f"E[accepted draft tokens] <= the best of a lossless verifier ({source})",
+            f"E[accepted draft tokens] above the best of a lossless verifier ({source}), which no exact verifier "
+            "reaches")))
+
+
+def _exact_tree_reach(case: Case, draft_scheme: str) -> Optional[str]:
+    """Why the exact tree audit cannot enumerate the case (None when it can)."""
+    from spectr_audit.exact.tree import MAX_TREE_REALISATIONS, MAX_TREE_STRINGS, tree_enumeration_size
+
+    tree, vocab_size = case.tree, case.vocab_size
+    if vocab_size ** (tree.max_depth + 1) > MAX_TREE_STRINGS:
+        return f"V^(max_depth + 1) = {vocab_size ** (tree.max_depth + 1)} strings, above {MAX_TREE_STRINGS}"
+    size = tree_enumeration_size(tree, draft_scheme, vocab_size)
+    if size > MAX_TREE_REALISATIONS:
+        return f"up to {size} realisations of the drafts, above {MAX_TREE_REALISATIONS}"
+    return None
+
+
+def _exact_tree_checks(tree_verifier, case: Case, draft_scheme: str, checks: list, metrics: dict, details: dict) -> None:
+    from spectr_audit.exact.tree import exact_tree
+
+    audit = exact_tree(tree_verifier, case.draft_model, case.target_model, case.tree, draft_scheme=draft_scheme,
+                       prefix=case.prefix)
+    metrics.update(
+        tv_distance=audit.tv_distance,
+        max_abs_error=audit.max_abs_error,
+        token_tv_distance=audit.token_tv_distance,
+        prefix_cap_excess=audit.prefix_cap_excess,
+        acceptance=audit.acceptance,
+        block_efficiency=audit.block_efficiency,
+        accepted_length=audit.accepted_length,
+        num_draft_tuples=audit.num_realisations,
+        num_realisations=audit.num_realisations,
+    )
+    details["worst_strings"] = audit.worst_strings()
+    details["first_token_law"] = audit.first_token_law.tolist()
+    details["target_first_token_law"] = audit.target_law[0].tolist()
+    details["accepted_length_law"] = list(audit.accepted_length_law)
+    if audit.prefix_cap_excess > 0:
+        details["worst_prefix"] = list(audit.worst_prefix)
+    exact = audit.max_abs_error <= EXACT_TOL
+    checks.append(Check("exact", exact, audit.max_abs_error, EXACT_TOL, _exact_detail(
+        exact, "strings of max_depth + 1 tokens", "one tree step, unmodified continuation")))
+    capped = audit.prefix_cap_excess <= EXACT_TOL
+    checks.append(Check("prefix-cap", capped, audit.prefix_cap_excess, EXACT_TOL, _prefix_cap_detail(capped)))
+
+
+def tree_fits(verifier, case: Case) -> bool:
+    """Whether ``verifier`` (a tree verifier, or a chain verifier on a chain tree) can be audited on a tree case.
+
+    It must support the tree and take the case's draft scheme (by default its own first), carry no
+    next-iteration repair (a chain verifier that does is judged by the multi-iteration audit), and the
+    scheme must be able to draft the tree: without replacement, the root's draft law has as many
+    tokens as the widest node has children; under ``topk`` / ``none``, every rank is a token.
+    """
+    from spectr_audit.contract.tree_verifier import as_tree_verifier
+
+    try:
+        tree_verifier = as_tree_verifier(verifier)
+    except InvalidArgument:
+        return False
+    from spectr_audit.contract.chain_trees import ChainVerifierAsTree
+    from spectr_audit.contract.correction import has_carried_correction
+
+    if isinstance(tree_verifier, ChainVerifierAsTree) and has_carried_correction(tree_verifier.verifier):
+        return False  # judged with its repair by the multi-iteration audit, on chain cases
+    tree = case.tree
+    scheme = case.draft_scheme or tree_verifier.draft_schemes[0]
+    if not tree_verifier.supports_tree(tree) or scheme not in tree_verifier.draft_schemes:
+        return False
+    if scheme == "without_replacement":
+        draft_first, _ = _first_position(case)
+        return int((draft_first > 0).sum()) >= tree.max_children
+    if scheme in ("topk", "none"):
+        return max(tree.ranks) < case.vocab_size
+    return True
+
+
+def audit_tree_case(verifier, case: Case, options: AuditOptions = AuditOptions()) -> AuditResult:
+    """Audit a tree verifier (or a chain verifier, on a chain tree) on a draft-tree case; never raises for its failure.
+
+    The exact tree audit (:func:`spectr_audit.exact.tree.exact_tree`) where the verifier has a tree
+    law and the enumeration is within reach; otherwise the statistical audit on sampled trees
+    (when the case asks for ``statistical``, or for ``exact`` beyond the enumeration's reach).
+    Acceptance and accepted length are checked against the tree's bound
+    (:func:`spectr_audit.bounds.tree_lp.tree_bound`).  ``details["tree"]`` describes the tree.
+    """
+    from spectr_audit.contract.tree_verifier import as_tree_verifier
+    from spectr_audit.run.suite import describe_tree_case
+
+    checks: list[Check] = []
+    tree = case.tree
+    details: dict = {"tree": describe_tree_case(case)}
+    metrics: dict = {"num_drafts": case.num_drafts, "draft_len": case.draft_len, "vocab_size": case.vocab_size,
+                     "tree_draft_nodes": tree.num_draft_nodes, "tree_depth": tree.max_depth}
+    start = time.perf_counter()
+    tree_verifier = verifier
+    try:
+        tree_verifier = as_tree_verifier(verifier)
+        scheme = case.draft_scheme or tree_verifier.draft_schemes[0]
+        details["tree"]["draft_scheme"] = scheme
+        bound = _tree_optimality(case, scheme, metrics, details) if "optimality" in case.checks else None
+        exact_done = False
+        if tree_verifier.has_tree_law and "exact" in case.checks:
+            reason = _exact_tree_reach(case, scheme)
+            if reason is None:
+                _exact_tree_checks(tree_verifier, case, scheme, checks, metrics, details)
+                exact_done = True
+            else:
+                details["exact"] = f"skipped: {reason}; the statistical audit runs instead"
+        sampled = "statistical" in case.checks or ("exact" in case.checks and not exact_done)
+        if not exact_done and sampled:
+            _statistical_check(tree_verifier, case, options, checks, metrics, details, draft_scheme=scheme)
+            if metrics.get("block_efficiency") is not None:
+                metrics["accepted_length"] = metrics["block_efficiency"] - 1.0
+        _tree_bound_checks(tree_verifier, bound, checks, metrics)
+        if not checks:
+            checks.append(Check("ran", True, None, None, "no applicable check"))
+    except Exception as exc:  # one bad verifier or case must never lose the other results
+        return error_result(tree_verifier, case.name, exc, checks, metrics)
+    metrics["seconds"] = time.perf_counter() - start
+    return AuditResult(
+        verifier=tree_verifier.name, case=case.name, checks=tuple(checks), metrics=metrics,
+        expected=declared_verdict(tree_verifier), details=details,
+    )
+
+
 def select_verifiers(specs: Optional[Sequence[str]]) -> Optional[list[Verifier]]:
-    """``None`` (each case's own list, else the built-ins) when ``specs`` is empty, else each spec loaded."""
-    return None if not specs else [load_verifier(s) for s in specs]
+    """``None`` (each case's own list, else the built-ins) when ``specs`` is empty, else each spec loaded.
+
+    A tree verifier the chain contract cannot run (one drafting only ``topk`` or ``none``) is
+    kept as a tree verifier: it runs on the suite's tree cases only.
+    """
+    if not specs:
+        return None
+    from spectr_audit.registry import load_tree_verifier
+
+    loaded = []
+    for spec in specs:
+        try:
+            loaded.append(load_verifier(spec))
+        except InvalidArgument:
+            try:
+                loaded.append(load_tree_verifier(spec))
+            except InvalidArgument:
+                pass
+            else:
+                continue
+            raise
+    return loaded
+
+
+def _plan_tree_case(case: Case, explicit, builtins, tree_builtins, loaded: dict):
+    """The jobs of a tree case: the given verifiers as tree verifiers, the case's own list (loaded as tree
+    verifiers), or the tree built-ins and the chain built-ins (on chain trees); returns the caches too."""
+    from spectr_audit.contract.tree_verifier import as_tree_verifier
+    from spectr_audit.registry import load_tree_verifier, tree_verifiers
+
+    errors: list = []
+    if explicit is not None:
+        candidates = [as_tree_verifier(v) for v in explicit]
+    elif case.verifiers is None:
+        if tree_builtins is None:
+            builtins = builtins if builtins is not None else builtin_verifiers()
+            tree_builtins = tree_verifiers() + [as_tree_verifier(v) for v in builtins]
+        candidates = tree_builtins
+    else:
+        candidates = []
+        for spec in case.verifiers:
+            key = ("tree", spec)
+            if key not in loaded:
+                try:
+                    loaded[key] = load_tree_verifier(spec)
+                except SpectrAuditError as exc:
+                    loaded[key] = exc
+            if isinstance(loaded[key], Exception):
+                errors.append(AuditResult(verifier=spec, case=case.name,
+                                          error=f"{type(loaded[key]).__name__}: {loaded[key]}"))
+            else:
+                candidates.append(loaded[key])
+    return [(v, case) for v in candidates if tree_fits(v, case)], errors, builtins, tree_builtins
 
 
 def plan_jobs(suite: Suite, verifiers: Optional[Iterable[Verifier]] = None) -> tuple[list, list]:
@@ -309,12 +720,19 @@ def plan_jobs(suite: Suite, verifiers: Optional[Iterable[Verifier]] = None) -> t
     """
     explicit = list(verifiers) if verifiers is not None else None
     builtins: Optional[list] = None
+    tree_builtins: Optional[list] = None
     loaded: dict = {}
     jobs: list = []
     errors: list = []
     for case in suite.cases:
+        if getattr(case, "tree", None) is not None:
+            jobs_, errors_, builtins, tree_builtins = _plan_tree_case(case, explicit, builtins, tree_builtins, loaded)
+            jobs.extend(jobs_)
+            errors.extend(errors_)
+            continue
         if explicit is not None:
-            candidates = explicit
+            # tree verifiers the chain contract cannot run were kept for the tree cases only
+            candidates = [v for v in explicit if isinstance(v, Verifier)]
         elif case.verifiers is None:
             builtins = builtins if builtins is not None else builtin_verifiers()
             candidates = builtins
@@ -345,16 +763,29 @@ def run_suite(
     A verifier that cannot be loaded becomes an error result; the other results are kept.
     ``progress(verifier_name, case_name)`` is called before each audit, after
     ``progress.start(total)`` when the callback has a ``start`` method.
+
+    Every job is checked against the memory budget before the first audit
+    (:class:`~spectr_audit.run.budget.MemoryBudgetExceeded` naming the case).  Ctrl-C raises
+    :class:`~spectr_audit.run.incomplete.RunInterrupted` (a ``KeyboardInterrupt``) and an
+    error outside any one audit :class:`~spectr_audit.run.incomplete.RunAborted`; both carry
+    ``report``, the finished results marked incomplete.
     """
     jobs, results = plan_jobs(suite, verifiers)
+    # tree jobs: the exact tree audit refuses enumerations beyond its own limits (spectr_audit.exact.tree)
+    check_jobs([(v, c) for v, c in jobs if getattr(c, "tree", None) is None], options,
+               source=suite.source or f"suite {suite.name!r}")
+    meta = {"num_cases": len(suite.cases), "seed": options.seed}
     if progress is not None and hasattr(progress, "start"):
         progress.start(len(jobs))
-    for verifier, case in jobs:
-        if progress is not None:
-            progress(verifier.name, case.name)
-        results.append(audit_case(verifier, case, options))
-    return AuditReport(
-        results=tuple(results),
-        suite=suite.name,
-        meta={"num_cases": len(suite.cases), "num_audits": len(results), "seed": options.seed},
-    )
+    try:
+        for verifier, case in jobs:
+            if progress is not None:
+                progress(verifier.name, case.name)
+            results.append(audit_case(verifier, case, options))
+    except KeyboardInterrupt:
+        # Ctrl-C: the finished results are kept, in a report marked incomplete.
+        raise RunInterrupted(incomplete_report(results, suite.name, meta, len(jobs), "interrupted (SIGINT)")) from None
+    except Exception as exc:
+        raise RunAborted(incomplete_report(results, suite.name, meta, len(jobs),
+                                           f"stopped by {type(exc).__name__}: {exc}"), exc) from exc
+    return AuditReport(results=tuple(results), suite=suite.name, meta={**meta, "num_audits": len(results)})

@@ -57,6 +57,7 @@ from .audit import (
     plan_sample_size,
     sampler_law_agreement,
     statistical_audit,
+    statistical_tree_audit,
 )
 
 __all__ = [
@@ -101,4 +102,5 @@ __all__ = [
     "plan_sample_size",
     "sampler_law_agreement",
     "statistical_audit",
+    "statistical_tree_audit",
 ]

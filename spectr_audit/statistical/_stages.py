@@ -20,6 +20,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from spectr_audit._validation import check_positive_int, check_prob
+from spectr_audit.contract.tree import DraftTree
 from spectr_audit.contract.verifier import Verifier, as_verifier
 from spectr_audit.drafting.models import Model
 from spectr_audit.errors import InvalidArgument
@@ -56,6 +57,32 @@ class CommonArgs:
     device: torch.device
     chunk_size: int
     min_expected: float
+    #: the draft tree of a tree audit (None: the chain contract's K x L drafts); ``verifier`` is
+    #: then a TreeVerifier, ``num_drafts`` the root's children and ``draft_len`` the tree's depth
+    tree: Optional[DraftTree]
+    #: the tree's draft scheme (None for chains: the verifier's own ``draft_scheme``)
+    draft_scheme: Optional[str]
+
+
+def _validate_tree(verifier, tree, draft_scheme, needs_exact_law: bool):
+    """A tree audit's verifier (as a TreeVerifier), its scheme, K (the root's children) and L (the depth)."""
+    from spectr_audit.contract.tree import TREE_DRAFT_SCHEMES
+    from spectr_audit.contract.tree_verifier import as_tree_verifier
+
+    if not isinstance(tree, DraftTree):
+        raise InvalidArgument(f"tree: expected a DraftTree or None, got {type(tree).__name__}")
+    verifier = as_tree_verifier(verifier)
+    if needs_exact_law and not verifier.has_tree_law:
+        raise InvalidArgument(f"verifier: {verifier.name!r} has no tree_output_probs; use statistical_audit")
+    verifier.check_supports_tree(tree)
+    draft_scheme = draft_scheme or verifier.draft_schemes[0]
+    if draft_scheme not in TREE_DRAFT_SCHEMES:
+        raise InvalidArgument(f"draft_scheme: expected one of {TREE_DRAFT_SCHEMES}, got {draft_scheme!r}")
+    if draft_scheme not in verifier.draft_schemes:
+        raise InvalidArgument(
+            f"draft_scheme: {verifier.name!r} verifies drafts of the schemes {verifier.draft_schemes}; auditing it under "
+            f"{draft_scheme!r} would blame it for a draft-scheme mismatch, not a bug")
+    return verifier, draft_scheme, len(tree.children[0]), tree.max_depth
 
 
 def validate_common(
@@ -77,15 +104,27 @@ def validate_common(
     chunk_size: Optional[int],
     min_expected: float,
     needs_exact_law: bool = False,
+    tree: Optional[DraftTree] = None,
+    draft_scheme: Optional[str] = None,
 ) -> CommonArgs:
-    """Check the shared arguments (InvalidArgument naming the first bad one); fill the defaults."""
-    verifier = as_verifier(verifier)
-    if needs_exact_law and not verifier.has_exact_law:
-        raise InvalidArgument(f"verifier: {verifier.name!r} has no output_probs; use statistical_audit")
+    """Check the shared arguments (InvalidArgument naming the first bad one); fill the defaults.
+
+    With ``tree`` the verifier is converted to a tree verifier, ``num_drafts`` and ``draft_len``
+    are taken from the tree (the root's children, the depth) and ``draft_scheme`` defaults to
+    the verifier's first.
+    """
     vocab_size = check_models(draft_model, target_model)
-    num_drafts = check_positive_int("num_drafts", num_drafts, allow_none=False)
-    draft_len = check_positive_int("draft_len", draft_len, allow_none=False)
-    verifier.check_supports(num_drafts, draft_len)
+    if tree is not None:
+        verifier, draft_scheme, num_drafts, draft_len = _validate_tree(verifier, tree, draft_scheme, needs_exact_law)
+    else:
+        if draft_scheme is not None:
+            raise InvalidArgument("draft_scheme: only for a tree audit (with tree=...); a chain verifier declares its own")
+        verifier = as_verifier(verifier)
+        if needs_exact_law and not verifier.has_exact_law:
+            raise InvalidArgument(f"verifier: {verifier.name!r} has no output_probs; use statistical_audit")
+        num_drafts = check_positive_int("num_drafts", num_drafts, allow_none=False)
+        draft_len = check_positive_int("draft_len", draft_len, allow_none=False)
+        verifier.check_supports(num_drafts, draft_len)
     prefix = check_prefix(prefix, vocab_size)
     alpha = check_prob("alpha", alpha)
     power = check_prob("power", power)
@@ -96,11 +135,13 @@ def validate_common(
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
     device = torch.device(device)
+    # a tree's rows hold N + 1 nodes of V entries: the size of a chain row with K = N + 1, L = 0
     chunk_size = (check_positive_int("chunk_size", chunk_size)
-                  or default_chunk_size(num_drafts, draft_len, vocab_size, device))
+                  or (default_chunk_size(tree.num_nodes, 0, vocab_size, device) if tree is not None
+                      else default_chunk_size(num_drafts, draft_len, vocab_size, device)))
     return CommonArgs(verifier, draft_model, target_model, vocab_size, num_drafts, draft_len, prefix, alpha,
                       min_detectable_tv, power, num_samples, max_samples, max_seconds, seed, device, chunk_size,
-                      min_expected)
+                      min_expected, tree, draft_scheme)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -55,16 +55,24 @@ import torch
 
 from spectr_audit.statistical import power as sizing
 from spectr_audit._validation import check_positive_int, check_prob
-from spectr_audit.statistical._checks import root_laws
+from spectr_audit.statistical._checks import chunk_schedule, root_laws
 from spectr_audit.statistical._stages import (
     CommonArgs,
     budgeted,
     deciding_test,
     holm_family,
-    stream_chunks,
     support_test,
     validate_common,
     with_min_detectable_tv,
+)
+from spectr_audit.statistical.confidence import TVConfidenceSequence, TVInterval, certification_samples
+from spectr_audit.statistical.sharding import (
+    MAIN_STREAM,
+    PERMUTATION_STREAM,
+    STRATIFIED_STREAM,
+    chunk_generator,
+    current_shards,
+    run_chunks,
 )
 from spectr_audit.bounds.acceptance import optimal_acceptance, optimal_acceptance_lp_from_sets, spectr_guarantee
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
@@ -87,6 +95,7 @@ from spectr_audit.statistical.sampling import (
     build_partition,
     sample_chunk,
     sample_stratified_chunk,
+    sample_tree_chunk,
 )
 from spectr_audit.statistical.power import DEFAULT_ALPHA, DEFAULT_MIN_DETECTABLE_TV, DEFAULT_POWER
 from spectr_audit.statistical.agreement import sampler_law_agreement  # re-exported
@@ -103,6 +112,7 @@ __all__ = [
     "plan_sample_size",
     "sampler_law_agreement",
     "statistical_audit",
+    "statistical_tree_audit",
 ]
 
 #: The stratified test runs (with ``stratify="auto"``) only when strata average this many samples...
@@ -160,6 +170,22 @@ def _block_efficiency_bound(draft_model, target_model, prefix, num_drafts, draft
         strings = torch.cat([strings.repeat_interleave(vocab_size, 0), tokens], 1)
         bound += optimal_acceptance(draft_joint, target_joint, num_drafts).item()
     return bound
+
+
+def _tree_bounds(args) -> tuple[Optional[float], Optional[float]]:
+    """alpha* of the root's children under the tree's scheme, and ``1 +`` the closed-form accepted-length bound
+    of deterministic drafts (``topk`` / ``none``, depth >= 2); None where either is out of reach."""
+    from spectr_audit.bounds.tree_lp import tree_optimal_acceptance, tree_paths_target_mass
+
+    try:
+        alpha_star, _ = tree_optimal_acceptance(args.draft_model, args.target_model, args.tree, args.draft_scheme,
+                                                args.prefix)
+    except InvalidArgument:
+        alpha_star = None
+    block_bound = None
+    if args.draft_scheme in ("topk", "none") and args.tree.max_depth >= 2:
+        block_bound = 1.0 + tree_paths_target_mass(args.draft_model, args.target_model, args.tree, args.prefix)
+    return alpha_star, block_bound
 
 
 def _draft_enumeration(draft_model, target_model, num_drafts, draft_len, draft_scheme, prefix, draft_root,
@@ -274,6 +300,15 @@ class _AuditArgs(CommonArgs):
     claimed_block_efficiency: Optional[float]
     max_cells: int
     max_strata: int
+    #: certify TV(F, q) <= certify_tv on the partition (None: no certification)
+    certify_tv: Optional[float] = None
+    #: the torch.distributed processes the chunks are spread over (None: this process)
+    shards: Optional[object] = None
+
+    @property
+    def tv_confidence(self) -> float:
+        """Level of the TV interval and of the certificate: ``1 - alpha``, the audit's error rate."""
+        return 1.0 - self.alpha
 
     @property
     def one_iteration(self) -> bool:
@@ -297,6 +332,8 @@ class _Plan:
     #: samples of the main design
     total: int
     stop_reason: str
+    #: samples planned before any budget (for exactness: the power analysis; to certify: the certification plan)
+    planned: int = 0
 
 
 @dataclasses.dataclass
@@ -321,6 +358,9 @@ class _Samples:
     eprocess: Optional[PlugInEProcess]
     stop_reason: str
     seconds: float
+    #: the TV interval at the last look, and the certification outcome (None when not certifying)
+    tv: Optional[TVInterval] = None
+    certification: Optional[str] = None
 
     @property
     def strat_samples(self) -> int:
@@ -329,12 +369,15 @@ class _Samples:
 
 
 def _validate(common: CommonArgs, num_tokens, stratify, sequential, claimed_acceptance, claimed_block_efficiency,
-              max_cells, max_strata) -> _AuditArgs:
+              max_cells, max_strata, certify_tv=None, distributed="auto") -> _AuditArgs:
     """Validate stage: the audit's own arguments, after the shared ones."""
     draft_len = common.draft_len
     num_tokens = draft_len + 1 if num_tokens is None else check_positive_int("num_tokens", num_tokens, False)
     if num_tokens < draft_len + 1:
         raise InvalidArgument(f"num_tokens: must be >= draft_len + 1 = {draft_len + 1}, got {num_tokens}")
+    if common.tree is not None and num_tokens != draft_len + 1:
+        raise InvalidArgument(f"num_tokens: a tree audit samples one step, max_depth + 1 = {draft_len + 1} tokens; "
+                              f"got {num_tokens}")
     if stratify not in (True, False, "auto"):
         raise InvalidArgument(f"stratify: expected True, False or 'auto', got {stratify!r}")
     if claimed_acceptance is not None and not 0 <= claimed_acceptance <= 1:
@@ -342,32 +385,75 @@ def _validate(common: CommonArgs, num_tokens, stratify, sequential, claimed_acce
     if claimed_block_efficiency is not None and not 1 <= claimed_block_efficiency <= draft_len + 1:
         raise InvalidArgument(
             f"claimed_block_efficiency: expected a number in [1, {draft_len + 1}], got {claimed_block_efficiency!r}")
+    if certify_tv is not None and (isinstance(certify_tv, bool) or not isinstance(certify_tv, (int, float))
+                                   or not 0 < certify_tv < 1):
+        raise InvalidArgument(f"certify_tv: expected a number in (0, 1), got {certify_tv!r}")
+    if not (isinstance(distributed, bool) or distributed == "auto" or hasattr(distributed, "rank")):
+        raise InvalidArgument(f"distributed: expected 'auto', True, False or a process group, got {distributed!r}")
     return _AuditArgs(**vars(common), num_tokens=num_tokens, stratify=stratify, sequential=sequential,
                       claimed_acceptance=claimed_acceptance, claimed_block_efficiency=claimed_block_efficiency,
-                      max_cells=max_cells, max_strata=max_strata)
+                      max_cells=max_cells, max_strata=max_strata,
+                      certify_tv=None if certify_tv is None else float(certify_tv),
+                      shards=current_shards(distributed))
+
+
+def _certification_plan(args: _AuditArgs) -> tuple[int, PrefixPartition]:
+    """The partition to certify on and the first look at which an exact verifier is certified with ``power``.
+
+    The partition is grown for the planned sample (cells of expected count >= ``min_expected``),
+    and the sample planned for that partition; two or three rounds reach a fixed point.  The
+    partition is fixed before any sample is drawn.
+    """
+    num_samples = 1 << 16
+    partition = None
+    for _ in range(6):
+        partition = build_partition(args.target_model, args.num_tokens, num_samples, prefix=args.prefix,
+                                    min_expected=args.min_expected, max_cells=args.max_cells, device=args.device)
+        needed = certification_samples(args.certify_tv, partition.cell_probs, args.tv_confidence, args.power,
+                                       chunk_schedule(1 << 62, args.chunk_size))
+        if needed is None:
+            raise InvalidArgument(f"certify_tv: {args.certify_tv:g} cannot be certified within 2^40 samples on "
+                                  f"{partition.num_cells} cells; ask for a larger tolerance")
+        if needed == num_samples:
+            break
+        num_samples = needed
+    return needed, partition
 
 
 def _plan(args: _AuditArgs) -> _Plan:
     """Plan stage: the bounds, the family of sub-tests, the sample size and its partition."""
-    draft_model, target_model, draft_scheme = args.draft_model, args.target_model, args.verifier.draft_scheme
+    draft_model, target_model = args.draft_model, args.target_model
     num_drafts, draft_len, prefix = args.num_drafts, args.draft_len, args.prefix
-    draft_root, target_root = root_laws(draft_model, target_model, prefix, args.device)
     one_iteration = args.one_iteration
-    alpha_star = _optimal_acceptance(draft_root, target_root, num_drafts, draft_scheme) if one_iteration else None
-    block_efficiency_bound = (
-        _block_efficiency_bound(draft_model, target_model, prefix, num_drafts, draft_len, args.device)
-        if one_iteration and draft_len >= 2 and draft_scheme == "iid" else None)
-    enumeration = (_draft_enumeration(draft_model, target_model, num_drafts, draft_len, draft_scheme, prefix,
-                                      draft_root, args.stratify, args.max_strata) if one_iteration else None)
+    if args.tree is not None:
+        # a tree: alpha* for the root's children and, for deterministic drafts, the accepted-length
+        # bound in closed form (docs/audit/bounds.md); no stratified design
+        alpha_star, block_efficiency_bound = _tree_bounds(args)
+        enumeration = None
+    else:
+        draft_scheme = args.verifier.draft_scheme
+        draft_root, target_root = root_laws(draft_model, target_model, prefix, args.device)
+        alpha_star = _optimal_acceptance(draft_root, target_root, num_drafts, draft_scheme) if one_iteration else None
+        block_efficiency_bound = (
+            _block_efficiency_bound(draft_model, target_model, prefix, num_drafts, draft_len, args.device)
+            if one_iteration and draft_len >= 2 and draft_scheme == "iid" else None)
+        enumeration = (_draft_enumeration(draft_model, target_model, num_drafts, draft_len, draft_scheme, prefix,
+                                          draft_root, args.stratify, args.max_strata) if one_iteration else None)
     names = ["pearson", "g-test"]
     names += ["acceptance<=optimal"] if alpha_star is not None else []
     names += ["block-efficiency<=bound"] if block_efficiency_bound is not None else []
     names += ["e-process"] if args.sequential else []
-    planned, partition = plan_sample_size(
-        target_model, args.num_tokens, prefix=prefix, alpha=args.alpha, min_detectable_tv=args.min_detectable_tv,
-        power=args.power, num_tests=len(names) + (enumeration is not None), min_expected=args.min_expected,
-        max_cells=args.max_cells, device=args.device,
-    )
+    if args.certify_tv is not None:
+        # Certifying: the sample is planned for the certificate, and the stratified design (a test
+        # of exactness with no interval) does not run.
+        enumeration = None
+        planned, partition = _certification_plan(args)
+    else:
+        planned, partition = plan_sample_size(
+            target_model, args.num_tokens, prefix=prefix, alpha=args.alpha, min_detectable_tv=args.min_detectable_tv,
+            power=args.power, num_tests=len(names) + (enumeration is not None), min_expected=args.min_expected,
+            max_cells=args.max_cells, device=args.device,
+        )
     total, stop_reason = budgeted(planned, args.num_samples, args.max_samples)
     if total != planned:
         partition = build_partition(target_model, args.num_tokens, total, prefix=prefix,
@@ -378,59 +464,95 @@ def _plan(args: _AuditArgs) -> _Plan:
         enumeration = None
     names += ["stratified-pearson"] if enumeration is not None else []
     return _Plan(tuple(names), args.alpha / len(names), alpha_star, block_efficiency_bound, enumeration, partition,
-                 total, stop_reason)
+                 total, stop_reason, planned)
 
 
 def _sample(args: _AuditArgs, plan: _Plan) -> _Samples:
-    """Sample stage: the main design, then the stratified one unless the main design already decided."""
-    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    """Sample stage: the main design, then the stratified one unless the main design already decided.
+
+    Every chunk draws from its own generator (:func:`spectr_audit.statistical.sharding.chunk_generator`),
+    so the counts do not depend on how the chunks are spread over processes.
+    """
     eprocess = PlugInEProcess(plan.partition.cell_probs) if args.sequential else None
+    sequence = TVConfidenceSequence(plan.partition.cell_probs, args.tv_confidence)
     start = time.perf_counter()
     max_seconds = args.max_seconds
     deadline = (None if max_seconds is None
                 else start + (max_seconds / 2 if plan.enumeration is not None else max_seconds))
-    main = _run_main(args, plan, generator, eprocess, deadline)
+    main = _run_main(args, plan, eprocess, sequence, deadline)
     stop_reason = main.stop_reason if main.stop_reason != "planned" else plan.stop_reason
+    # The interval at the last look (a certification evaluated every look but one that stopped it otherwise).
+    if main.num_samples and (sequence.last is None or sequence.last.num_samples != main.num_samples):
+        sequence.look(main.counts)
+    tv = sequence.interval()
+    certification = None
+    if args.certify_tv is not None:
+        certification = {"certified": "certified", "refuted": "refuted"}.get(main.stop_reason, "uncertified")
     strat_counts = None
     if plan.enumeration is not None and stop_reason not in ("support", "e-process"):
-        strat_counts, complete = _run_stratified(args, plan, generator,
-                                                 None if max_seconds is None else start + max_seconds)
+        strat_counts, complete = _run_stratified(args, plan, None if max_seconds is None else start + max_seconds)
         if not complete:
             stop_reason = "max_seconds"
-    return _Samples(main, strat_counts, eprocess, stop_reason, time.perf_counter() - start)
+    return _Samples(main, strat_counts, eprocess, stop_reason, time.perf_counter() - start, tv, certification)
 
 
-def _run_main(args: _AuditArgs, plan: _Plan, generator, eprocess, deadline) -> _MainTally:
+def _run_main(args: _AuditArgs, plan: _Plan, eprocess, sequence: TVConfidenceSequence, deadline) -> _MainTally:
     """Stream chunks of the i.i.d.-draft design into counts; stop early on certainty or a budget."""
     partition = plan.partition
-    tally = _MainTally(torch.zeros(partition.num_cells, dtype=torch.float64))
+    num_cells = partition.num_cells
+    tally = _MainTally(torch.zeros(num_cells, dtype=torch.float64))
     impossible = partition.cell_probs == 0
+    certify_tv = args.certify_tv
+    buffers: dict = {}  # the drafted conditionals' tensors, rewritten every chunk
 
-    def step(size: int, done: int) -> Optional[str]:
-        chunk = sample_chunk(args.verifier, args.draft_model, args.target_model, args.num_drafts, args.draft_len,
-                             args.num_tokens, size, generator, prefix=args.prefix, device=args.device,
-                             validate_inputs=done == 0)
-        chunk_counts = torch.bincount(partition.cells_of(chunk.strings), minlength=partition.num_cells).double().cpu()
+    def compute(index: int, offset: int, size: int) -> torch.Tensor:
+        # [num_cells + 3]: the chunk's cell counts, then its membership count, length sum and squared-length sum
+        generator = chunk_generator(args.seed, MAIN_STREAM, index, args.device)
+        if args.tree is not None:
+            chunk = sample_tree_chunk(args.verifier, args.tree, args.draft_scheme, args.draft_model, args.target_model,
+                                      args.num_tokens, size, generator, prefix=args.prefix, device=args.device,
+                                      validate_inputs=index == 0)
+        else:
+            chunk = sample_chunk(args.verifier, args.draft_model, args.target_model, args.num_drafts, args.draft_len,
+                                 args.num_tokens, size, generator, prefix=args.prefix, device=args.device,
+                                 validate_inputs=index == 0, buffers=buffers)
+        stats = torch.zeros(num_cells + 3, dtype=torch.float64)
+        stats[:num_cells] = torch.bincount(partition.cells_of(chunk.strings), minlength=num_cells).double().cpu()
+        if chunk.membership is not None:
+            lengths = chunk.lengths.double()
+            stats[num_cells] = float(chunk.membership.sum())
+            stats[num_cells + 1] = float(lengths.sum())
+            stats[num_cells + 2] = float((lengths * lengths).sum())
+        return stats
+
+    def consume(index: int, offset: int, size: int, stats: torch.Tensor) -> Optional[str]:
+        chunk_counts = stats[:num_cells]
         tally.counts += chunk_counts
         tally.num_samples += size
-        if chunk.membership is not None:
-            tally.acceptance_count += int(chunk.membership.sum())
-            lengths = chunk.lengths.double()
-            tally.length_sum += float(lengths.sum())
-            tally.length_sq_sum += float((lengths * lengths).sum())
+        tally.acceptance_count += int(stats[num_cells])
+        tally.length_sum += float(stats[num_cells + 1])
+        tally.length_sq_sum += float(stats[num_cells + 2])
+        sequence.advance(tally.num_samples)
         if bool((chunk_counts[impossible] > 0).any()):
             return "support"
         if eprocess is not None:
             eprocess.update(chunk_counts)
             if eprocess.pvalue <= plan.test_alpha:
                 return "e-process"
+        if certify_tv is not None:
+            interval = sequence.look(tally.counts)
+            if sequence.upper <= certify_tv:
+                return "certified"
+            if interval.lower > certify_tv or sequence.lower > certify_tv:
+                return "refuted"
         return None
 
-    _, tally.stop_reason = stream_chunks(plan.total, args.chunk_size, deadline, step)
+    _, tally.stop_reason = run_chunks(chunk_schedule(plan.total, args.chunk_size), compute, consume,
+                                      deadline=deadline, shards=args.shards)
     return tally
 
 
-def _run_stratified(args: _AuditArgs, plan: _Plan, generator, deadline) -> tuple[torch.Tensor, bool]:
+def _run_stratified(args: _AuditArgs, plan: _Plan, deadline) -> tuple[torch.Tensor, bool]:
     """Counts ``[num_strata, num_cells]`` of a sample allocated to draft tuples in proportion to P(t) (>= 2 each).
 
     Returns the counts and whether the whole allocation ran (a deadline can cut it short).
@@ -440,19 +562,25 @@ def _run_stratified(args: _AuditArgs, plan: _Plan, generator, deadline) -> tuple
     allocation = torch.clamp(torch.round(weights / weights.sum() * plan.total), min=2).to(torch.int64)
     rows = torch.repeat_interleave(torch.arange(weights.numel()), allocation)
     # A random order, so that every chunk mixes tuples as an engine's batch would.
-    rows = rows[torch.randperm(rows.numel(), generator=generator, device=generator.device).cpu()]
+    order = chunk_generator(args.seed, PERMUTATION_STREAM, 0)
+    rows = rows[torch.randperm(rows.numel(), generator=order)]
     num_strata, num_cells = weights.numel(), partition.num_cells
     flat = torch.zeros(num_strata * num_cells, dtype=torch.float64)
 
-    def step(size: int, done: int) -> None:
-        strata = rows[done : done + size]
+    def compute(index: int, offset: int, size: int) -> torch.Tensor:
+        strata = rows[offset : offset + size]
+        generator = chunk_generator(args.seed, STRATIFIED_STREAM, index, args.device)
         chunk = sample_stratified_chunk(args.verifier, enumeration, strata, args.draft_model, args.target_model,
                                         args.num_tokens, generator, prefix=args.prefix, device=args.device,
-                                        validate_inputs=done == 0)
+                                        validate_inputs=index == 0)
         cells = partition.cells_of(chunk.strings).cpu()
-        flat.add_(torch.bincount(strata * num_cells + cells, minlength=num_strata * num_cells).double())
+        return torch.bincount(strata * num_cells + cells, minlength=num_strata * num_cells).double()
 
-    _, stop_reason = stream_chunks(rows.numel(), args.chunk_size, deadline, step)
+    def consume(index: int, offset: int, size: int, stats: torch.Tensor) -> None:
+        flat.add_(stats)
+
+    _, stop_reason = run_chunks(chunk_schedule(rows.numel(), args.chunk_size), compute, consume, deadline=deadline,
+                                shards=args.shards, ordered=False)
     return flat.reshape(num_strata, num_cells), stop_reason == "planned"
 
 
@@ -500,7 +628,7 @@ def _optimality_tests(args: _AuditArgs, plan: _Plan, main: _MainTally) -> tuple[
     """The optimality family (Holm within it) and the acceptance claimed (given, or SpecTr's guarantee)."""
     claimed_acceptance = args.claimed_acceptance
     if (claimed_acceptance is None and plan.alpha_star is not None and "spectr" in args.verifier.guarantees
-            and args.verifier.draft_scheme == "iid"):
+            and args.tree is None and args.verifier.draft_scheme == "iid"):
         claimed_acceptance = spectr_guarantee(args.num_drafts) * plan.alpha_star
     tests = []
     if claimed_acceptance is not None and args.one_iteration:
@@ -512,6 +640,16 @@ def _optimality_tests(args: _AuditArgs, plan: _Plan, main: _MainTally) -> tuple[
                                 "block-efficiency>=claimed",
                                 f"mean emitted length vs the claimed {claimed_block_efficiency:.6g} (z statistic)"))
     return holm_family(tests), claimed_acceptance
+
+
+def _digest(counts: torch.Tensor, strat_counts: Optional[torch.Tensor]) -> str:
+    """SHA-256 of the counts (main design, then the stratified one): equal digests, equal counts."""
+    import hashlib
+
+    digest = hashlib.sha256(counts.double().contiguous().numpy().tobytes())
+    if strat_counts is not None:
+        digest.update(strat_counts.double().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _test(args: _AuditArgs, plan: _Plan, samples: _Samples) -> StatisticalAuditResult:
@@ -559,6 +697,16 @@ def _test(args: _AuditArgs, plan: _Plan, samples: _Samples) -> StatisticalAuditR
         length_sq_sum=main.length_sq_sum if one_iteration else 0.0,
         block_efficiency_bound=plan.block_efficiency_bound,
         stop_reason=stop_reason,
+        tv_estimate=math.nan if samples.tv is None else samples.tv.estimate,
+        tv_lower=0.0 if samples.tv is None else samples.tv.lower,
+        tv_upper=1.0 if samples.tv is None else samples.tv.upper,
+        tv_confidence=args.tv_confidence,
+        partition=partition.summary(),
+        planned_samples=plan.planned,
+        certify_tv=args.certify_tv,
+        certification=samples.certification,
+        num_processes=1 if args.shards is None else args.shards.world_size,
+        counts_digest=_digest(main.counts, samples.strat_counts),
     )
 
 
@@ -592,8 +740,17 @@ def statistical_audit(
     min_expected: float = MIN_EXPECTED,
     max_cells: int = 1 << 20,
     max_strata: int = 4096,
+    certify_tv: Optional[float] = None,
+    distributed: Union[bool, str, object] = "auto",
+    tree=None,
+    draft_scheme: Optional[str] = None,
+    params=None,
+    order="vllm",
 ) -> StatisticalAuditResult:
     """Audit a (black-box) verifier's exactness from its emitted strings.
+
+    With ``tree`` (a :class:`~spectr_audit.contract.tree.DraftTree`) the verifier is a tree
+    verifier and each sample drafts the tree under ``draft_scheme``: see :func:`statistical_tree_audit`.
 
     Parameters
     ----------
@@ -648,6 +805,26 @@ def statistical_audit(
         Cap on the partition's cells (a coarser prefix partition beyond it).
     max_strata : int
         Largest number of draft tuples for the stratified test.
+    certify_tv : float, optional
+        Certify ``TV(F, q) <= certify_tv`` on the partition: the sample is planned so that an
+        exact verifier is certified with probability ``power``, and the audit stops at the first
+        chunk where the anytime-valid upper bound is at most ``certify_tv`` (``"certified"``)
+        or the lower bound above it (``"refuted"``); the stratified design does not run.  The
+        certificate's error rate is ``alpha``.
+    distributed : "auto", bool or process group
+        Spread the chunks over a ``torch.distributed`` group (``"auto"``: the default group when
+        one is initialised with several processes).  Counts and verdicts are bit-identical
+        for any number of processes (:mod:`spectr_audit.statistical.sharding`); every process
+        must call the audit with the same arguments.
+    params : SamplingParams, optional
+        Sampling parameters (one setting, scalars).  The models are then raw: drafts come from
+        the processed draft law, completions and tests from the processed target law
+        (:func:`~spectr_audit.contract.sampling.process_logits` with ``order``), the bounds are
+        those of the processed laws, and a verifier that takes logits is handed the raw logits
+        of every node and ``params`` (:func:`~spectr_audit.contract.logits.verify_with_params`;
+        docs/sampling.md).  One iteration only (``num_tokens = L + 1``) for such a verifier.
+    order : str, sequence of str or ProcessingOrder
+        The engine's processing conventions (default ``"vllm"``).
 
     Returns
     -------
@@ -662,6 +839,12 @@ def statistical_audit(
 
     Notes
     -----
+    Every result carries an estimate of ``TV(F, q)`` on the partition (``tv_estimate``), with
+    an interval at level ``1 - alpha`` valid at the audit's stopping time (``tv_lower``,
+    ``tv_upper``; :mod:`spectr_audit.statistical.confidence`), computed from the main design.
+    A result that rejects nothing while its achieved ``min_detectable_tv`` is above the one
+    asked for (a budget, a fixed ``num_samples``) has the verdict ``"INCONCLUSIVE"``.
+
     Validity: the Pearson and G tests are asymptotic (every pooled cell has an expected count
     of at least ``min_expected``); the binomial tests are exact; the stratified test is
     asymptotic in the per-tuple counts; the e-process is exact at any stopping time.
@@ -681,13 +864,85 @@ def statistical_audit(
     >>> result.rejects(), result.num_tests
     (False, 5)
     """
+    if params is not None:
+        verifier, draft_model, target_model = _with_params(verifier, draft_model, target_model, params, order, prefix,
+                                                           num_tokens, draft_len, tree)
     # validate -> plan -> sample -> test; validation and the stages' plumbing are shared (_stages)
     common = validate_common(
         verifier, draft_model, target_model, num_drafts, draft_len, prefix=prefix, alpha=alpha,
         min_detectable_tv=min_detectable_tv, power=power, num_samples=num_samples, max_samples=max_samples,
         max_seconds=max_seconds, seed=seed, device=device, chunk_size=chunk_size, min_expected=min_expected,
+        tree=tree, draft_scheme=draft_scheme,
     )
     args = _validate(common, num_tokens, stratify, sequential, claimed_acceptance, claimed_block_efficiency,
-                     max_cells, max_strata)
+                     max_cells, max_strata, certify_tv, distributed)
     plan = _plan(args)
     return _test(args, plan, _sample(args, plan))
+
+
+def _with_params(verifier, draft_model, target_model, params, order, prefix, num_tokens, draft_len, tree):
+    """The verifier and models to audit with sampling parameters (:func:`spectr_audit.drafting.processed.bind_params`)."""
+    from spectr_audit.contract.logits import as_logits_verifier, takes_logits
+    from spectr_audit.drafting.processed import bind_params
+
+    if takes_logits(verifier) or callable(getattr(verifier, "verify_logits", None)):
+        if tree is not None:
+            raise InvalidArgument("params: a verifier that takes logits verifies chains; a tree audit hands "
+                                  "processed probabilities to tree verifiers")
+        if num_tokens is not None and num_tokens != draft_len + 1:
+            raise InvalidArgument(f"num_tokens: a verifier that takes logits is audited for one iteration "
+                                  f"(num_tokens = draft_len + 1 = {draft_len + 1}) by the statistical audit; the exact "
+                                  f"multi-iteration audit takes it over more, got {num_tokens}")
+        verifier = as_logits_verifier(verifier)
+    return bind_params(verifier, draft_model, target_model, params, order, prefix)
+
+
+def statistical_tree_audit(
+    verifier,
+    draft_model: Model,
+    target_model: Model,
+    tree,
+    *,
+    draft_scheme: Optional[str] = None,
+    **kwargs,
+) -> StatisticalAuditResult:
+    """Audit a (black-box) tree verifier's exactness from its emitted strings on ``tree``.
+
+    The pipeline of :func:`statistical_audit` (validate -> plan -> sample -> test, same arguments
+    as keywords), each sample a fresh draft of ``tree`` under ``draft_scheme``
+    (:func:`spectr_audit.drafting.tree.draft_tree`; default the verifier's first scheme), the
+    emitted string (1 to ``max_depth + 1`` tokens) completed with target samples to
+    ``max_depth + 1`` tokens.  ``acceptance<=optimal`` tests the root's membership acceptance
+    against the tree's alpha* (docs/audit/bounds.md); under ``topk`` and ``none``
+    ``block-efficiency<=bound`` tests the mean emitted length against ``1 + sum_n q(path(n))``.
+    The stratified design and the multi-iteration run are for chains only.
+
+    Parameters
+    ----------
+    verifier : TreeVerifier, or anything :func:`~spectr_audit.contract.tree_verifier.as_tree_verifier` takes
+    draft_model, target_model : Model
+    tree : DraftTree
+    draft_scheme : str, optional
+        One of the verifier's ``draft_schemes``.
+    **kwargs
+        Any keyword of :func:`statistical_audit` (``alpha``, ``num_samples``, ``max_samples``,
+        ``seed``, ...).
+
+    Examples
+    --------
+    >>> from spectr_audit.contract.tree import DraftTree
+    >>> from spectr_audit.drafting.models import ContextFreeModel
+    >>> from spectr_audit.registry import load_tree_verifier
+    >>> tree = DraftTree.from_paths([(0,), (1,), (0, 0)])
+    >>> result = statistical_tree_audit(load_tree_verifier("tree-target-only"), ContextFreeModel([0.5, 0.3, 0.2]),
+    ...                                 ContextFreeModel([0.2, 0.3, 0.5]), tree, draft_scheme="topk",
+    ...                                 num_samples=20_000)
+    >>> result.rejects()
+    False
+    """
+    from spectr_audit.contract.tree import DraftTree
+
+    if not isinstance(tree, DraftTree):
+        raise InvalidArgument(f"tree: expected a DraftTree, got {type(tree).__name__}")
+    return statistical_audit(verifier, draft_model, target_model, len(tree.children[0]), tree.max_depth,
+                             tree=tree, draft_scheme=draft_scheme, **kwargs)

@@ -135,9 +135,30 @@ class StatisticalAuditResult(FamilyResult):
     block_efficiency_bound : float or None
     worst_cells : tuple of WorstCell
     stop_reason : str
-        ``"planned"``, ``"e-process"``, ``"support"``, ``"max_samples"`` or ``"max_seconds"``.
+        ``"planned"``, ``"e-process"``, ``"support"``, ``"max_samples"``, ``"max_seconds"``, or,
+        when certifying, ``"certified"`` or ``"refuted"``.
     seconds : float
         Wall time of the sampling.
+    tv_estimate : float
+        Plug-in estimate of TV(F, q) between the emitted law F (completed to N tokens) and the
+        target q, both coarsened to the audited partition (``partition``), from the main design.
+    tv_lower, tv_upper : float
+        Its confidence interval at level ``tv_confidence`` (``1 - alpha``), valid at the audit's
+        stopping time (:mod:`spectr_audit.statistical.confidence`).
+    tv_confidence : float
+    partition : str
+        The partition the counts, the tests and the interval are on, in words.
+    planned_samples : int
+        Samples of the main design planned before any budget.
+    certify_tv : float or None
+        The tolerance asked to be certified (None: no certification).
+    certification : str or None
+        ``"certified"`` (``tv_upper <= certify_tv``), ``"refuted"`` (``tv_lower > certify_tv``)
+        or ``"uncertified"`` (the budget ran out first); None without ``certify_tv``.
+    num_processes : int
+        Processes the sampling was spread over (the counts do not depend on it).
+    counts_digest : str
+        SHA-256 of the cell counts of both designs: runs with equal digests counted the same.
     """
 
     requested_tv: float
@@ -156,11 +177,55 @@ class StatisticalAuditResult(FamilyResult):
     length_sq_sum: float
     block_efficiency_bound: Optional[float]
     stop_reason: str
+    tv_estimate: float = math.nan
+    tv_lower: float = 0.0
+    tv_upper: float = 1.0
+    tv_confidence: float = math.nan
+    partition: str = ""
+    planned_samples: int = 0
+    certify_tv: Optional[float] = None
+    certification: Optional[str] = None
+    num_processes: int = 1
+    counts_digest: str = ""
+
+    @property
+    def underpowered(self) -> bool:
+        """Whether the achieved minimum detectable TV is above the one asked for (a budget, a fixed sample)."""
+        # relative slack: the plan and the test pool the same cells, up to float rounding
+        return not self.min_detectable_tv <= self.requested_tv * (1 + 1e-9)
+
+    @property
+    def inconclusive(self) -> bool:
+        """Nothing rejected, but the audit lacked the power it was asked for (or, certifying, the certificate).
+
+        Certifying, a result is conclusive when certified or refuted; otherwise when it rejects
+        or reached the planned minimum detectable TV.
+        """
+        if self.rejects() or self.certification == "refuted":
+            return False
+        if self.certify_tv is not None:
+            return self.certification != "certified"
+        return self.underpowered
+
+    @property
+    def verdict(self) -> str:
+        """``"FINDING"`` (exactness rejected, or TV above the tolerance shown), ``"CERTIFIED"``,
+        ``"INCONCLUSIVE"`` or ``"exact"`` (not rejected, at the planned power)."""
+        if self.rejects() or self.certification == "refuted":
+            return "FINDING"
+        if self.certification == "certified":
+            return "CERTIFIED"
+        return "INCONCLUSIVE" if self.inconclusive else "exact"
+
+    @property
+    def tv_interval(self) -> tuple[float, float]:
+        """``(tv_lower, tv_upper)``."""
+        return (self.tv_lower, self.tv_upper)
 
     @property
     def stopped_early(self) -> bool:
         """Whether the e-process or a support violation ended the audit before the planned size."""
-        return self.stop_reason in ("e-process", "support")
+        return self.stop_reason in ("e-process", "support", "certified", "refuted")
 
     @property
     def acceptance(self) -> float:
@@ -211,6 +276,17 @@ class StatisticalAuditResult(FamilyResult):
             "pooled_mass": self.pooled_mass,
             "full_partition": self.full_partition,
             "stop_reason": self.stop_reason,
+            "verdict": self.verdict,
+            "inconclusive": self.inconclusive,
+            "tv_estimate": _finite(self.tv_estimate),
+            "tv_interval": [self.tv_lower, self.tv_upper],
+            "tv_confidence": _finite(self.tv_confidence),
+            "partition": self.partition,
+            "planned_samples": self.planned_samples,
+            "certify_tv": self.certify_tv,
+            "certification": self.certification,
+            "num_processes": self.num_processes,
+            "counts_digest": self.counts_digest,
             "seconds": self.seconds,
             "verifications_per_second": _finite(self.verifications_per_second),
             "subtests": [t.to_dict() for t in self.subtests],

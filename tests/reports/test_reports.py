@@ -259,3 +259,68 @@ def test_statistical_findings_show_their_worst_cells():
     assert "<code>0 1</code>: observed 1391.0 vs expected 1050.0" in render_html(report, figures=False)
     failure = ET.fromstring(render_junit(report)).find("testsuite/testcase/failure")
     assert "cell 0 1: observed 1391.0, expected 1050.0" in failure.text
+
+
+@pytest.fixture
+def sampled_report():
+    """A budget-cut black box (INCONCLUSIVE), a certified one and an exact-law result, by hand."""
+    sampled = dict(tv_estimate=0.012, tv_lower=0.0, tv_upper=0.031, tv_confidence=0.999, min_detectable_tv=0.04,
+                   requested_tv=0.005, power_at_requested_tv=0.02, pvalue=0.4, acceptance=0.61,
+                   acceptance_ci=[0.58, 0.64], optimal_acceptance=0.7, num_samples=5000)
+    short = Check("statistical", True, 0.4, 1e-3, "pearson: min detectable TV 0.04 above the 0.005 planned",
+                  inconclusive=True)
+    certified = (Check("statistical", True, 0.3, 1e-3, "pearson"),
+                 Check("certified-tv", True, 0.018, 0.02, "certified: upper bound 0.018 vs 0.02"))
+    return AuditReport(results=(
+        AuditResult("box", "seed/K=1", checks=(short,), metrics={**sampled, "num_drafts": 1}),
+        AuditResult("box", "seed/K=2", checks=certified, metrics={**sampled, "num_drafts": 2, "tv_upper": 0.018,
+                                                                    "acceptance": 0.66, "acceptance_ci": [0.65, 0.67]}),
+        AuditResult("kseq", "seed/K=2", checks=(Check("exact", True, 0.0, 1e-12),),
+                    metrics={"tv_distance": 1e-17, "acceptance": 0.69, "optimal_acceptance": 0.7, "num_drafts": 2}),
+    ), suite="sampled")
+
+
+def test_inconclusive_and_certified_verdicts_in_every_report(sampled_report):
+    from spectr_audit.reports.markdown import render_markdown
+
+    inconclusive, certified, exact = sampled_report.results
+    assert (inconclusive.verdict, certified.verdict, exact.verdict) == ("INCONCLUSIVE", "CERTIFIED", "exact")
+    assert sampled_report.passed and sampled_report.exit_status() == 0 and sampled_report.exit_status(True) == 3
+    text = render_markdown(sampled_report)
+    assert "**Overall: INCONCLUSIVE** (3/3 results as expected, 1 inconclusive)" in text
+    assert "| box | seed/K=1 | INCONCLUSIVE | ~0.0120 [0.0000, 0.0310] |" in text
+    assert "| box | seed/K=2 | CERTIFIED |" in text and "0.6100 [0.5800, 0.6400]" in text
+    assert "## Inconclusive" in text and "above the 0.005 planned" in text
+    page = render_html(sampled_report, figures=False)
+    assert '<span class="badge warn">INCONCLUSIVE</span>' in page and 'id="inconclusive"' in page
+    assert "0.0120 [0.0000, 0.0310]" in page and ">CERTIFIED<" in page
+    suite = ET.fromstring(render_junit(sampled_report)).find("testsuite")
+    assert suite.get("skipped") == "1" and suite.get("failures") == "0"
+    cases = {c.get("name") + c.get("classname"): c for c in suite.findall("testcase")}
+    skipped = cases["seed/K=1spectr_audit.box"].find("skipped")
+    assert skipped is not None and skipped.get("message").startswith("INCONCLUSIVE: ")
+    verdicts = {c.get("name") + c.get("classname"): c.find("properties/property[@name='verdict']").get("value")
+                for c in suite.findall("testcase")}
+    assert verdicts == {"seed/K=1spectr_audit.box": "INCONCLUSIVE", "seed/K=2spectr_audit.box": "CERTIFIED",
+                        "seed/K=2spectr_audit.kseq": "exact"}
+    # JSON keeps the verdict, and a result read back is the same
+    assert AuditResult.from_dict(inconclusive.to_dict()) == inconclusive
+
+
+def test_acceptance_figures_draw_error_bars_for_sampled_acceptance(sampled_report, monkeypatch):
+    from matplotlib.axes import Axes
+
+    calls = []
+    original = Axes.errorbar
+
+    def record(self, x, y, *args, **kwargs):
+        calls.append((list(x), list(y), kwargs.get("yerr")))
+        return original(self, x, y, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "errorbar", record)
+    png = acceptance_figure(sampled_report.results, "seed")
+    assert png.startswith(PNG_MAGIC)
+    # the sampled points (K = 1, 2), with their intervals; the exact-law point has none
+    (xs, ys, yerr), = calls
+    assert xs == [1, 2] and ys == [0.61, 0.66]
+    assert yerr[0] == pytest.approx([0.03, 0.01]) and yerr[1] == pytest.approx([0.03, 0.01])

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import torch
 
-from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise
+from spectr_audit.verifiers._walk import NodeRule, ChainWalkVerifier, gather_tokens, normalise
 from spectr_audit.verifiers.block import BlockVerification
 from spectr_audit.verifiers.kseq import KSeqRule
 from spectr_audit.verifiers.speculative import MaximalCouplingRule, SpeculativeSampling
@@ -173,7 +173,7 @@ class _AlwaysAcceptRule(NodeRule):
 # ---------------------------------------------------------------------------------------------
 
 
-class IndependentAccept(TreeVerifier):
+class IndependentAccept(ChainWalkVerifier):
     """Each of K i.i.d. drafts accepted independently with min(1, q/p); residual (q - p)_+.
 
     SpecTr's naive multi-draft rule (docs/rules/kseq.md): with p = (1, 0), q = (1/2, 1/2), K = 2
@@ -188,7 +188,7 @@ class IndependentAccept(TreeVerifier):
     rule = _IndependentAcceptRule()
 
 
-class KSeqLowRho(TreeVerifier):
+class KSeqLowRho(ChainWalkVerifier):
     """K-SEQ with rho = 0.97 rho*: the residual q - A goes negative and is clipped."""
 
     name = "kseq-low-rho"
@@ -198,7 +198,7 @@ class KSeqLowRho(TreeVerifier):
     rule = KSeqRule(rho_scale=0.97)
 
 
-class KSeqDedup(TreeVerifier):
+class KSeqDedup(ChainWalkVerifier):
     """K-SEQ run over the distinct draft tokens only (k = number of distinct tokens)."""
 
     name = "kseq-dedup"
@@ -209,7 +209,7 @@ class KSeqDedup(TreeVerifier):
     rule = _DedupRule(KSeqRule())
 
 
-class RRSSkipDuplicates(TreeVerifier):
+class RRSSkipDuplicates(ChainWalkVerifier):
     """Recursive rejection sampling over i.i.d. drafts that skips a token it has already tried."""
 
     name = "rrs-skip-duplicates"
@@ -220,7 +220,7 @@ class RRSSkipDuplicates(TreeVerifier):
     rule = _SkipDuplicatesRRSRule()
 
 
-class ResampleTarget(TreeVerifier):
+class ResampleTarget(ChainWalkVerifier):
     """Speculative sampling that resamples from the target q, not the residual (q - p)_+, on rejection."""
 
     name = "resample-target"
@@ -230,7 +230,7 @@ class ResampleTarget(TreeVerifier):
     rule = _ResampleTargetRule()
 
 
-class InflatedRatio(TreeVerifier):
+class InflatedRatio(ChainWalkVerifier):
     """Speculative sampling with the acceptance ratio inflated by 3%: min(1, 1.03 q/p)."""
 
     name = "inflated-ratio"
@@ -240,7 +240,7 @@ class InflatedRatio(TreeVerifier):
     rule = _InflatedRatioRule(1.03)
 
 
-class ResidualDropRejected(TreeVerifier):
+class ResidualDropRejected(ChainWalkVerifier):
     """Speculative sampling whose residual is q with the rejected token removed (EAGLE #20)."""
 
     name = "residual-drop-rejected"
@@ -250,7 +250,7 @@ class ResidualDropRejected(TreeVerifier):
     rule = _DropRejectedRule()
 
 
-class AlwaysAccept(TreeVerifier):
+class AlwaysAccept(ChainWalkVerifier):
     """Every draft token is accepted (the output follows the draft); acceptance 1 > alpha*."""
 
     name = "always-accept"
@@ -317,7 +317,7 @@ class BlockFirstFailure(BlockVerification):
         return (stop.unsqueeze(-1) * laws).unsqueeze(1)
 
 
-class KSeqSamplerDrift(TreeVerifier):
+class KSeqSamplerDrift(ChainWalkVerifier):
     """K-SEQ whose fast sampler uses rho = 1.05 rho* while ``output_probs`` reports the rho* law.
 
     Any rho >= rho* is valid, so the *sampler* is exact (the black-box audit passes it); it
@@ -330,6 +330,6 @@ class KSeqSamplerDrift(TreeVerifier):
     rule = KSeqRule()
 
     def _verify(self, draft_tokens, draft_probs, target_probs, generator):
-        sampler = TreeVerifier()
+        sampler = ChainWalkVerifier()
         sampler.rule = KSeqRule(rho_scale=1.05)
         return sampler._verify(draft_tokens, draft_probs, target_probs, generator)

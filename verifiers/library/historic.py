@@ -45,7 +45,7 @@ import torch
 from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.contract.randomness import sample_categorical, uniform
-from spectr_audit.verifiers._walk import NodeRule, TreeVerifier, gather_tokens, normalise
+from spectr_audit.verifiers._walk import NodeRule, ChainWalkVerifier, gather_tokens, normalise
 from spectr_audit.verifiers.speculative import MaximalCouplingRule
 
 __all__ = [
@@ -175,7 +175,7 @@ class _AlwaysAcceptRule(NodeRule):
         return (gather_tokens(draft_dist, tokens) > 0).to(draft_dist.dtype), target_dist
 
 
-class AlwaysAcceptBug(TreeVerifier):
+class AlwaysAcceptBug(ChainWalkVerifier):
     """vllm-ascend #13730 / PR #13766: the v2 rejection sampler always accepted draft tokens on NPU.
 
     The NPU lacked ``tl_rand64``, so the acceptance uniform was hard-coded to 0.0 and the test
@@ -251,7 +251,7 @@ class _ZeroRejectedRule(NodeRule):
         return torch.cat(accept, dim=1), residual
 
 
-class EagleResidualBug(TreeVerifier):
+class EagleResidualBug(ChainWalkVerifier):
     """EAGLE #20 (fixed in commit 2f982e2, "fix non-greedy bugs"): the residual zeroed the rejected token.
 
     On rejecting draft token x, EAGLE's sampler set the target's mass at x to 0 and
@@ -275,7 +275,7 @@ class _ResampleTargetRule(NodeRule):
         return accept_probs, target_dist
 
 
-class ResidualIsTargetBug(TreeVerifier):
+class ResidualIsTargetBug(ChainWalkVerifier):
     """ShopeeLLM/Spec-RL #14: on rejection, resample from the target instead of the residual.
 
     A design choice for RL rollouts ("not for distribution preservation"), so declared lossy.

@@ -1,0 +1,287 @@
+"""Guards around a third party's verifier: a per-call time limit, and a probe of its contract.
+
+Every path that runs a verifier under audit (:func:`~spectr_audit.run.runner.audit_case`, hence
+``spectr-audit audit`` / ``run`` and :func:`spectr_audit.audit`, and
+:func:`~spectr_audit.run.conformance.check_verifier`) goes through these.
+
+The time limit
+--------------
+:func:`time_limited` makes every call of a verifier's ``verify`` and ``output_probs`` (and
+``verify_logits`` / ``output_probs_logits`` where present) raise :class:`VerifierTimeout` when it
+runs longer than ``seconds``; the runner turns it into an error result naming the verifier and
+the case, and the other results are kept.  The mechanism:
+
+* in the main thread on POSIX, ``signal.setitimer(ITIMER_REAL)`` and a ``SIGALRM`` handler that
+  raises: it stops pure-Python loops and interrupts blocking calls such as ``time.sleep``.  A
+  timer armed by someone else (pytest-timeout, say) is saved and re-armed with what is left of it;
+* elsewhere (another thread, or no ``SIGALRM``), a watchdog thread that raises the exception in
+  the calling thread with ``PyThreadState_SetAsyncExc``: it stops pure-Python code at its next
+  bytecode, but not a blocking system call until that returns.
+
+Limits: both deliver the exception between Python bytecodes, so a C extension that never returns
+to the interpreter (a torch kernel that spins, native code holding the GIL) is not stopped until
+it does.  Run such code in a subprocess with its own timeout.
+
+The contract probe
+------------------
+:func:`probe_checks` runs the verifier on a small drafted batch of the case (and on a batch whose
+every probability is positive, so that an in-place change cannot hide behind a zero entry) and
+returns two checks: ``inputs-unchanged`` (``verify`` and ``output_probs`` leave their arguments
+as they were, compared bit for bit with copies) and ``deterministic`` (two calls with a
+``torch.Generator`` seeded alike agree; a verifier that draws from torch's global generator
+instead of the one it is given fails it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import signal
+import threading
+import time
+from typing import Any, Iterator, Optional
+
+from spectr_audit.errors import InvalidArgument, VerifierError
+
+__all__ = ["VerifierTimeout", "call_limit", "check_timeout", "dense_mutations", "probe_checks", "time_limited"]
+
+#: The verifier methods that :func:`time_limited` wraps.
+_METHODS = ("verify", "output_probs", "verify_logits", "output_probs_logits")
+
+
+class VerifierTimeout(VerifierError):
+    """A call of a verifier under audit ran past the per-call time limit."""
+
+
+def check_timeout(seconds: Any, argument: str = "verifier_timeout") -> Optional[float]:
+    """``None`` or 0 -> no limit; a positive finite number -> seconds; anything else InvalidArgument."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+        raise InvalidArgument(f"{argument}: expected a number of seconds >= 0 (0: no limit), got {seconds!r}")
+    return float(seconds) or None
+
+
+_state = threading.local()
+
+
+def _alarm_usable() -> bool:
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float, message: str) -> Iterator[None]:
+    def on_alarm(signum, frame):
+        raise VerifierTimeout(message)
+
+    previous_handler = signal.signal(signal.SIGALRM, on_alarm)
+    previous_delay, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+        if previous_delay:  # someone else's timer: re-arm it with what is left (at least a tick)
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, previous_delay - (time.monotonic() - start)))
+
+
+@contextlib.contextmanager
+def _watchdog(seconds: float, message: str) -> Iterator[None]:
+    target = threading.get_ident()
+    lock = threading.Lock()
+    state = {"inside": True, "fired": False}
+    # SetAsyncExc raises a class, instantiated without arguments: one that carries the message.
+    exception = type("VerifierTimeout", (VerifierTimeout,),
+                     {"__init__": lambda self: VerifierTimeout.__init__(self, message)})
+
+    def fire():
+        with lock:
+            if state["inside"]:
+                state["fired"] = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), ctypes.py_object(exception))
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:
+            state["inside"] = False
+        # An exception injected but not yet delivered must not escape later, elsewhere.
+        if state["fired"]:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), None)
+
+
+@contextlib.contextmanager
+def call_limit(seconds: Optional[float], message: str) -> Iterator[None]:
+    """Raise :class:`VerifierTimeout` (with ``message``) in the block when it runs past ``seconds``.
+
+    Nested limits: the outermost one holds (an inner call runs within the outer's time).
+    """
+    if not seconds or getattr(_state, "depth", 0):
+        yield
+        return
+    _state.depth = 1
+    try:
+        with (_alarm if _alarm_usable() else _watchdog)(seconds, message):
+            yield
+    finally:
+        _state.depth = 0
+
+
+def _limited(method, seconds: float, who: str, name: str):
+    def call(*args, **kwargs):
+        with call_limit(seconds, f"verifier {who!r}: {name} did not return within {seconds:g} s "
+                                 "(the per-call limit, --verifier-timeout / verifier_timeout)"):
+            return method(*args, **kwargs)
+
+    call.__wrapped__ = method
+    return call
+
+
+@contextlib.contextmanager
+def time_limited(verifier: Any, seconds: Optional[float]) -> Iterator[Any]:
+    """Within the block, every call of ``verifier``'s methods is limited to ``seconds`` (None: no limit).
+
+    The limits are instance attributes that shadow the methods and are removed on exit; the
+    verifier is otherwise untouched.
+    """
+    if not seconds:
+        yield verifier
+        return
+    patched = []
+    try:
+        for name in _METHODS:
+            if callable(getattr(verifier, name, None)) and name not in vars(verifier):
+                try:
+                    setattr(verifier, name, _limited(getattr(verifier, name), seconds, verifier.name, name))
+                except (AttributeError, TypeError):  # slots or a read-only attribute: no limit there
+                    continue
+                patched.append(name)
+        yield verifier
+    finally:
+        for name in patched:
+            with contextlib.suppress(AttributeError):
+                delattr(verifier, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract probe
+# ---------------------------------------------------------------------------------------------
+
+
+def _dense_models(vocab_size: int, seed: int):
+    """A context-free pair over the case's vocabulary with every probability positive."""
+    import torch
+
+    from spectr_audit.drafting.models import ContextFreeModel
+
+    generator = torch.Generator().manual_seed(seed)
+    draft = torch.rand(vocab_size, generator=generator, dtype=torch.float64) + 0.5
+    target = torch.rand(vocab_size, generator=generator, dtype=torch.float64) + 0.5
+    return ContextFreeModel(draft / draft.sum()), ContextFreeModel(target / target.sum())
+
+
+def dense_mutations(verifier: Any, vocab_size: int, num_drafts: int, draft_len: int, seed: int = 0,
+                    rows: int = 16) -> list[str]:
+    """What ``verifier.verify`` modifies in place on drafts whose every probability is positive (empty: nothing).
+
+    A zero probability hides an in-place scaling or clamping of that entry; here none is zero.
+    """
+    import torch
+
+    from spectr_audit.drafting.harness import draft
+
+    dense_draft, dense_target = _dense_models(vocab_size, seed)
+    batch = draft(dense_draft, dense_target, torch.zeros(rows, 0, dtype=torch.int64), num_drafts, draft_len,
+                  torch.Generator().manual_seed(seed), verifier.draft_scheme)
+    inputs = (batch.draft_tokens, batch.draft_probs, batch.target_probs)
+    originals = tuple(t.clone() for t in inputs)
+    verifier.verify(*inputs, torch.Generator().manual_seed(seed))
+    changed = _changed(originals, inputs)
+    return [f"verify modified {', '.join(changed)} in place (on drafts with every probability positive)"] if changed else []
+
+
+def _batches(verifier, case, seed: int, rows: int) -> list:
+    import torch
+
+    from spectr_audit.drafting.harness import draft
+    from spectr_audit.drafting.models import contexts_from
+
+    contexts = contexts_from(case.prefix, torch.zeros(rows, 0, dtype=torch.int64))
+    generator = torch.Generator().manual_seed(seed)
+    batches = [draft(case.draft_model, case.target_model, contexts, case.num_drafts, case.draft_len, generator,
+                     verifier.draft_scheme)]
+    dense_draft, dense_target = _dense_models(case.vocab_size, seed)
+    batches.append(draft(dense_draft, dense_target, torch.zeros(rows, 0, dtype=torch.int64), case.num_drafts,
+                         case.draft_len, generator, verifier.draft_scheme))
+    return batches
+
+
+def _changed(originals, inputs) -> list[str]:
+    import torch
+
+    names = ("draft_tokens", "draft_probs", "target_probs")
+    return [n for n, before, after in zip(names, originals, inputs)
+            if before.shape != after.shape or not torch.equal(before, after)]
+
+
+def _fields(output) -> tuple:
+    from spectr_audit.contract.verifier import VerifyOutput
+
+    if isinstance(output, VerifyOutput):
+        return output.num_accepted, output.draft_index, output.next_token
+    return tuple(output)
+
+
+def probe_checks(verifier: Any, case: Any, seed: int = 0, rows: int = 16) -> list:
+    """``inputs-unchanged`` and ``deterministic`` checks of ``verifier`` on small batches of ``case``.
+
+    Returns a list of :class:`~spectr_audit.results.Check`.  Errors of the verifier propagate
+    (the caller makes them an error result).
+    """
+    import torch
+
+    from spectr_audit.contract.verifier import Verifier
+    from spectr_audit.results import Check
+
+    if getattr(case, "tree", None) is not None or not isinstance(verifier, Verifier):
+        return []  # draft trees have their own contract
+    mutated: list[str] = []
+    differs: list[str] = []
+    for label, batch in zip(("the case's drafts", "drafts with every probability positive"),
+                            _batches(verifier, case, seed, rows)):
+        inputs = (batch.draft_tokens, batch.draft_probs, batch.target_probs)
+        originals = tuple(t.clone() for t in inputs)
+        first = _fields(verifier.verify(*inputs, torch.Generator().manual_seed(seed)))
+        changed = _changed(originals, inputs)
+        if changed and not mutated:
+            mutated.append(f"verify modified {', '.join(changed)} in place (on {label})")
+            inputs = tuple(t.clone() for t in originals)
+        second = _fields(verifier.verify(*inputs, torch.Generator().manual_seed(seed)))
+        rows_differ = [name for name, a, b in zip(("num_accepted", "draft_index", "next_token"), first, second)
+                       if not torch.equal(torch.as_tensor(a), torch.as_tensor(b))]
+        if rows_differ and not differs:
+            differs.append(f"two verify calls with torch.Generator().manual_seed({seed}) returned different "
+                           f"{', '.join(rows_differ)} (on {label}); does it draw from the global generator?")
+        if verifier.has_exact_law:
+            inputs = tuple(t.clone() for t in originals)
+            law_first = verifier.output_probs(*inputs)
+            changed = _changed(originals, inputs)
+            if changed and not mutated:
+                mutated.append(f"output_probs modified {', '.join(changed)} in place (on {label})")
+            law_second = verifier.output_probs(*(t.clone() for t in originals))
+            if not differs and not torch.equal(torch.as_tensor(law_first), torch.as_tensor(law_second)):
+                differs.append(f"two output_probs calls on the same inputs returned different laws (on {label})")
+        if mutated and differs:
+            break
+    return [
+        Check("inputs-unchanged", not mutated, None, None,
+              "; ".join(mutated) if mutated else "verify and output_probs leave their inputs as they were"),
+        Check("deterministic", not differs, None, None,
+              "; ".join(differs) if differs else "calls with generators seeded alike agree"),
+    ]

@@ -1,0 +1,316 @@
+"""Multi-draft block verification: K i.i.d. drafts verified as one block (docs/rules/multi-block.md).
+
+The drafts form a trie.  Every trie node u at depth i carries a *budget* ``g(u)`` and a *share*
+``s(u) >= g(u)`` (the root: ``g = s = 1``).  At a node with ``n`` surviving drafts the rule runs a
+token-level node rule against the sub-probability target ``t = beta q(. | u)``, ``beta = g / s``
+(the missing ``1 - beta`` is a *stop* mass the draft never proposes), over the survivors' next
+tokens.  The node rule gives
+
+* ``kappa(a)``: the probability that it outputs the drafted child token ``a`` (accepted, or drawn
+  from its residual), a function of the survivors' next tokens;
+* ``hits(a) = E[kappa(a) 1(a drafted)]`` over those tokens' law (n i.i.d. draws from ``p(. | u)``),
+  in closed form.
+
+A child ``ua`` gets budget ``s(u) kappa(a)`` and share ``s(u) kappa(a) / sum_b kappa(b)``.  The node
+keeps ``eps(u) = g(u) - s(u) sum_a hits(a)`` for itself, with the correction row
+``s(u) (t - hits)``.  With ``E_i = sum_{|u| = i} s(u) sum_a hits_u(a)`` (the expected total budget of
+depth i + 1 given the first i tokens of every draft), the accepted node is chosen by a backward
+scan: a node of depth L with probability ``g``, else a node of depth ``i`` with probability
+``eps(u) / (1 - E_i)``, for i = L - 1 down to 0.  Then ``P(accepted node extends u | first |u|
+tokens) = g(u)`` and the emitted token after u is ``q(. | u)``-distributed whatever the other drafts
+did, which is exactness.
+
+Node rules (both with one coin per draft, ``theta(x)`` for token x; they differ in the winner):
+
+* *priority*: the accepted draft whose token has the largest ``q/p`` wins; each coin is the largest
+  the target allows given the coins before it in that order (a greedy scan, computed as a monotone
+  fixed point whose every iterate is valid);
+* *K-SEQ* with the stop mass as a token: ``theta = min(1, t / (rho p))``, the first accepted draft
+  in draft order wins (SpecTr's rule, docs/rules/kseq.md).
+
+Each node uses the one whose ``sum_a hits(a)`` is larger (priority on ties).  For K = 1 both are
+speculative sampling against ``t`` and the rule is block verification (docs/rules/block.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectr_audit.contract.randomness import sample_categorical, uniform
+from spectr_audit.contract.verifier import Verifier, VerifyOutput
+from spectr_audit.verifiers._rho_star import kseq_rho_star
+from spectr_audit.verifiers._walk import _sample_or_fallback, normalise
+
+__all__ = ["MultiDraftBlockVerification", "CHOICE_MARGIN", "PRIORITY_SWEEPS"]
+
+#: K-SEQ replaces the priority rule at a node only when its allocation is larger by more than this.
+CHOICE_MARGIN = 1e-12
+
+#: At most this many sweeps of the priority coins' fixed point (fewer when the vocabulary is smaller:
+#: V sweeps reach the greedy scan exactly; any sweep count gives valid coins).
+PRIORITY_SWEEPS = 16
+
+
+def _pow(base: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+    """``base ** exponent`` for ``base`` in [0, 1] (``0 ** n = 0`` for n >= 1)."""
+    return torch.exp(exponent * torch.log(base))
+
+
+def _drop_pow(free: torch.Tensor, mass: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+    """``free ** n - (free - mass) ** n`` for ``0 <= mass <= free``, without cancellation."""
+    safe = torch.where(free > 0, free, torch.ones_like(free))
+    ratio = (mass / safe).clamp(max=1.0)
+    return torch.where(free > 0, -_pow(free, exponent) * torch.expm1(exponent * torch.log1p(-ratio)),
+                       torch.zeros_like(free))
+
+
+def _hits(target, draft, coins, accepted, exponent):
+    """``E[kappa(a) 1(a drafted)]`` ``[n, V]`` and ``1 - sum_x p theta`` ``[n, 1]`` for one-coin-per-draft rules.
+
+    The rule outputs ``a`` with total probability ``t(a)``: ``accepted(a)`` from a coin, the rest
+    ``t(a) - accepted(a)`` from its residual after every coin failed.  Given that, the drafted tokens are
+    i.i.d. with law ``p (1 - theta) / free``, so the residual draw hits a drafted ``a`` with
+    probability ``1 - (1 - p(a) (1 - theta(a)) / free) ** n``.
+    """
+    refused = draft * (1 - coins)
+    free = refused.sum(-1, keepdim=True)  # 1 - sum_x p theta, as a sum of non-negative terms
+    safe = torch.where(free > 0, free, torch.ones_like(free))
+    absent = torch.exp(exponent * torch.log1p(-(refused / safe).clamp(max=1.0)))
+    missing = (target - accepted).clamp(min=0)
+    hits = torch.where(free > 0, accepted + missing * (1 - absent), accepted)
+    return hits, free
+
+
+def _priority_coins(draft, target, raw_target, exponent, max_sweeps):
+    """Coins, accepted law and token ranks ``[n, V]`` of the priority rule.
+
+    Tokens are ranked by ``q/p`` descending (ties: smaller id first; tokens the draft never proposes
+    first, where they change nothing).  Token a's coin is the largest with
+    ``free_a^n - (free_a - p(a) theta(a))^n <= t(a)``, ``free_a = 1 - sum_{b before a} p(b) theta(b)``.
+    Iterating ``theta <- cap(free(theta))`` from 0 increases theta monotonically, every iterate is
+    valid (the free mass it was computed from only shrinks), and after V sweeps it is the greedy scan.
+    """
+    vocab_size = draft.shape[-1]
+    ratio = torch.where(draft > 0, raw_target / torch.where(draft > 0, draft, torch.ones_like(draft)),
+                        torch.full_like(draft, float("inf")))
+    order = torch.argsort(-ratio, dim=-1, stable=True)
+    ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(vocab_size, device=order.device).expand_as(order))
+    # Stored lowest priority first, so that the free mass is a prefix sum (no flips).
+    order = order.flip(-1)
+    p_sorted, t_sorted = draft.gather(-1, order), target.gather(-1, order)
+    drafted = p_sorted > 0
+    safe_p = torch.where(drafted, p_sorted, torch.ones_like(p_sorted))
+    coins = torch.zeros_like(p_sorted)
+
+    def free_before(coins):
+        # 1 - sum_{b before a} p theta = sum_{b from a on} p theta + sum_b p (1 - theta): no cancellation
+        return (p_sorted * coins).cumsum(-1) + (p_sorted * (1 - coins)).sum(-1, keepdim=True)
+
+    for _ in range(min(vocab_size, max_sweeps)):
+        free = free_before(coins)
+        room = _pow(free, exponent)
+        safe_room = torch.where(room > 0, room, torch.ones_like(room))
+        # the largest m with free^n - (free - m)^n <= t: free (1 - (1 - t / free^n)^(1/n)), or all of free
+        cap = torch.where(room > t_sorted,
+                          -free * torch.expm1(torch.log1p(-(t_sorted / safe_room).clamp(max=1.0)) / exponent), free)
+        new = torch.where(drafted, (cap / safe_p).clamp(max=1.0), torch.zeros_like(cap))
+        new = torch.maximum(new, coins)  # monotone in exact arithmetic; keeps rounding from undoing it
+        if torch.equal(new, coins):  # converged bit for bit: more sweeps change nothing, in any row
+            break
+        coins = new
+    accepted = _drop_pow(free_before(coins), p_sorted * coins, exponent)
+    back = vocab_size - 1 - ranks  # position of each token in the stored order
+    return coins.gather(-1, back), accepted.gather(-1, back), ranks
+
+
+def _kseq_coins(draft, target, beta, exponent):
+    """Coins and accepted law ``[n, V]`` of K-SEQ against ``t`` with the stop mass ``1 - beta`` as a token."""
+    stop = (1 - beta).clamp(min=0).unsqueeze(-1)
+    rho = kseq_rho_star(torch.cat([draft, torch.zeros_like(stop)], -1), torch.cat([target, stop], -1),
+                        exponent.squeeze(-1))
+    rho = rho.unsqueeze(-1)
+    drafted = draft > 0
+    coins = torch.where(drafted, (target / (rho * torch.where(drafted, draft, torch.ones_like(draft)))).clamp(max=1.0),
+                        torch.zeros_like(draft))
+    mass = (draft * coins).sum(-1, keepdim=True)
+    free = (draft * (1 - coins)).sum(-1, keepdim=True)
+    accept_any = 1 - _pow(free, exponent)
+    scale = torch.where(mass > 0, accept_any / torch.where(mass > 0, mass, torch.ones_like(mass)), torch.zeros_like(mass))
+    return coins, scale * draft * coins
+
+
+def _node_rule(draft, target, raw_target, beta, exponent, max_sweeps):
+    """One node's rule on rows ``[m, V]``: the priority rule, or K-SEQ where it allocates more.
+
+    Returns coins, accepted law, hits ``[m, V]``, ``free = 1 - sum_x p theta`` ``[m, 1]``, the priority
+    ranks ``[m, V]`` and whether K-SEQ is used ``[m, 1]``.
+    """
+    prio_coins, prio_acc, ranks = _priority_coins(draft, target, raw_target, exponent, max_sweeps)
+    kseq_coins, kseq_acc = _kseq_coins(draft, target, beta.squeeze(-1), exponent)
+    prio_hits, prio_free = _hits(target, draft, prio_coins, prio_acc, exponent)
+    kseq_hits, kseq_free = _hits(target, draft, kseq_coins, kseq_acc, exponent)
+    use_kseq = kseq_hits.sum(-1, keepdim=True) > prio_hits.sum(-1, keepdim=True) + CHOICE_MARGIN
+    pick = lambda a, b: torch.where(use_kseq, b, a)  # noqa: E731
+    return (pick(prio_coins, kseq_coins), pick(prio_acc, kseq_acc), pick(prio_hits, kseq_hits),
+            pick(prio_free, kseq_free), ranks, use_kseq)
+
+
+class MultiDraftBlockVerification(Verifier):
+    """Multi-draft block verification: K i.i.d. drafts of length L, exact with the plain target.
+
+    Budgets and shares on the drafts' trie, a token-level node rule (priority by ``q/p``, or K-SEQ,
+    whichever allocates more) against ``beta q`` plus a stop mass, and a backward scan for the last
+    chosen node (module docstring; derivation and proof in docs/rules/multi-block.md).  For K = 1 it
+    is block verification.  On the block-verification paper's example at K = 2 it reaches the block
+    LP's optimum, 212/81.
+
+    Randomness: one :func:`~spectr_audit.contract.randomness.uniform` call of shape
+    ``[batch_size, draft_len + 1]``: the choice uniforms of depths 1 .. L, then the next token's.
+
+    Examples
+    --------
+    >>> from spectr_audit.drafting.models import ContextFreeModel
+    >>> from spectr_audit.exact.iteration import exact_iteration
+    >>> draft, target = ContextFreeModel([2/3, 1/3]), ContextFreeModel([1/3, 2/3])
+    >>> audit = exact_iteration(MultiDraftBlockVerification(), draft, target, num_drafts=2, draft_len=2)
+    >>> round(audit.block_efficiency * 81, 6), audit.max_abs_error < 1e-12
+    (212.0, True)
+    """
+
+    name = "multi-block"
+    description = "multi-draft block verification: node budgets and shares, priority or K-SEQ node rule, backward scan"
+    expected = "exact"
+    #: upper bound on the priority coins' fixed-point sweeps (see PRIORITY_SWEEPS)
+    priority_sweeps = PRIORITY_SWEEPS
+
+    # -- the shared numbers ------------------------------------------------------------------------
+    def _levels(self, draft_tokens, draft_probs, target_probs):
+        """Everything the sampler and the law need, in float64.
+
+        Returns ``slack [B, K, L]`` (eps at canonical nodes, 0 elsewhere), unnormalised corrections
+        ``[B, K, L, V]``, ``expected [B, L]`` (E_i) and the depth-L budgets ``[B, K]``.
+        """
+        batch_size, num_drafts, draft_len = draft_tokens.shape
+        device = draft_tokens.device
+        # rows renormalised in float64, as the exact law receives them, so that sampler and law agree
+        draft_all = draft_probs.double()
+        draft_all = draft_all / draft_all.sum(-1, keepdim=True)
+        target_all = target_probs.double()
+        target_all = target_all / target_all.sum(-1, keepdim=True)
+        draft_ids = torch.arange(num_drafts, device=device)
+        earlier = draft_ids.unsqueeze(1) < draft_ids.unsqueeze(0)  # [j, k]: j < k
+        before = earlier.T.reshape(1, 1, num_drafts, num_drafts)  # [.., j, j']: j' < j
+        budget = torch.zeros(batch_size, num_drafts, dtype=torch.float64, device=device)
+        budget[:, 0] = 1.0
+        share = budget.clone()
+        slack, corrections, expected = [], [], []
+        for depth in range(draft_len + 1):
+            prefix = draft_tokens[:, :, :depth]
+            same = (prefix.unsqueeze(2) == prefix.unsqueeze(1)).all(-1)  # [B, j, k]: drafts j, k share the prefix
+            canonical = ~(same & earlier).any(1)  # [B, k]: k is the first draft with its prefix
+            if depth == draft_len:
+                break
+            survivors = same.transpose(1, 2)  # [B, k, j]: draft j passes through node k
+            count = survivors.sum(-1, keepdim=True).double()  # [B, K, 1]
+            beta = torch.where(share > 0, budget / torch.where(share > 0, share, torch.ones_like(share)),
+                               torch.zeros_like(share)).clamp(0.0, 1.0)
+            draft = draft_all[:, :, depth]  # [B, K, V]
+            raw_target = target_all[:, :, depth]
+            target = beta.unsqueeze(-1) * raw_target
+            # The node rules run on the canonical nodes only (one row per distinct prefix).
+            nodes = canonical.reshape(-1).nonzero().squeeze(1)
+            flat = lambda x: x.reshape(batch_size * num_drafts, -1).index_select(0, nodes)  # noqa: E731
+            parts = _node_rule(flat(draft), flat(target), flat(raw_target), flat(beta.unsqueeze(-1)), flat(count),
+                               self.priority_sweeps)
+
+            def spread(x):  # back to every (row, draft) slot, zeros at non-canonical ones
+                full = torch.zeros(batch_size * num_drafts, x.shape[-1], dtype=x.dtype, device=device)
+                return full.index_copy_(0, nodes, x).reshape(batch_size, num_drafts, -1)
+
+            coins, accepted, hits, free, ranks, use_kseq = (spread(x) for x in parts)
+            # The node rule on the drafts' actual next tokens: kappa per draft j of node k ([B, k, j]).
+            tokens = draft_tokens[:, :, depth]  # [B, j]
+            index = tokens.unsqueeze(1).expand(-1, num_drafts, -1)  # [B, k, j]
+            coin = torch.where(survivors, coins.gather(-1, index), torch.zeros_like(survivors, dtype=torch.float64))
+            fail = 1 - coin
+            rank = ranks.gather(-1, index)
+            same_token = tokens.unsqueeze(2) == tokens.unsqueeze(1)  # [B, j, j']
+            pair = survivors.unsqueeze(2) & survivors.unsqueeze(3)  # [B, k, j, j']: both survive at k
+            ones = torch.ones_like(fail).unsqueeze(2).expand(-1, -1, num_drafts, -1)
+            failing = fail.unsqueeze(2).expand(-1, -1, num_drafts, -1)  # [..., j, j'] = 1 - coin_j'
+            # priority: every draft of a higher-ranked token fails, some draft of this token succeeds
+            higher = pair & (rank.unsqueeze(3) > rank.unsqueeze(2))  # [k, j, j']: j' ranked above j
+            mine = pair & same_token.unsqueeze(1)
+            prio_win = (torch.where(higher, failing, ones).prod(-1)
+                        * (1 - torch.where(mine, failing, ones).prod(-1)))
+            # K-SEQ: the first succeeding draft in draft order; a token's drafts add up
+            first = coin * torch.where(pair & before, failing, ones).prod(-1)
+            kseq_win = torch.where(mine, first.unsqueeze(2).expand(-1, -1, num_drafts, -1),
+                                   torch.zeros_like(ones)).sum(-1)
+            win = torch.where(use_kseq, kseq_win, prio_win)
+            none = torch.where(survivors, fail, torch.ones_like(fail)).prod(-1, keepdim=True)  # [B, K, 1]
+            room = _pow(free, count)
+            residual_share = torch.where(room > 0, none / torch.where(room > 0, room, torch.ones_like(room)),
+                                         torch.zeros_like(room))
+            missing = (target - accepted).clamp(min=0).gather(-1, index)
+            kappa = torch.where(survivors, win + residual_share * missing, torch.zeros_like(win))  # [B, k, j]
+            # children: draft j is the canonical child of its token under its parent node
+            first_of_token = survivors & ~(mine & before).any(-1)
+            child = first_of_token & canonical.unsqueeze(-1)
+            total = torch.where(child, kappa, torch.zeros_like(kappa)).sum(-1, keepdim=True)
+            child_budget = torch.where(child, share.unsqueeze(-1) * kappa, torch.zeros_like(kappa)).sum(1)
+            child_share = torch.where(child & (total > 0), share.unsqueeze(-1) * kappa
+                                      / torch.where(total > 0, total, torch.ones_like(total)),
+                                      torch.zeros_like(kappa)).sum(1)
+            kept = share * hits.sum(-1)
+            slack.append(torch.where(canonical, (budget - kept).clamp(min=0), torch.zeros_like(budget)))
+            corrections.append(torch.where(canonical.unsqueeze(-1), share.unsqueeze(-1) * (target - hits).clamp(min=0),
+                                           torch.zeros_like(target)))
+            expected.append(torch.where(canonical, kept, torch.zeros_like(kept)).sum(-1))
+            budget, share = child_budget, child_share
+        final = torch.where(canonical, budget, torch.zeros_like(budget))
+        return torch.stack(slack, -1), torch.stack(corrections, 2), torch.stack(expected, -1), final
+
+    @staticmethod
+    def _choice_probs(slack, expected, final):
+        """Per depth, the probability of choosing each node given that nothing deeper was chosen: ``[B, K, L + 1]``."""
+        room = (1 - expected).unsqueeze(1)  # [B, 1, L]
+        inner = torch.where(room > 0, slack / torch.where(room > 0, room, torch.ones_like(room)), torch.zeros_like(slack))
+        return torch.cat([inner, final.unsqueeze(-1)], -1)
+
+    # -- the verifier ------------------------------------------------------------------------------
+    def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
+        batch_size, num_drafts, draft_len = draft_tokens.shape
+        device = draft_tokens.device
+        slack, corrections, expected, final = self._levels(draft_tokens, draft_probs, target_probs)
+        choice = self._choice_probs(slack, expected, final)  # [B, K, L + 1]
+        u = uniform(generator, (batch_size, draft_len + 1), device)
+        # Depth i (1 .. L) chooses node k when u_i falls in its slice of the cumulative choice probabilities.
+        cumulative = choice[:, :, 1:].cumsum(1)  # [B, K, L]
+        point = u[:, :draft_len].unsqueeze(1)  # [B, 1, L]
+        chosen = point < cumulative[:, -1:, :]  # [B, 1, L]: some node of depth i is chosen
+        node = (point >= cumulative).sum(1)  # [B, L]: the first k whose cumulative sum exceeds u_i
+        depths = torch.arange(1, draft_len + 1, device=device)
+        tau = (chosen.squeeze(1) * depths).amax(-1)  # the deepest depth with a choice, 0 (the root) if none
+        rows = torch.arange(batch_size, device=device)
+        draft_index = torch.where(tau > 0, node.gather(1, (tau - 1).clamp(min=0).unsqueeze(1)).squeeze(1),
+                                  torch.zeros_like(tau)).clamp(max=num_drafts - 1)
+        level = tau.clamp(max=draft_len - 1)
+        fallback = target_probs[rows, draft_index, level]
+        correction = _sample_or_fallback(corrections[rows, draft_index, level], lambda: fallback.double(), u[:, draft_len])
+        bonus = sample_categorical(target_probs[rows, draft_index, draft_len].double(), u[:, draft_len])
+        next_token = torch.where(tau < draft_len, correction, bonus)
+        return VerifyOutput(tau, draft_index, next_token)
+
+    def _output_probs(self, draft_tokens, draft_probs, target_probs) -> torch.Tensor:
+        draft_len = draft_tokens.shape[-1]
+        slack, corrections, expected, final = self._levels(draft_tokens, draft_probs, target_probs)
+        choice = self._choice_probs(slack, expected, final)  # [B, K, L + 1]
+        # P(nothing deeper than depth i is chosen) = prod_{j > i} (1 - sum_k choice[k, j])
+        refuse = 1 - choice.sum(1)  # [B, L + 1]
+        after = torch.cat([refuse[:, 1:].flip(-1).cumprod(-1).flip(-1), torch.ones_like(refuse[:, :1])], -1)
+        stop = choice * after.unsqueeze(1)  # [B, K, L + 1]
+        vocab_size = corrections.shape[-1]
+        laws = normalise(corrections.reshape(-1, vocab_size), target_probs[:, :, :draft_len].double().reshape(-1, vocab_size))
+        laws = torch.cat([laws.reshape(corrections.shape), target_probs[:, :, draft_len:].double()], 2)
+        return stop.unsqueeze(-1) * laws
