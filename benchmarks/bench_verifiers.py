@@ -47,6 +47,8 @@ CONFIGS = [
     ("spectr-tree", 8, 8),
     ("block", 1, 4),
     ("block", 1, 8),
+    ("multi-block", 4, 4),
+    ("multi-block", 8, 8),
 ]
 
 
@@ -55,17 +57,56 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn, device: torch.device, repeats: int) -> float:
-    """Median wall time of ``fn()`` in seconds (one warm-up call first)."""
+class Timing(float):
+    """A median wall time in seconds (a float), with the spread of the calls it is the median of.
+
+    ``low`` and ``high``: the 25th and 75th percentiles; ``fastest``; ``runs``: how many calls.
+    """
+
+    low: float
+    high: float
+    fastest: float
+    runs: int
+
+    def __new__(cls, times: list):
+        quartiles = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
+        out = super().__new__(cls, quartiles[1])
+        out.low, out.high, out.fastest, out.runs = quartiles[0], quartiles[2], min(times), len(times)
+        return out
+
+    def spread_ms(self) -> list:
+        """``[25th, 75th percentile]`` in milliseconds."""
+        return [1e3 * self.low, 1e3 * self.high]
+
+    def text(self) -> str:
+        """``median [25th, 75th] ms (runs)``."""
+        return f"{1e3 * self:7.2f} ms [{1e3 * self.low:.2f}, {1e3 * self.high:.2f}] ({self.runs} runs)"
+
+
+#: Each timing repeats its call until this much time has passed (and at least ``repeats`` times):
+#: a call of a millisecond gets hundreds of runs, so a median and its spread are measured, not guessed.
+MIN_TOTAL_SECONDS = 0.25
+MAX_RUNS = 1000
+
+
+def timed(fn, device: torch.device, repeats: int) -> Timing:
+    """Median wall time of ``fn()`` in seconds, with its spread (:class:`Timing`; one warm-up call first).
+
+    ``time.perf_counter_ns`` (integer nanoseconds: no float rounding of the clock), at least
+    ``repeats`` calls and at least :data:`MIN_TOTAL_SECONDS` of them.  On a loaded machine the
+    calls of a multi-threaded op wait for CPU time slices (milliseconds each): the spread shows it.
+    """
     fn()
     _sync(device)
     times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    began = time.perf_counter_ns()
+    while len(times) < max(1, repeats) or (
+            time.perf_counter_ns() - began < MIN_TOTAL_SECONDS * 1e9 and len(times) < MAX_RUNS):
+        start = time.perf_counter_ns()
         fn()
         _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        times.append((time.perf_counter_ns() - start) * 1e-9)
+    return Timing(times)
 
 
 def make_inputs(batch_size, num_drafts, draft_len, vocab_size, device, seed=0):
@@ -100,6 +141,9 @@ def bench_verifiers(total_probs: int, vocab_sizes, device, repeats, with_compile
                 "verifier": name, "vocab_size": vocab_size, "num_drafts": num_drafts, "draft_len": draft_len,
                 "batch_size": batch_size, "memory_pass_ms": 1e3 * memory, "verify_ms": 1e3 * run,
                 "ratio": run / memory, "ratio_with_validation": checked / memory,
+                # the spread of each median (25th, 75th percentile) and the calls timed
+                "memory_pass_ms_spread": memory.spread_ms(), "verify_ms_spread": run.spread_ms(),
+                "memory_pass_runs": memory.runs, "verify_runs": run.runs,
             }
             note = ""
             if with_compiled:
@@ -110,7 +154,7 @@ def bench_verifiers(total_probs: int, vocab_sizes, device, repeats, with_compile
                 note = f"  compiled {fused / memory:6.2f}"
             rows.append(row)
             print(f"  {name:<12} V={vocab_size:<6} K={num_drafts} L={draft_len} B={batch_size:<5} "
-                  f"memory {1e3 * memory:7.1f} ms  verify {1e3 * run:8.1f} ms  ratio {run / memory:6.2f}  "
+                  f"memory {memory.text()}  verify {run.text()}  ratio {run / memory:6.2f}  "
                   f"(validated {checked / memory:6.2f}){note}", flush=True)
             del tokens, draft_probs, target_probs
     return rows
@@ -172,23 +216,23 @@ def bench_exact_audit(repeats, quick=False) -> list[dict]:
 
 
 def bench_montecarlo(samples: int) -> dict:
-    """Monte-Carlo audit throughput at V = 8, K = 4 (K-SEQ, and a verifier that does nothing: the harness)."""
-    from bench_montecarlo import DRAFT8 as draft, TARGET8 as target, _noop as noop  # same case as bench_montecarlo
+    """Monte-Carlo audit throughput at V = 8, K = 4: K-SEQ, RRS and the harness alone (a verifier that does
+    nothing), in 1 and 2 local gloo processes (the sharded audit; the counts' digests must agree)."""
+    from bench_montecarlo import timed_audit  # same case as bench_montecarlo
 
-    from spectr_audit.contract.verifier import FunctionVerifier
-    from spectr_audit.statistical.audit import statistical_audit
+    from spectr_audit.statistical.sharding import spawn_local
 
     out = {}
-    for name in ("kseq", "rrs", "harness only"):
-        verifier = (FunctionVerifier(noop, name="noop", max_draft_len=1) if name == "harness only"
-                    else load_verifier(name))
-        statistical_audit(verifier, draft, target, 4, 1, num_samples=1 << 14, stratify=False, seed=1)  # warm-up
-        result = statistical_audit(verifier, draft, target, 4, 1, num_samples=samples, stratify=False,
-                                   sequential=False, seed=0)
-        out[name] = {"verifications_per_second": result.verifications_per_second, "seconds": result.seconds,
-                     "samples": samples}
-        print(f"  Monte-Carlo audit V=8 K=4 {name:<13} {result.verifications_per_second:12,.0f} verifications/s "
-              f"({samples} in {result.seconds:.2f} s)", flush=True)
+    for name in ("kseq", "rrs", "noop"):
+        label = "harness only" if name == "noop" else name
+        rows = {processes: (timed_audit(name, samples, repeats=2) if processes == 1
+                            else spawn_local(timed_audit, processes, name, samples, 2)) for processes in (1, 2)}
+        out[label] = {"samples": samples, **{f"{p}_processes": row for p, row in rows.items()},
+                      "bit_identical": rows[1]["counts_digest"] == rows[2]["counts_digest"]}
+        for processes, row in rows.items():
+            print(f"  Monte-Carlo audit V=8 K=4 {label:<13} {processes} process(es) "
+                  f"{row['verifications_per_second']:12,.0f} verifications/s wall, "
+                  f"{row['per_cpu_second']:12,.0f} per CPU-second ({samples} in {row['seconds']:.2f} s)", flush=True)
     return out
 
 
@@ -196,12 +240,15 @@ def print_summary(result: dict) -> None:
     """The verifier table in Markdown (ratios to the memory pass), ready to paste into a report."""
     with_compiled = any("ratio_compiled" in row for row in result["verifiers"])
     extra = " ratio compiled |" if with_compiled else ""
-    print(f"\n| verifier | V | K | L | B | memory pass ms | verify ms | ratio | ratio with validation |{extra}")
+    print("\nmedians, [25th, 75th percentile] of the timed calls")
+    print(f"| verifier | V | K | L | B | memory pass ms | verify ms | ratio | ratio with validation |{extra}")
     print("|---|---|---|---|---|---|---|---|---|" + ("---|" if with_compiled else ""))
     for row in result["verifiers"]:
         cell = f" {row['ratio_compiled']:.1f} |" if with_compiled else ""
+        memory, verify = row["memory_pass_ms_spread"], row["verify_ms_spread"]
         print(f"| {row['verifier']} | {row['vocab_size']} | {row['num_drafts']} | {row['draft_len']} | "
-              f"{row['batch_size']} | {row['memory_pass_ms']:.1f} | {row['verify_ms']:.1f} | {row['ratio']:.1f} | "
+              f"{row['batch_size']} | {row['memory_pass_ms']:.2f} [{memory[0]:.2f}, {memory[1]:.2f}] | "
+              f"{row['verify_ms']:.2f} [{verify[0]:.2f}, {verify[1]:.2f}] | {row['ratio']:.1f} | "
               f"{row['ratio_with_validation']:.1f} |{cell}")
 
 

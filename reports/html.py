@@ -40,6 +40,13 @@ th, td { border: 1px solid #d0d7de; padding: 0.25em 0.55em; text-align: right; w
 th { background: #f6f8fa; position: sticky; top: 0; }
 td.text, th.text { text-align: left; }
 td.wrap { white-space: normal; }
+.scroll { overflow-x: auto; max-width: 100%; }
+table.findings { width: 100%; }
+table.findings td.text, table.findings th { white-space: normal; }
+table.findings td:nth-child(-n+2) { white-space: nowrap; }
+table.findings td.worst { min-width: 17em; }
+table.findings td.text code { white-space: nowrap; }
+.detail { color: #555; font-size: 0.88em; font-weight: normal; }
 nav a { margin-right: 1em; }
 tr.finding td { background: #fff0f0; }
 tr.unexpected td { background: #ffe0e0; font-weight: bold; }
@@ -97,12 +104,26 @@ _COLUMNS = (
 )
 
 
+def _interval_of(metrics: dict, key: str) -> Optional[tuple]:
+    """The interval of a sampled metric: the TV estimate's, the acceptance's, and the acceptance ratio's
+    (the acceptance's interval over alpha*); None for a value computed exactly."""
+    from spectr_audit.reports.figures import acceptance_interval
+
+    if key == "tv_estimate":
+        low, high = metrics.get("tv_lower"), metrics.get("tv_upper")
+        return None if low is None or high is None else (low, high)
+    acceptance = acceptance_interval(metrics) if key in ("acceptance", "acceptance_ratio") else None
+    if key == "acceptance" or acceptance is None:
+        return acceptance
+    optimum = _num(metrics.get("optimal_acceptance"))
+    return None if not optimum else (acceptance[0] / optimum, acceptance[1] / optimum)
+
+
 def _metric_cell(metrics: dict, key: str) -> str:
-    """A metric, with its interval where the result has one (the sampled TV estimate, acceptance)."""
+    """A metric, with its interval where the result has one (the sampled TV estimate, acceptance, acc / alpha*)."""
     value = metrics.get(key)
-    interval = {"tv_estimate": (metrics.get("tv_lower"), metrics.get("tv_upper")),
-                "acceptance": tuple(metrics.get("acceptance_ci") or (None, None))}.get(key)
-    if value is None or interval is None or interval[0] is None or interval[1] is None:
+    interval = _interval_of(metrics, key)
+    if value is None or interval is None:
         return _fmt(value)
     return f"{_fmt(value)} [{_fmt(interval[0])}, {_fmt(interval[1])}]"
 
@@ -131,7 +152,7 @@ def _inconclusive(report: AuditReport) -> list[str]:
 def _summary_table(report: AuditReport, violated: set) -> list[str]:
     present = [(key, label) for key, label in _COLUMNS if any(key in r.metrics for r in report.results)]
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in present)
-    out = [f'<table><thead><tr><th class="text">verifier</th><th class="text">case</th>'
+    out = [f'<div class="scroll"><table><thead><tr><th class="text">verifier</th><th class="text">case</th>'
            f'<th class="text">verdict</th><th class="text">gate</th>{head}</tr></thead><tbody>']
     for r in report.results:
         verdict, css = _verdict(r)
@@ -143,7 +164,7 @@ def _summary_table(report: AuditReport, violated: set) -> list[str]:
             f'<tr class="{css}"><td class="text">{html.escape(r.verifier)}</td><td class="text">{html.escape(r.case)}</td>'
             f'<td class="text">{html.escape(verdict)}</td><td class="text">{gate}</td>{cells}</tr>'
         )
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
     return out
 
 
@@ -162,6 +183,13 @@ def _verifier_table(report: AuditReport, violated: set) -> list[str]:
                       and not isinstance(r.metrics.get(key), bool)]
             return pick(values) if values else None
 
+        def smallest_ratio() -> str:
+            # a sampled ratio is an estimate: its interval says whether a value above 1 is more than noise
+            rated = [r for r in results if _num(r.metrics.get("acceptance_ratio")) is not None]
+            if not rated:
+                return _fmt(None)
+            return _metric_cell(min(rated, key=lambda r: r.metrics["acceptance_ratio"]).metrics, "acceptance_ratio")
+
         unexpected = sum(not r.as_expected for r in results)
         declared = {r.expected for r in results if r.expected is not None}
         label = name + (f" (declared {'exact' if declared == {True} else 'inexact'})" if len(declared) == 1 else "")
@@ -171,7 +199,7 @@ def _verifier_table(report: AuditReport, violated: set) -> list[str]:
             f'<tr class="{css}"><td class="text">{html.escape(label)}</td><td>{len(results)}</td>'
             f"<td>{sum(r.passed for r in results)}</td><td>{sum(not r.passed and r.error is None for r in results)}</td>"
             f"<td>{sum(r.error is not None for r in results)}</td><td>{unexpected}</td><td>{num_violated}</td>"
-            f"<td>{_fmt(extreme('tv_distance', max))}</td><td>{_fmt(extreme('acceptance_ratio', min))}</td>"
+            f"<td>{_fmt(extreme('tv_distance', max))}</td><td>{smallest_ratio()}</td>"
             f"<td>{_fmt(extreme('pvalue', min))}</td></tr>"
         )
     out.append("</tbody></table>")
@@ -207,9 +235,12 @@ def _findings(report: AuditReport, gate: Any) -> list[str]:
     if not findings:
         out.append("<p>None: every check of every result held.</p>")
     else:
-        out.append('<table><thead><tr><th class="text">verifier</th><th class="text">case</th><th class="text">verdict</th>'
-                   '<th class="text">failed check</th><th>value</th><th>threshold</th><th class="text">worst strings '
-                   "(string: implied vs target law) or cells (observed vs expected count)</th></tr></thead><tbody>")
+        # wrapped text columns inside a scroll container: the table fits the page at any window width
+        out.append('<div class="scroll"><table class="findings"><thead><tr><th class="text">verifier</th>'
+                   '<th class="text">case</th><th class="text">verdict</th>'
+                   '<th class="text">failed check: what it found</th><th>value</th><th>threshold</th><th class="text">'
+                   "worst strings (string: implied vs target law) or cells (observed vs expected count)</th></tr>"
+                   "</thead><tbody>")
         for r in findings:
             verdict, css = _verdict(r)
             worst = r.details.get("worst_strings") or []
@@ -228,15 +259,18 @@ def _findings(report: AuditReport, gate: Any) -> list[str]:
                 rows.append(("error", None, None, r.error))
             rows = rows or [("-", None, None, "")]
             for i, (name, value, threshold, detail) in enumerate(rows):
-                tail = f'<td class="text" rowspan="{len(rows)}">{worst_html}</td>' if i == 0 else ""
-                title = f' title="{html.escape(detail)}"' if detail else ""
-                name_html = html.escape(name) if name != "error" else f"error: <code>{html.escape(detail)}</code>"
+                tail = f'<td class="text worst" rowspan="{len(rows)}">{worst_html}</td>' if i == 0 else ""
+                if name == "error":
+                    name_html = f"error: <code>{html.escape(detail)}</code>"
+                else:  # the check's detail says what it found, in the words of its outcome
+                    name_html = html.escape(name) + (f'<br><span class="detail">{html.escape(detail)}</span>'
+                                                     if detail else "")
                 out.append(
                     f'<tr class="{css or "finding"}"><td class="text">{html.escape(r.verifier)}</td>'
                     f'<td class="text">{html.escape(r.case)}</td><td class="text">{html.escape(verdict)}</td>'
-                    f'<td class="text wrap"{title}>{name_html}</td><td>{_fmt(value, 6)}</td><td>{_fmt(threshold, 6)}</td>{tail}</tr>'
+                    f'<td class="text wrap">{name_html}</td><td>{_fmt(value, 6)}</td><td>{_fmt(threshold, 6)}</td>{tail}</tr>'
                 )
-        out.append("</tbody></table>")
+        out.append("</tbody></table></div>")
         out.append('<p class="note">Worst strings: the strings w of length L + 1 with the largest '
                    "|F(w) - q(w)|, where F is the law implied by one step followed by the unmodified target. "
                    "Rows marked declared belong to verifiers that declared themselves inexact; they fail a run "
@@ -308,14 +342,21 @@ def _figure_sections(report: AuditReport, max_law_figures: int) -> list[str]:
     sections = (
         ("acceptance", "Acceptance against K",
          "Membership acceptance P(first emitted token is among the drafts' first tokens) against the number of "
-         "drafts K. alpha* is the optimal acceptance over all couplings of the drafts and the target (no exact "
-         "verifier can exceed it); K-SEQ must reach (1-(1-1/K)^K) alpha*, which is at least (1-1/e) alpha*."),
+         "drafts K (a case family with a single K: the verifiers side by side at that K). alpha* is the optimal "
+         "acceptance over all couplings of the drafts and the target: the acceptance of an exact verifier, "
+         "computed exactly, never exceeds it. A sampled acceptance is an estimate, drawn with its 95% interval, "
+         "and can lie above alpha* by sampling error alone. K-SEQ must reach (1-(1-1/K)^K) alpha*, which is at "
+         "least (1-1/e) alpha*."),
         ("block-efficiency", "Block efficiency against L",
          "Expected number of tokens emitted per verification step against the draft length L, with the block LP "
          "optimum where the audit computed it."),
         ("law", "Output law against the target",
-         "Per case: the first-token law each verifier implies (bars) against the target's (black ticks), and the "
-         "deviation implied - target with 95% confidence intervals (zero-width for laws computed exactly)."),
+         "Per case, left: the law of the first emitted token only, for each verifier whose law is computed "
+         "exactly (\"its law, computed exactly\": the audit's method, not its verdict, which is in brackets) "
+         "against the target law q (black ticks). Right: where the findings are, the strings w of L + 1 tokens "
+         "with the largest |F(w) - q(w)| for each verifier with a finding: computed exactly (filled points) or, "
+         "for a statistical audit, the cell's observed frequency minus its target probability with a 95% Wilson "
+         "interval (open squares). A finding past the first token shows on the right only."),
     )
     out = ['<h2 id="figures">Figures</h2>'] if figures else []
     for kind, heading, note in sections:

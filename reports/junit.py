@@ -2,7 +2,8 @@
 
 CI systems (GitHub Actions test reporters, GitLab, Jenkins) read this format.  A result
 fails when its verdict differs from its declaration or when it breaks a gate threshold;
-an audit that could not run is an ``<error>``.
+an audit that could not run is an ``<error>``; an INCONCLUSIVE result (nothing rejected, below
+its planned power) is ``<skipped>``, with the reason.  Every test case has a ``verdict`` property.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def _failure_text(result: AuditResult, violations: list) -> tuple[str, str]:
     if not result.as_expected:
         if result.expected is not None:
             declared = "exact" if result.expected else "inexact"
-            measured = "exact" if result.passed else "inexact"
-            lines.append(f"declared {declared}, measured {measured}")
+            # the measured verdict itself (exact, INCONCLUSIVE, CERTIFIED, FINDING, ERROR)
+            lines.append(f"declared {declared}, measured {result.verdict}")
         for check in result.failed_checks:
             lines.append(f"check {check.name} failed: value {check.value!r}, threshold {check.threshold!r}. {check.detail}")
         for worst in (result.details.get("worst_strings") or [])[:5]:

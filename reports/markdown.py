@@ -250,6 +250,16 @@ def _tv_text(m: dict) -> str:
     return f"~{_fmt(m.get('tv_estimate'))} [{_fmt(m.get('tv_lower'))}, {_fmt(m.get('tv_upper'))}]"
 
 
+def _ratio_text(m: dict) -> str:
+    """acc / alpha*, with the interval of a sampled acceptance over alpha* (a sampled ratio above 1 may be noise)."""
+    from spectr_audit.reports.figures import acceptance_interval
+
+    interval, optimum = acceptance_interval(m), _finite(m.get("optimal_acceptance"))
+    if m.get("acceptance_ratio") is None or interval is None or not optimum:
+        return _fmt(m.get("acceptance_ratio"))
+    return f"{_fmt(m.get('acceptance_ratio'))} [{_fmt(interval[0] / optimum)}, {_fmt(interval[1] / optimum)}]"
+
+
 def _with_interval(m: dict, key: str, interval_key: str) -> str:
     interval = m.get(interval_key)
     if m.get(key) is None or not isinstance(interval, (list, tuple)) or len(interval) != 2:
@@ -302,7 +312,7 @@ def render_markdown(report: AuditReport) -> str:
             f"| {r.verifier} | {r.case} | {_verdict(r)} | {_tv_text(m)} | {_fmt(m.get('max_abs_error'))} | "
             f"{_fmt(m.get('prefix_cap_excess'))} | {_with_interval(m, 'acceptance', 'acceptance_ci')} | "
             f"{_fmt(m.get('optimal_acceptance'))} | "
-            f"{_fmt(m.get('acceptance_ratio'))} | {_fmt(m.get('block_efficiency'))} | {_fmt(m.get('pvalue'))} |"
+            f"{_ratio_text(m)} | {_fmt(m.get('block_efficiency'))} | {_fmt(m.get('pvalue'))} |"
         )
     findings = [r for r in report.results if not r.passed]
     lines += _inconclusive_lines(report)

@@ -70,7 +70,6 @@ def audit_engine(name: str, samples: int, seed: int, alpha: float) -> list[dict]
     """Every (tree, setting) row of one engine."""
     import importlib
 
-    from spectr_audit.engines import load_engine  # noqa: F401  (the registry names the adapters)
     from spectr_audit.engines.tree_audit import tree_engine_audit
     from spectr_audit.registry import load_tree_verifier
 

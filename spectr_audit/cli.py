@@ -179,7 +179,8 @@ def _add_resources(p: argparse.ArgumentParser, timeout: bool = True) -> None:
     p.add_argument("--max-memory", type=_memory, default=None, metavar="SIZE",
                    help="memory budget, e.g. 4GiB, 500M or 1e9 (bytes): an audit, model or sample plan that would "
                    f"need more is refused (exit 2) before anything is allocated (default "
-                   f"{defaults.MAX_MEMORY_FRACTION:.0%} of this machine's memory)")
+                   # argparse %-formats help: the percent sign is written %%
+                   f"{100 * defaults.MAX_MEMORY_FRACTION:.0f}%% of this machine's memory)")
     if timeout:
         p.add_argument("--verifier-timeout", type=_timeout, default=defaults.VERIFIER_TIMEOUT, metavar="SECONDS",
                        help="stop a verifier call that runs longer (the audit becomes an error result, the others "
@@ -214,6 +215,55 @@ def _add_sampling(p: argparse.ArgumentParser, gate=None) -> None:
     (gate or p).add_argument("--fail-on-inconclusive", action="store_true",
                              help="exit 3 when every result went as expected but some were INCONCLUSIVE (achieved "
                              "minimum detectable TV above the planned one: a budget cut the sample short)")
+
+
+_EXIT_CODES = """exit codes:
+  0  the verdict is as expected: exact, or a finding of a verifier declared inexact
+  1  the verdict is not as expected (a finding of a verifier declared exact or undeclared,
+     or no finding of one declared inexact), or the audit could not run (an error result)
+  2  usage or input error (a message naming the argument; nothing audited)
+  3  only inconclusive results stood in the way (--fail-on-inconclusive, or --certify-tv
+     where the certificate was not reached)
+  130  interrupted (Ctrl-C)"""
+
+_AUDIT_DESCRIPTION = """Audit one verifier on one case: a draft distribution, a target distribution, K drafts of
+L tokens (or a draft tree).  A verifier with an exact law (output_probs) is audited exactly:
+its law over every string of L + 1 tokens is enumerated in float64 and compared with the
+target's (no sampling, no false alarm), with its acceptance against alpha*, the optimum.  A
+black box is audited from samples: tests of its emitted strings against the target law at the
+false-alarm rate --alpha, with the sample planned by power analysis (--max-samples and
+--max-seconds cap it; a result cut short below its planned power is INCONCLUSIVE).  The first
+line is the verdict (exact, FINDING, INCONCLUSIVE, CERTIFIED or ERROR) and how it stands against
+the verifier's declaration; then every check with its value, threshold and outcome, then the
+metrics."""
+
+_AUDIT_EPILOG = """examples:
+  spectr-audit audit --verifier kseq --draft 0.6,0.4 --target 0.3,0.7 --num-drafts 2
+  spectr-audit audit --verifier broken:kseq-low-rho --num-drafts 3 \\
+      --draft dirichlet:vocab_size=8,seed=1 --target dirichlet:vocab_size=8,seed=2
+  spectr-audit audit --verifier my_pkg.verify:my_verify --num-drafts 1 --draft-len 2 \\
+      --draft markov:vocab_size=3,seed=1 --target markov:vocab_size=3,seed=2 --json
+  spectr-audit audit --verifier tree-rrs --tree 'paths:[[0],[1],[0,0]]' --draft 0.5,0.3,0.2 --target 0.2,0.3,0.5
+
+""" + _EXIT_CODES
+
+_BOUND_DESCRIPTION = """The optimal multi-draft acceptance alpha*: the largest P(the emitted token is among the
+K drafts) that any exact verifier can reach when the K drafts are drawn i.i.d. from the draft
+distribution p and the emitted token must follow the target q.  Computed in closed form,
+alpha* = min over token sets T of q(T) + 1 - p(T)^K (docs/audit/bounds.md), and cross-checked by
+the transport LP when it is small enough (lp_value).  Prints alpha*, the set T that
+attains the minimum, SpecTr's guarantee factor 1 - (1 - 1/K)^K (K-SEQ reaches at least that
+fraction of alpha*) and the single-draft acceptance sum min(p, q) for comparison."""
+
+_BOUND_EPILOG = """examples:
+  spectr-audit bound --draft 0.6,0.4 --target 0.3,0.7 --num-drafts 2      # alpha* = 0.94
+  spectr-audit bound --draft dirichlet:vocab_size=1000,seed=1 --target dirichlet:vocab_size=1000,seed=2 \\
+      --num-drafts 4 --json
+
+exit codes:
+  0  the bound was computed
+  2  usage or input error (a message naming the argument)
+  130  interrupted (Ctrl-C)"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,8 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_resources(run)
     _add_common(run)
 
-    audit = sub.add_parser("audit", help="audit one verifier on one case")
-    audit.add_argument("--verifier", required=True, metavar="NAME_OR_IMPORT")
+    audit = sub.add_parser("audit", help="audit one verifier on one case", description=_AUDIT_DESCRIPTION,
+                           epilog=_AUDIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    audit.add_argument("--verifier", required=True, metavar="NAME_OR_IMPORT",
+                       help="a built-in short name (spectr-audit list), namespace:name, package.module:attr or "
+                       "path/file.py:attr")
     audit.add_argument("--draft", required=True, help="draft distribution: 0.6,0.4 | markov:vocab_size=3,seed=1 | dirichlet:vocab_size=8,seed=1")
     audit.add_argument("--target", required=True, help="target distribution, same forms as --draft")
     audit.add_argument("--num-drafts", type=int, default=None, help="K, the drafts (a chain case; not with --tree)")
@@ -263,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--draft-scheme", default=None, choices=("iid", "without_replacement", "topk", "none"),
                        help="how the tree's children are drafted (with --tree; default: the verifier's first scheme)")
     audit.add_argument("--prefix", default="", help="context tokens before the step, comma-separated")
-    audit.add_argument("--json", action="store_true")
+    audit.add_argument("--json", action="store_true", help="print the result as the JSON report (results.py's contract)")
     audit.add_argument("--alpha", type=_probability, default=defaults.ALPHA, metavar="ALPHA",
                        help=f"false-alarm rate of the statistical audit (default {defaults.ALPHA:g})")
     _add_sampling(audit)
@@ -271,11 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_resources(audit)
     _add_common(audit)
 
-    bound = sub.add_parser("bound", help="optimal multi-draft acceptance alpha* (closed form, and LP when small)")
-    bound.add_argument("--draft", required=True)
-    bound.add_argument("--target", required=True)
-    bound.add_argument("--num-drafts", type=int, required=True)
-    bound.add_argument("--json", action="store_true")
+    bound = sub.add_parser("bound", help="optimal multi-draft acceptance alpha* (closed form, and LP when small)",
+                           description=_BOUND_DESCRIPTION, epilog=_BOUND_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    bound.add_argument("--draft", required=True, metavar="PROBS",
+                       help="the draft distribution p, comma-separated probabilities (e.g. 0.6,0.4) or "
+                       "dirichlet:vocab_size=8,seed=1 (context-free only)")
+    bound.add_argument("--target", required=True, metavar="PROBS", help="the target distribution q, same forms as --draft")
+    bound.add_argument("--num-drafts", type=int, required=True, metavar="K", help="K, the i.i.d. drafts from p")
+    bound.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
     _add_resources(bound, timeout=False)
 
     lst = sub.add_parser("list", help="list the registered verifiers (every namespace) and the suites")
@@ -313,6 +370,10 @@ def _print_result_text(result, exit_code: Optional[int] = None) -> None:
     for c in result.checks:
         mark = "FAIL" if not c.passed else ("INCONCLUSIVE" if c.inconclusive else "ok  ")
         print(f"  [{mark}] {c.name}: value={c.value} threshold={c.threshold}" + (f": {c.detail}" if c.detail else ""))
+    worst = result.details.get("worst_strings") or [] if not result.passed else []
+    if worst:
+        print("  worst strings (string: implied law vs target law): "
+              + "; ".join(f"{w['string']}: {w['implied']:.6g} vs {w['target']:.6g}" for w in worst[:5]))
     for key, value in result.metrics.items():
         print(f"  {key} = {value}")
 
@@ -357,6 +418,28 @@ class _Progress:
 
 #: The real-language-model suite: not a TOML file but SmolLM2-135M in the loop (an optional extra).
 REAL_LM_SUITE = "real-lm"
+
+
+def suite_names() -> list:
+    """Every suite ``--suite`` takes by name: the TOML suites shipped, then the real-LM suite.
+
+    The one list that ``spectr-audit list`` prints and a bad ``--suite`` is told.
+    """
+    from spectr_audit.run.suite import builtin_suites
+
+    return builtin_suites() + [REAL_LM_SUITE]
+
+
+def _check_suite_name(text: str) -> None:
+    """A ``--suite`` that is neither a suite name nor a file: a usage error listing every suite (with a near match)."""
+    import difflib
+
+    names = suite_names()
+    if text in names or text.endswith(".toml") or Path(text).exists():
+        return  # a name, or a file for load_suite to read (and to complain about)
+    close = difflib.get_close_matches(text, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise _UsageError(f"--suite: {text!r} is neither a suite name{hint} nor a .toml file; suites: {', '.join(names)}")
 
 
 def _run_real_lm(args, out: Path):
@@ -414,6 +497,7 @@ def _cmd_run(args) -> int:
         _clear(out, clear_earlier_run)
         report = _run_real_lm(args, out)
     else:
+        _check_suite_name(args.suite)
         suite = load_suite(args.suite, max_memory=args.max_memory, sampling=sampling or None)
         verifiers = select_verifiers(args.verifier)
         # run_suite calls progress.start once every job passed the memory budget, before the first
@@ -489,6 +573,28 @@ def _clear(out: Path, clear_earlier_run) -> None:
     if removed:
         print(f"spectr-audit run: removed the report files of an earlier run from {str(out)!r}: "
               f"{', '.join(p.name for p in removed)}", file=sys.stderr)
+
+
+def _unsupported_drafts(verifier, num_drafts: int, draft_len: int) -> str:
+    """The usage error of ``audit`` with a (K, L) the verifier does not take, naming the option at fault.
+
+    Examples
+    --------
+    >>> from spectr_audit.registry import load_verifier
+    >>> _unsupported_drafts(load_verifier("speculative"), 3, 1)
+    "--num-drafts: verifier 'speculative' supports K = num_drafts in [1, 1]; got 3"
+    """
+    faults = []
+    if not verifier.min_drafts <= num_drafts <= (num_drafts if verifier.max_drafts is None else verifier.max_drafts):
+        faults.append(f"--num-drafts: verifier {verifier.name!r} supports K = num_drafts in {verifier.drafts_range()}; "
+                      f"got {num_drafts}")
+    if not verifier.min_draft_len <= draft_len <= (draft_len if verifier.max_draft_len is None else verifier.max_draft_len):
+        faults.append(f"--draft-len: verifier {verifier.name!r} supports L = draft_len in "
+                      f"{verifier.draft_len_range()}; got {draft_len}")
+    if not faults:  # each in range, not the pair (a verifier with its own supports rule)
+        faults.append(f"--num-drafts, --draft-len: verifier {verifier.name!r} does not support K = {num_drafts} with "
+                      f"L = {draft_len} (K in {verifier.drafts_range()}, L in {verifier.draft_len_range()})")
+    return "; ".join(faults)
 
 
 def _tree_case(args, draft_model, target_model, prefix):
@@ -619,12 +725,10 @@ def _cmd_bound(args) -> int:
 
 def _cmd_list(args) -> int:
     from spectr_audit.registry import describe, entries, namespaces
-    from spectr_audit.run.suite import builtin_suites
 
     rows = [describe(entry) for entry in entries()]
     if args.json:
-        print(json.dumps({"namespaces": namespaces(), "verifiers": rows, "suites": builtin_suites() + [REAL_LM_SUITE]},
-                         indent=2))
+        print(json.dumps({"namespaces": namespaces(), "verifiers": rows, "suites": suite_names()}, indent=2))
         return 0
     # Columns aligned on the longest entry of each, across every namespace.
     for r in rows:
@@ -650,11 +754,11 @@ def _cmd_list(args) -> int:
             notes.append(r["description"])
             print(f"  {cells}  {'yes' if r['exact_law'] else 'no ':<9}  {'; '.join(n for n in notes if n)}")
     print("suites:")
-    suites = builtin_suites()
-    suite_width = max(len(s) for s in suites + [REAL_LM_SUITE])
+    suites = suite_names()
+    suite_width = max(len(s) for s in suites)
     for s in suites:
-        print(f"  {s}")
-    print(f"  {REAL_LM_SUITE:<{suite_width}}  (SmolLM2-135M in the loop; needs the lm extra, see README)")
+        note = "  (SmolLM2-135M in the loop; needs the lm extra, see README)" if s == REAL_LM_SUITE else ""
+        print(f"  {s:<{suite_width}}{note}".rstrip())
     return 0
 
 

@@ -190,6 +190,32 @@ def _from_ini(config: pytest.Config, key: str, convert) -> Any:
         raise pytest.UsageError(f"ini option {exc}") from None
 
 
+def _writable_report(path: Path, source: str) -> Path:
+    """The session report's path, or a usage error now (not a traceback after the whole session ran)."""
+    import os
+
+    if path.is_dir():
+        raise pytest.UsageError(f"{source}: {str(path)!r} is a folder; give the path of the report file "
+                                "(.json, .md, .html or .xml)")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise pytest.UsageError(f"{source}: {str(path)!r} lies under {str(parent)!r}, which is a file, "
+                                        "not a folder")
+            import tempfile
+
+            try:  # a real probe: os.access says yes to root, and knows nothing of read-only file systems
+                with tempfile.TemporaryFile(dir=parent):
+                    pass
+            except OSError as exc:
+                raise pytest.UsageError(f"{source}: {str(path)!r} cannot be written: the folder {str(parent)!r} "
+                                        f"does not take new files ({exc.strerror or exc})") from None
+            break
+    if path.exists() and not os.access(path, os.W_OK):
+        raise pytest.UsageError(f"{source}: {str(path)!r} exists and is not writable")
+    return path
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
@@ -207,10 +233,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config, "spectr_audit_alpha", _alpha)
     report: Optional[Path] = None
     if getattr(option, "spectr_report", None):
-        report = Path(option.spectr_report).resolve()
+        report = _writable_report(Path(option.spectr_report).resolve(), "--spectr-report")
     elif str(config.getini("spectr_audit_report")).strip():
         base = config.inipath.parent if config.inipath is not None else config.rootpath
-        report = (base / str(config.getini("spectr_audit_report")).strip()).resolve()
+        report = _writable_report((base / str(config.getini("spectr_audit_report")).strip()).resolve(),
+                                  "ini option spectr_audit_report")
     thresholds = list(getattr(option, "spectr_gate", None) or [])
     for line in config.getini("spectr_audit_gate"):
         if line.strip():

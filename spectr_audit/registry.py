@@ -173,6 +173,8 @@ ENGINES: dict[str, tuple[str, str]] = {
     "transformers": (f"{_ENGINES}.transformers_sd:TransformersSpeculativeSampling", "transformers"),
     "vllm": (f"{_ENGINES}.vllm_v1:VLLMRejectionSampler", "vllm"),
     "vllm-no-draft-probs": (f"{_ENGINES}.vllm_v1:VLLMRejectionSamplerNoDraftProbs", "vllm"),
+    "vllm-sampler": (f"{_ENGINES}.vllm_v1:VLLMSampler", "vllm"),
+    "vllm-sampler-fixed-expand": (f"{_ENGINES}.vllm_v1:VLLMSamplerFixedExpand", "vllm"),
     "lmdeploy": (f"{_ENGINES}.lmdeploy_rs:LMDeployRejectionSampler", "lmdeploy"),
     "lmdeploy-no-draft-probs": (f"{_ENGINES}.lmdeploy_rs:LMDeployRejectionSamplerNoDraftProbs", "lmdeploy"),
     "keras-hub": (f"{_ENGINES}.keras_hub_sd:KerasHubSpeculativeSampler", "keras-hub"),

@@ -18,6 +18,7 @@ import torch
 
 from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.contract.randomness import sample_categorical, sample_categorical_with_total, uniform
+from spectr_audit.verifiers.triton_kernels import LazyResidual
 
 __all__ = ["NodeRule", "ChainWalkVerifier", "gather_tokens", "normalise"]
 
@@ -67,6 +68,21 @@ class NodeRule:
         """
         return self(tokens, survivors, draft_dist, target_dist)
 
+    def chain_sampler_parts(
+        self,
+        tokens: torch.Tensor,  # [n, num_drafts] int64
+        survivors: torch.Tensor,  # [n, num_drafts] bool
+        draft_dist: torch.Tensor,  # [n, vocab_size]
+        target_dist: torch.Tensor,  # [n, vocab_size]
+    ):  # ([n, num_drafts], [n, vocab_size] tensor or LazyResidual)
+        """:meth:`sampler_parts` for :class:`ChainWalkVerifier`, whose residual may also be a
+        :class:`~spectr_audit.verifiers.triton_kernels.LazyResidual` (read only by the residual draw).
+
+        Rules with a Triton kernel for their residual (docs/architecture.md) override this; the
+        default is :meth:`sampler_parts`.
+        """
+        return self.sampler_parts(tokens, survivors, draft_dist, target_dist)
+
 
 def _as_law(probs: torch.Tensor) -> torch.Tensor:
     """float64 rows renormalised to sum to 1 (inputs are on the simplex only within a tolerance)."""
@@ -99,8 +115,11 @@ def _sample_or_fallback(
     draw (a full pass over its rows) in the usual case where every residual has mass; on an
     accelerator both draws run and a ``where`` picks, with no host sync.
     """
-    drawn, total = sample_categorical_with_total(residual, u)
-    if residual.device.type == "cpu" and bool((total > 0).all()):
+    if isinstance(residual, LazyResidual):  # block sums from a kernel, values recomputed in the drawn block
+        drawn, total = residual.sample_with_total(u)
+    else:
+        drawn, total = sample_categorical_with_total(residual, u)
+    if u.device.type == "cpu" and bool((total > 0).all()):
         return drawn
     rows = fallback() if callable(fallback) else fallback
     return torch.where(total > 0, drawn, sample_categorical(rows, u))
@@ -149,7 +168,7 @@ class ChainWalkVerifier(Verifier):
         for level in range(draft_len):
             canon = _first_true(survivors)
             tokens, draft_dist, target_dist = self._node_inputs(draft_tokens, draft_probs, target_probs, level, canon)
-            accept_probs, residual = self.rule.sampler_parts(tokens, survivors, draft_dist, target_dist)
+            accept_probs, residual = self.rule.chain_sampler_parts(tokens, survivors, draft_dist, target_dist)
             u = uniform(generator, (batch_size, num_drafts + 1), device)
             passed = survivors & (u[:, :num_drafts] < accept_probs)
             accepted_token = tokens.gather(1, _first_true(passed).unsqueeze(1)).squeeze(1)

@@ -29,6 +29,7 @@ import torch
 from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.contract.correction import has_carried_correction
 from spectr_audit.contract.randomness import sample_categorical, uniform
+from spectr_audit.verifiers import triton_kernels
 from spectr_audit.verifiers._walk import _sample_or_fallback, _sampler_dtype, normalise
 
 __all__ = ["BlockVerification", "LastPassingVerifier"]
@@ -121,12 +122,33 @@ class LastPassingVerifier(Verifier):
         surplus = (wanted - net).clamp(min=0)  # s_i
         return _pass_probs(wanted, surplus, weights), residual
 
+    def _triton_levels(self, draft_tokens, draft_probs, target_probs):
+        """:meth:`_sampler_levels` with the Triton kernels (spectr_audit.verifiers.triton_kernels): one read.
+
+        The residuals are a :class:`~spectr_audit.verifiers.triton_kernels.LazyResidual` over the levels
+        (never written out); ``r_i`` and ``r_i - s_i`` come from its block sums, accumulated in float64.
+        """
+        draft_len = draft_tokens.shape[-1]
+        draft = draft_probs[:, 0]  # [batch_size, draft_len, vocab_size]
+        target = target_probs[:, 0]  # [batch_size, draft_len + 1, vocab_size]
+        weights = self._path_weights(draft_tokens, draft, target)
+        level_weight = weights[:, :draft_len]
+        # (w q - p) / max(w, 1) as in _sampler_levels, with the per-level scalars in the rows' dtype
+        residual = triton_kernels.difference_residual(
+            target[:, :draft_len], draft, level_weight.clamp(max=1.0), -1 / level_weight.clamp(min=1.0),
+            with_signed=True,
+        )
+        wanted = residual.totals()  # r_i
+        surplus = (wanted - residual.signed_totals()).clamp(min=0)  # s_i
+        return _pass_probs(wanted, surplus, weights), residual
+
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
         batch_size, _, draft_len = draft_tokens.shape
         device = draft_tokens.device
         # Subclasses that redefine _levels (e.g. the historic-bug library) keep it on the sampler path too.
         fast = type(self)._levels is LastPassingVerifier._levels
-        levels = self._sampler_levels if fast else self._levels
+        lazy = fast and triton_kernels.fused_rows(draft_probs)
+        levels = self._triton_levels if lazy else self._sampler_levels if fast else self._levels
         pass_probs, residual = levels(draft_tokens, draft_probs, target_probs)
         u = uniform(generator, (batch_size, draft_len + 1), device)
         passed = u[:, :draft_len] < pass_probs
@@ -138,7 +160,7 @@ class LastPassingVerifier(Verifier):
         level = tau.clamp(max=draft_len - 1)
         target = target_probs[:, 0]
         correction = _sample_or_fallback(
-            residual[rows, level], lambda: _sampler_dtype(target[rows, level]), u[:, draft_len]
+            residual.take(rows, level) if lazy else residual[rows, level], lambda: _sampler_dtype(target[rows, level]), u[:, draft_len]
         )
         bonus = sample_categorical(_sampler_dtype(target[:, draft_len]), u[:, draft_len])
         next_token = torch.where(tau < draft_len, correction, bonus)

@@ -20,6 +20,8 @@ from typing import Callable, Optional
 
 import torch
 
+from spectr_audit.verifiers import triton_kernels
+
 __all__ = ["compiled_enabled", "kseq_beta", "kseq_excess", "kseq_low_sums", "use_compiled"]
 
 _enabled: Optional[bool] = None
@@ -70,8 +72,12 @@ def _kseq_low_sums_eager(
 def kseq_low_sums(draft: torch.Tensor, target: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
     """One pass of the sort-free rho* solve, fused: ``[n, 2, C]`` float64 low sums of p and q at ``C`` candidates per row.
 
-    A token is "low" at candidate c when ``q <= c p`` and ``p > 0`` (ratio ``q/p <= c``).
+    A token is "low" at candidate c when ``q <= c p`` and ``p > 0`` (ratio ``q/p <= c``).  Where the
+    Triton kernels are on (CUDA, :mod:`spectr_audit.verifiers.triton_kernels`) their one-read pass runs
+    instead of ``torch.compile``'s.
     """
+    if triton_kernels.triton_enabled(draft.device):
+        return triton_kernels.kseq_low_sums(draft, target, thresholds)
     return _run("kseq_low_sums", _kseq_low_sums_eager, draft, target, thresholds)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spectr_audit.verifiers import compiled
+from spectr_audit.verifiers import compiled, triton_kernels
 from spectr_audit.verifiers._rho_star import kseq_accept_prob, kseq_rho_star, kseq_rho_star_sampler
 from spectr_audit.verifiers._walk import NodeRule, ChainWalkVerifier, gather_tokens, normalise
 
@@ -67,20 +67,35 @@ class KSeqRule(NodeRule):
         return accept_probs, normalise(excess, target_dist)
 
     def sampler_parts(self, tokens, survivors, draft_dist, target_dist):
+        return self._sampler_parts(tokens, survivors, draft_dist, target_dist, lazy=False)
+
+    def chain_sampler_parts(self, tokens, survivors, draft_dist, target_dist):
+        # On CUDA (spectr_audit.verifiers.triton_kernels): beta and the residual's block sums, one read each
+        lazy = type(self).sampler_parts is KSeqRule.sampler_parts and triton_kernels.fused_rows(draft_dist)
+        return self._sampler_parts(tokens, survivors, draft_dist, target_dist, lazy=lazy)
+
+    def _sampler_parts(self, tokens, survivors, draft_dist, target_dist, lazy):
         # the sampler: a valid rho equal to rho* to the rows' precision, without sorting the vocabulary
         num_survivors = survivors.sum(-1).to(torch.float64)  # [n]
         if draft_dist.device.type == "cpu":
             rho = _rho_per_distinct_k(kseq_rho_star_sampler, draft_dist, target_dist, num_survivors.clamp(min=1))
         else:
             rho = kseq_rho_star_sampler(draft_dist, target_dist, num_survivors.clamp(min=1))
-        return self._parts(tokens, num_survivors, rho, draft_dist, target_dist, fused=compiled.compiled_enabled())
+        return self._parts(tokens, num_survivors, rho, draft_dist, target_dist, fused=compiled.compiled_enabled(),
+                           lazy=lazy)
 
-    def _parts(self, tokens, num_survivors, rho, draft_dist, target_dist, fused=False):
-        """Acceptance probabilities ``[n, K]`` and the unnormalised residual ``[n, V]`` at a given rho."""
+    def _parts(self, tokens, num_survivors, rho, draft_dist, target_dist, fused=False, lazy=False):
+        """Acceptance probabilities ``[n, K]`` and the unnormalised residual ``[n, V]`` at a given rho.
+
+        ``lazy``: the Triton kernels, and the residual as a
+        :class:`~spectr_audit.verifiers.triton_kernels.LazyResidual`.
+        """
         rho = rho * self.rho_scale
         # [n, 1] in the rows' dtype: float32 rows keep the [n, vocab_size] work in float32
         rho = rho.unsqueeze(-1).to(target_dist.dtype)
-        if fused:  # the sampler with spectr_audit.verifiers.compiled on: two fused passes, m_rho never materialised
+        if lazy:  # one read for beta (spectr_audit.verifiers.triton_kernels), m_rho never materialised
+            beta = triton_kernels.kseq_beta(draft_dist, target_dist, rho)
+        elif fused:  # the sampler with spectr_audit.verifiers.compiled on: two fused passes, m_rho never materialised
             beta = compiled.kseq_beta(draft_dist, target_dist, rho)
         else:
             weighted = torch.minimum(draft_dist, target_dist / rho)  # m_rho(x) = min(p(x), q(x) / rho)
@@ -88,7 +103,9 @@ class KSeqRule(NodeRule):
         accept_any = kseq_accept_prob(beta, num_survivors.unsqueeze(-1))  # P_A = 1 - (1 - beta)^k, without cancellation
         # beta = 0 (disjoint supports): P_A = 0 and the residual is the target itself.
         scale = torch.where(beta > 0, accept_any / torch.where(beta > 0, beta, torch.ones_like(beta)), torch.zeros_like(beta))
-        if fused:
+        if lazy:  # the residual's block sums in one more read; its values are recomputed where drawn
+            excess = triton_kernels.kseq_excess_residual(draft_dist, target_dist, rho, scale.to(target_dist.dtype))
+        elif fused:
             excess = compiled.kseq_excess(draft_dist, target_dist, rho, scale.to(target_dist.dtype))
         else:
             # [n, vocab_size] (q - scale m_rho)_+, computed in place in the buffer of m_rho

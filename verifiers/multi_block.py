@@ -28,8 +28,9 @@ Node rules (both with one coin per draft, ``theta(x)`` for token x; they differ 
 * *K-SEQ* with the stop mass as a token: ``theta = min(1, t / (rho p))``, the first accepted draft
   in draft order wins (SpecTr's rule, docs/rules/kseq.md).
 
-Each node uses the one whose ``sum_a hits(a)`` is larger (priority on ties).  For K = 1 both are
-speculative sampling against ``t`` and the rule is block verification (docs/rules/block.md).
+Each node uses K-SEQ unless the priority rule's ``sum_a hits(a)`` is larger by more than
+``PRIORITY_MARGIN`` (1%).  For K = 1 both are speculative sampling against ``t`` and the rule is
+block verification (docs/rules/block.md).
 """
 
 from __future__ import annotations
@@ -41,14 +42,14 @@ from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.verifiers._rho_star import kseq_rho_star
 from spectr_audit.verifiers._walk import _sample_or_fallback, normalise
 
-__all__ = ["MultiDraftBlockVerification", "CHOICE_MARGIN", "PRIORITY_SWEEPS"]
+__all__ = ["MultiDraftBlockVerification", "PRIORITY_MARGIN", "PRIORITY_SWEEPS"]
 
-#: K-SEQ replaces the priority rule at a node only when its allocation is larger by more than this.
-CHOICE_MARGIN = 1e-12
+#: The priority rule replaces K-SEQ at a node only when it allocates more than this fraction more.
+PRIORITY_MARGIN = 0.01
 
 #: At most this many sweeps of the priority coins' fixed point (fewer when the vocabulary is smaller:
 #: V sweeps reach the greedy scan exactly; any sweep count gives valid coins).
-PRIORITY_SWEEPS = 16
+PRIORITY_SWEEPS = 8
 
 
 def _pow(base: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
@@ -140,16 +141,32 @@ def _kseq_coins(draft, target, beta, exponent):
 
 
 def _node_rule(draft, target, raw_target, beta, exponent, max_sweeps):
-    """One node's rule on rows ``[m, V]``: the priority rule, or K-SEQ where it allocates more.
+    """One node's rule on rows ``[m, V]``: the priority rule where it allocates over 1% more than K-SEQ, else K-SEQ.
 
     Returns coins, accepted law, hits ``[m, V]``, ``free = 1 - sum_x p theta`` ``[m, 1]``, the priority
     ranks ``[m, V]`` and whether K-SEQ is used ``[m, 1]``.
     """
+    single = (exponent.squeeze(-1) == 1).nonzero().squeeze(1)
+    if single.numel() == draft.shape[0]:
+        # One survivor everywhere: both rules are speculative sampling against t (block verification's step).
+        drafted = draft > 0
+        coins = torch.where(drafted, (target / torch.where(drafted, draft, torch.ones_like(draft))).clamp(max=1.0),
+                            torch.zeros_like(draft))
+        accepted = draft * coins
+        hits, free = _hits(target, draft, coins, accepted, exponent)
+        return coins, accepted, hits, free, torch.zeros_like(draft, dtype=torch.int64), torch.ones_like(free, dtype=torch.bool)
+    if single.numel() > 0:  # rows with one survivor take the closed form, the others the full rules
+        several = (exponent.squeeze(-1) != 1).nonzero().squeeze(1)
+        parts = [_node_rule(*(x.index_select(0, rows) for x in (draft, target, raw_target, beta, exponent)), max_sweeps)
+                 for rows in (single, several)]
+        order = torch.cat([single, several])
+        return tuple(torch.empty_like(joined).index_copy_(0, order, joined)
+                     for joined in (torch.cat([a, b]) for a, b in zip(*parts)))
     prio_coins, prio_acc, ranks = _priority_coins(draft, target, raw_target, exponent, max_sweeps)
     kseq_coins, kseq_acc = _kseq_coins(draft, target, beta.squeeze(-1), exponent)
     prio_hits, prio_free = _hits(target, draft, prio_coins, prio_acc, exponent)
     kseq_hits, kseq_free = _hits(target, draft, kseq_coins, kseq_acc, exponent)
-    use_kseq = kseq_hits.sum(-1, keepdim=True) > prio_hits.sum(-1, keepdim=True) + CHOICE_MARGIN
+    use_kseq = prio_hits.sum(-1, keepdim=True) <= (1 + PRIORITY_MARGIN) * kseq_hits.sum(-1, keepdim=True)
     pick = lambda a, b: torch.where(use_kseq, b, a)  # noqa: E731
     return (pick(prio_coins, kseq_coins), pick(prio_acc, kseq_acc), pick(prio_hits, kseq_hits),
             pick(prio_free, kseq_free), ranks, use_kseq)
@@ -158,8 +175,8 @@ def _node_rule(draft, target, raw_target, beta, exponent, max_sweeps):
 class MultiDraftBlockVerification(Verifier):
     """Multi-draft block verification: K i.i.d. drafts of length L, exact with the plain target.
 
-    Budgets and shares on the drafts' trie, a token-level node rule (priority by ``q/p``, or K-SEQ,
-    whichever allocates more) against ``beta q`` plus a stop mass, and a backward scan for the last
+    Budgets and shares on the drafts' trie, a token-level node rule (priority by ``q/p`` where it
+    allocates over 1% more than K-SEQ, else K-SEQ) against ``beta q`` plus a stop mass, and a backward scan for the last
     chosen node (module docstring; derivation and proof in docs/rules/multi-block.md).  For K = 1 it
     is block verification.  On the block-verification paper's example at K = 2 it reaches the block
     LP's optimum, 212/81.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from spectr_audit.verifiers import triton_kernels
 from spectr_audit.verifiers._walk import NodeRule, ChainWalkVerifier, gather_tokens, normalise
 
 __all__ = ["SpeculativeSampling", "MaximalCouplingRule"]
@@ -17,11 +18,23 @@ class MaximalCouplingRule(NodeRule):
         return accept_probs, normalise(excess, target_dist)
 
     def sampler_parts(self, tokens, survivors, draft_dist, target_dist):
+        excess = torch.sub(target_dist, draft_dist).clamp_(min=0)  # [n, vocab_size] (q - p)_+, clamped in place
+        return self._accept_probs(tokens, draft_dist, target_dist), excess
+
+    def chain_sampler_parts(self, tokens, survivors, draft_dist, target_dist):
+        # On CUDA (spectr_audit.verifiers.triton_kernels): (q - p)_+ by its block sums, in one read of p and q
+        if type(self).sampler_parts is MaximalCouplingRule.sampler_parts and triton_kernels.fused_rows(draft_dist):
+            n = draft_dist.shape[0]
+            ones = torch.ones(n, dtype=draft_dist.dtype, device=draft_dist.device)
+            excess = triton_kernels.difference_residual(target_dist, draft_dist, ones, -ones)
+            return self._accept_probs(tokens, draft_dist, target_dist), excess
+        return self.sampler_parts(tokens, survivors, draft_dist, target_dist)
+
+    @staticmethod
+    def _accept_probs(tokens, draft_dist, target_dist):  # [n, num_drafts]: min(1, q(x) / p(x)), 0 where p(x) = 0
         drafted = gather_tokens(draft_dist, tokens)
         ratio = gather_tokens(target_dist, tokens) / torch.where(drafted > 0, drafted, torch.ones_like(drafted))
-        accept_probs = torch.where(drafted > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
-        excess = torch.sub(target_dist, draft_dist).clamp_(min=0)  # [n, vocab_size] (q - p)_+, clamped in place
-        return accept_probs, excess
+        return torch.where(drafted > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
 
 
 class SpeculativeSampling(ChainWalkVerifier):

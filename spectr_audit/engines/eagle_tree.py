@@ -102,7 +102,10 @@ class EagleTreeVerifier(EngineTreeVerifier):
     Supported parameters: temperature, top-p, top-k (``prepare_logits_processor``; its order,
     temperature then top-p then top-k, is :data:`~spectr_audit.contract.sampling.PROCESSING_ORDERS`
     ``["eagle"]``); min-p is refused.  Trees: any path list whose sibling ranks are contiguous,
-    at most ``eagle.model.utils.TOPK`` (10) children per node.
+    at most ``eagle.model.utils.TOPK`` (10) children per node.  The audit drafts a node's children
+    only from a processed law with at least as many tokens (``draft_tree`` refuses fewer); EAGLE's
+    own drafter then draws zero-probability tokens (``torch.multinomial`` without replacement),
+    which ``evaluate_posterior`` skips (``qx <= 0``).
     """
 
     name = "eagle"

@@ -15,8 +15,16 @@ function itself is unchanged there, the bug is in the candidate generator, which
 does not run (see ``spectr_audit.verifiers.library.historic.GreedyDraftSoftQBug``).
 
 Layout: the function handles one sequence (batch 1), so the adapter loops over rows under
-``torch.set_num_threads(1)``.  Probabilities are passed as logits ``log(probs)`` in float32
-(``softmax(log p) = p``; zero probabilities become ``-inf``).  The bonus token is sampled inside.
+``torch.set_num_threads(1)``.  The adapter takes raw logits and sampling parameters (a
+:class:`~spectr_audit.contract.logits.LogitsVerifier`): as ``_assisted_decoding`` does with
+``do_sample=True``, both the candidate (assistant) logits and the target logits go through
+transformers' own warpers first (``TemperatureLogitsWarper``, ``TopKLogitsWarper``,
+``TopPLogitsWarper``, ``MinPLogitsWarper``, chosen and ordered as ``_get_logits_processor``
+does), and the warped logits are handed to ``_speculative_sampling``.  Given probabilities, the
+adapter is handed ``log(probs)`` with neutral parameters (``softmax(log p) = p``; zero
+probabilities become ``-inf``).  The bonus token is sampled inside.  Temperature 0 is
+``do_sample=False``, where assisted generation compares argmaxes and never calls
+``_speculative_sampling``: refused.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import inspect
 
 import torch
 
+from spectr_audit.contract.logits import LogitsVerifier
 from spectr_audit.contract.verifier import VerifyOutput
 from spectr_audit.engines._base import EngineVerifier, engine_rng
 from spectr_audit.errors import InvalidArgument
@@ -32,7 +41,7 @@ from spectr_audit.errors import InvalidArgument
 __all__ = ["TransformersSpeculativeSampling"]
 
 
-class TransformersSpeculativeSampling(EngineVerifier):
+class TransformersSpeculativeSampling(LogitsVerifier, EngineVerifier):
     """Audit ``transformers.generation.utils._speculative_sampling`` (K = 1, any L).
 
     Parameters
@@ -75,25 +84,59 @@ class TransformersSpeculativeSampling(EngineVerifier):
                 f"transformers {transformers.__version__}: unsupported _speculative_sampling signature {params}"
             )
         self._extra = {"is_done_candidate": False} if "is_done_candidate" in params else {}
+        from transformers.generation import logits_process
+
+        self._warpers = logits_process
         self.dtype = dtype
         self.num_threads = num_threads
         self.engine_version = transformers.__version__
 
-    def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
+    def _processor(self, temperature: float, top_k: int, top_p: float, min_p: float):
+        """transformers' warpers for one request, as ``_get_logits_processor`` builds them with ``do_sample=True``."""
+        w = self._warpers
+        processors = []
+        if temperature != 1.0:
+            processors.append(w.TemperatureLogitsWarper(temperature))
+        if top_k != 0:
+            processors.append(w.TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
+        if top_p < 1.0:
+            processors.append(w.TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
+        if min_p > 0.0:
+            processors.append(w.MinPLogitsWarper(min_p=min_p, min_tokens_to_keep=1))
+        return w.LogitsProcessorList(processors)
+
+    def _warped(self, logits: torch.Tensor, candidates: torch.Tensor, processor) -> torch.Tensor:
+        """Each position's logits through the warpers (``logits [1, n, V]``; the ids are the context so far)."""
+        if not len(processor):
+            return logits
+        rows = [processor(candidates[:, :i], logits[:, i, :]) for i in range(logits.shape[1])]
+        return torch.stack(rows, dim=1)
+
+    def _verify_logits(self, draft_tokens, draft_logits, target_logits, params, generator) -> VerifyOutput:
         batch_size, _, draft_len = draft_tokens.shape
+        columns = [params.column(name, batch_size).tolist() for name in ("temperature", "top_k", "top_p", "min_p")]
+        if any(t == 0 for t in columns[0]):
+            raise InvalidArgument("params: temperature 0 is do_sample=False, where transformers' assisted generation "
+                                  "compares argmaxes and does not call _speculative_sampling")
         # [batch_size, draft_len, vocab_size] and [batch_size, draft_len + 1, vocab_size]
-        candidate_logits = draft_probs[:, 0].to(self.dtype).log()
-        new_logits = target_probs[:, 0].to(self.dtype).log()
+        candidate_logits = draft_logits[:, 0].to(self.dtype).cpu()
+        new_logits = target_logits[:, 0].to(self.dtype).cpu()
         candidates = draft_tokens[:, 0].cpu()
+        processors: dict = {}
         num_accepted = torch.empty(batch_size, dtype=torch.int64)
         next_token = torch.empty(batch_size, dtype=torch.int64)
         with engine_rng(generator, self.num_threads):
             for row in range(batch_size):
+                setting = tuple(column[row] for column in columns)
+                if setting not in processors:
+                    processors[setting] = self._processor(*setting)
+                processor = processors[setting]
+                ids = candidates[row : row + 1]
                 valid_tokens, n_matches = self._fn(
-                    candidates[row : row + 1],  # no prompt: the candidates are the last L ids
-                    candidate_logits[row : row + 1],
+                    ids,  # no prompt: the candidates are the last L ids
+                    self._warped(candidate_logits[row : row + 1], ids, processor),
                     draft_len,
-                    new_logits[row : row + 1],
+                    self._warped(new_logits[row : row + 1], ids, processor),
                     **self._extra,
                 )
                 n = int(n_matches)

@@ -239,20 +239,18 @@ def _refuse(need: Need, budget: int, where: str) -> MemoryBudgetExceeded:
 
 
 def _check(needs: Iterable[Need], budget: int, where: str) -> None:
-    needs = list(needs)
-    for need in needs:
-        if need.limit is not None:
-            raise MemoryBudgetExceeded(f"{where}: {need.describe()}; lower K, L or the vocabulary", need, budget)
-    if not needs:
-        return
+    limits = [n for n in needs if n.limit is not None]
+    needs = [n for n in needs if n.limit is None]
     # The parts of one audit may be alive together (an exact audit holds its grid, tuples, a chunk
     # and its laws at once): their sum is compared with the budget, the largest part named.
     total = _lgsum(*(n.log2_bytes for n in needs))
-    if total > _lg(budget):
+    if needs and total > _lg(budget):
         worst = max(needs, key=lambda n: n.log2_bytes)
         if len(needs) > 1 and total - worst.log2_bytes > 0.1:
             worst = dataclasses.replace(worst, log2_bytes=total, what=f"{worst.what}, with the audit's other parts")
         raise _refuse(worst, budget, where)
+    for need in limits:  # within the memory budget, but over a count limit of its own
+        raise MemoryBudgetExceeded(f"{where}: {need.describe()}; lower K, L or the vocabulary", need, budget)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -259,8 +259,9 @@ def probe_checks(verifier: Any, case: Any, seed: int = 0, rows: int = 16) -> lis
         originals = tuple(t.clone() for t in inputs)
         first = _fields(verifier.verify(*inputs, torch.Generator().manual_seed(seed)))
         changed = _changed(originals, inputs)
-        if changed and not mutated:
-            mutated.append(f"verify modified {', '.join(changed)} in place (on {label})")
+        if changed:
+            if not mutated:
+                mutated.append(f"verify modified {', '.join(changed)} in place (on {label})")
             inputs = tuple(t.clone() for t in originals)
         second = _fields(verifier.verify(*inputs, torch.Generator().manual_seed(seed)))
         rows_differ = [name for name, a, b in zip(("num_accepted", "draft_index", "next_token"), first, second)

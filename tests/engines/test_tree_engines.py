@@ -140,6 +140,10 @@ def test_eagle_case_table(eagle, tree, tokens, draft_rows, target_rows, params, 
         out = eagle.verify_tree_logits(tree, node_tokens, _log(draft_rows), _log(target_rows), params,
                                        torch.Generator().manual_seed(seed))
         assert (int(out.accepted_node[0]), int(out.next_token[0])) == expected
+    if params is NEUTRAL:  # the tree contract's entry point: probabilities, their logs with neutral parameters
+        out = eagle.verify_tree(tree, node_tokens, _log(draft_rows).exp(), _log(target_rows).exp(),
+                                torch.Generator().manual_seed(0))
+        assert (int(out.accepted_node[0]), int(out.next_token[0])) == expected
 
 
 @pytest.mark.xfail(strict=True, reason=EAGLE_BONUS)

@@ -18,8 +18,8 @@ import math
 
 __all__ = ["multi_block_law", "node_decision", "simple_construction_law"]
 
-#: K-SEQ replaces the priority rule at a node only when its allocation is larger by more than this.
-CHOICE_MARGIN = 1e-12
+#: The priority rule replaces K-SEQ at a node only when it allocates more than this fraction more.
+PRIORITY_MARGIN = 0.01
 
 
 def _priority_coins(target, draft, n):
@@ -93,7 +93,7 @@ def node_decision(target, draft, tokens):
     kseq_coins, kseq_acc = _kseq_coins(target, draft, n)
     prio_hits = _hits(target, draft, prio_coins, prio_acc, n)
     kseq_hits = _hits(target, draft, kseq_coins, kseq_acc, n)
-    use_kseq = sum(kseq_hits) > sum(prio_hits) + CHOICE_MARGIN
+    use_kseq = sum(prio_hits) <= (1 + PRIORITY_MARGIN) * sum(kseq_hits)
     coins, accepted, hits = (kseq_coins, kseq_acc, kseq_hits) if use_kseq else (prio_coins, prio_acc, prio_hits)
     kappa = {a: 0.0 for a in tokens}
     if use_kseq:  # the first accepted draft, in draft order
