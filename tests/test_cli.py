@@ -72,11 +72,11 @@ def test_audit_of_a_broken_third_party_verifier_exits_1(capsys, tmp_path):
         (["audit", "--verifier", "kseq", "--draft", "a,b", "--target", "0.3,0.7", "--num-drafts", "2"], "--draft: expected comma-separated"),
         (["audit", "--verifier", "kseq", "--draft", "0.6,0.4", "--target", "0.3,0.7", "--num-drafts", "0"], "--num-drafts: must be >= 1"),
         (["audit", "--verifier", "nope", "--draft", "0.6,0.4", "--target", "0.3,0.7", "--num-drafts", "2"], "is neither a built-in name"),
-        (["audit", "--verifier", "speculative", "--draft", "0.6,0.4", "--target", "0.3,0.7", "--num-drafts", "2"], "supports num_drafts"),
+        (["audit", "--verifier", "speculative", "--draft", "0.6,0.4", "--target", "0.3,0.7", "--num-drafts", "2"], "--num-drafts: verifier 'speculative' supports"),
         (["audit", "--verifier", "kseq", "--draft=-0.1,1.1", "--target", "0.3,0.7", "--num-drafts", "2"], "non-negative"),
         (["audit", "--verifier", "kseq", "--draft", "markov:vocab_size=3,bogus=1", "--target", "0.3,0.7", "--num-drafts", "2"], "unknown key"),
         (["bound", "--draft", "0.6,0.4", "--target", "0.3,0.7", "--num-drafts", "-1"], "--num-drafts: must be >= 1"),
-        (["run", "--suite", "no-such-suite"], "is neither a built-in suite"),
+        (["run", "--suite", "no-such-suite"], "--suite: 'no-such-suite' is neither a suite name"),
     ],
 )
 def test_usage_errors_exit_2_with_a_named_argument(capsys, argv, message):

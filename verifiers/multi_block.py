@@ -176,9 +176,9 @@ class MultiDraftBlockVerification(Verifier):
     """Multi-draft block verification: K i.i.d. drafts of length L, exact with the plain target.
 
     Budgets and shares on the drafts' trie, a token-level node rule (priority by ``q/p`` where it
-    allocates over 1% more than K-SEQ, else K-SEQ) against ``beta q`` plus a stop mass, and a backward scan for the last
-    chosen node (module docstring; derivation and proof in docs/rules/multi-block.md).  For K = 1 it
-    is block verification.  On the block-verification paper's example at K = 2 it reaches the block
+    allocates over 1% more than K-SEQ, else K-SEQ) against ``beta q`` plus a stop mass, and a
+    backward scan for the last chosen node (module docstring; derivation and proof in
+    docs/rules/multi-block.md).  For K = 1 it is block verification.  On the block-verification paper's example at K = 2 it reaches the block
     LP's optimum, 212/81.
 
     Randomness: one :func:`~spectr_audit.contract.randomness.uniform` call of shape
