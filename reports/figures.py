@@ -781,10 +781,15 @@ def acceptance_caption(results: Sequence[Any]) -> str:
     Examples
     --------
     >>> from types import SimpleNamespace as R
-    >>> acceptance_caption([R(metrics={"acceptance": 0.5})])
+    >>> acceptance_caption([R(metrics={"acceptance": 0.5, "optimal_acceptance": 0.6})])
     'alpha* is the most any exact verifier accepts: an acceptance computed exactly above it is a finding'
+    >>> acceptance_caption([R(metrics={"acceptance": 0.5})])
+    'acceptance as measured; alpha* was not computed for these cases'
     """
-    text = "alpha* is the most any exact verifier accepts: an acceptance computed exactly above it is a finding"
+    if not any(_number(r.metrics.get("optimal_acceptance")) is not None for r in results):
+        text = "acceptance as measured; alpha* was not computed for these cases"
+    else:
+        text = "alpha* is the most any exact verifier accepts: an acceptance computed exactly above it is a finding"
     if any(acceptance_interval(r.metrics) is not None for r in results):
         text += ("; a sampled acceptance is an estimate, drawn with its 95% interval, and can lie above alpha* by "
                  "sampling error alone")

@@ -45,6 +45,7 @@ table.findings { width: 100%; }
 table.findings td.text, table.findings th { white-space: normal; }
 table.findings td:nth-child(-n+2) { white-space: nowrap; }
 table.findings td.worst { min-width: 17em; }
+table.verifiers th { white-space: normal; }
 table.findings td.text code { white-space: nowrap; }
 .detail { color: #555; font-size: 0.88em; font-weight: normal; }
 nav a { margin-right: 1em; }
@@ -152,7 +153,7 @@ def _inconclusive(report: AuditReport) -> list[str]:
 def _summary_table(report: AuditReport, violated: set) -> list[str]:
     present = [(key, label) for key, label in _COLUMNS if any(key in r.metrics for r in report.results)]
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in present)
-    out = [f'<div class="scroll"><table><thead><tr><th class="text">verifier</th><th class="text">case</th>'
+    out = [f'<table><thead><tr><th class="text">verifier</th><th class="text">case</th>'
            f'<th class="text">verdict</th><th class="text">gate</th>{head}</tr></thead><tbody>']
     for r in report.results:
         verdict, css = _verdict(r)
@@ -164,7 +165,7 @@ def _summary_table(report: AuditReport, violated: set) -> list[str]:
             f'<tr class="{css}"><td class="text">{html.escape(r.verifier)}</td><td class="text">{html.escape(r.case)}</td>'
             f'<td class="text">{html.escape(verdict)}</td><td class="text">{gate}</td>{cells}</tr>'
         )
-    out.append("</tbody></table></div>")
+    out.append("</tbody></table>")
     return out
 
 
@@ -174,8 +175,8 @@ def _verifier_table(report: AuditReport, violated: set) -> list[str]:
     for r in report.results:
         rows.setdefault(r.verifier, []).append(r)
     out = ['<h2 id="verifiers">Verifiers</h2>',
-           '<table><thead><tr><th class="text">verifier</th><th>cases</th><th>exact</th><th>findings</th>'
-           '<th>errors</th><th>not as expected</th><th>gate violations</th><th>max TV</th><th>min acc / alpha*</th>'
+           '<table class="verifiers"><thead><tr><th class="text">verifier</th><th>cases</th><th>exact</th><th>inconclusive</th>'
+           '<th>findings</th><th>errors</th><th>not as expected</th><th>gate violations</th><th>max TV</th><th>min acc / alpha*</th>'
            '<th>min p-value</th></tr></thead><tbody>']
     for name, results in rows.items():
         def extreme(key, pick):
@@ -197,7 +198,10 @@ def _verifier_table(report: AuditReport, violated: set) -> list[str]:
         css = "unexpected" if unexpected else ("finding" if num_violated else "")
         out.append(
             f'<tr class="{css}"><td class="text">{html.escape(label)}</td><td>{len(results)}</td>'
-            f"<td>{sum(r.passed for r in results)}</td><td>{sum(not r.passed and r.error is None for r in results)}</td>"
+            # exact: every check held at its planned power (or certified); INCONCLUSIVE results are not exact
+            f"<td>{sum(r.verdict in ('exact', 'CERTIFIED') for r in results)}</td>"
+            f"<td>{sum(r.verdict == 'INCONCLUSIVE' for r in results)}</td>"
+            f"<td>{sum(not r.passed and r.error is None for r in results)}</td>"
             f"<td>{sum(r.error is not None for r in results)}</td><td>{unexpected}</td><td>{num_violated}</td>"
             f"<td>{_fmt(extreme('tv_distance', max))}</td><td>{smallest_ratio()}</td>"
             f"<td>{_fmt(extreme('pvalue', min))}</td></tr>"
@@ -235,8 +239,8 @@ def _findings(report: AuditReport, gate: Any) -> list[str]:
     if not findings:
         out.append("<p>None: every check of every result held.</p>")
     else:
-        # wrapped text columns inside a scroll container: the table fits the page at any window width
-        out.append('<div class="scroll"><table class="findings"><thead><tr><th class="text">verifier</th>'
+        # wrapped text columns (and, as every table, a scroll container): it fits the page at any window width
+        out.append('<table class="findings"><thead><tr><th class="text">verifier</th>'
                    '<th class="text">case</th><th class="text">verdict</th>'
                    '<th class="text">failed check: what it found</th><th>value</th><th>threshold</th><th class="text">'
                    "worst strings (string: implied vs target law) or cells (observed vs expected count)</th></tr>"
@@ -270,7 +274,7 @@ def _findings(report: AuditReport, gate: Any) -> list[str]:
                     f'<td class="text">{html.escape(r.case)}</td><td class="text">{html.escape(verdict)}</td>'
                     f'<td class="text wrap">{name_html}</td><td>{_fmt(value, 6)}</td><td>{_fmt(threshold, 6)}</td>{tail}</tr>'
                 )
-        out.append("</tbody></table></div>")
+        out.append("</tbody></table>")
         out.append('<p class="note">Worst strings: the strings w of length L + 1 with the largest '
                    "|F(w) - q(w)|, where F is the law implied by one step followed by the unmodified target. "
                    "Rows marked declared belong to verifiers that declared themselves inexact; they fail a run "
@@ -627,7 +631,9 @@ def render_html(report: AuditReport, gate: Any = None, *, figures: bool = True, 
     if figures:
         parts += _figure_sections(report, max_law_figures)
     parts += ['<h2 id="summary">Every result</h2>', *_summary_table(report, violated), "</body></html>"]
-    return "\n".join(parts) + "\n"
+    # every table in a container that scrolls sideways: a table wider than the window never cuts a column
+    text = "\n".join(parts).replace("<table", '<div class="scroll"><table').replace("</table>", "</table></div>")
+    return text + "\n"
 
 
 def write_html(report: AuditReport, path: Path, gate: Any = None, *, figures: bool = True,

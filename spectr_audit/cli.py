@@ -784,6 +784,9 @@ def _join_torchrun(args) -> None:
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if cuda else "gloo")
+        import atexit
+
+        atexit.register(dist.destroy_process_group)
     _RANK = dist.get_rank()
     if _RANK != 0:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)

@@ -63,7 +63,8 @@ def test_audit_of_an_inexact_verifier_not_declared_says_not_as_declared_and_exit
     status, out, _ = run_cli(capsys, "audit", "--verifier", f"{plugin}:Claimed", "--draft", "0.5,0.3,0.2",
                              "--target", "0.2,0.3,0.5", "--num-drafts", "2")
     assert status == 1
-    assert out.splitlines()[0] == "claimed-exact on cli: FINDING, NOT as declared (declared exact; a check failed): exit 1"
+    assert out.splitlines()[0] == ("claimed-exact on cli: FINDING, NOT as declared (declared exact; a check failed): "
+                                   "exit 1")
     # each check's line says its outcome, and the worst strings are printed for a finding
     assert re.search(r"\[FAIL\] exact: .*above the tolerance", out)
     assert "worst strings (string: implied law vs target law)" in out

@@ -33,6 +33,9 @@ SENTINELS = {
     "LP_SOLVER_FALLBACK_TOL": 6.5e-10,
     "LP_MAX_VARIABLES": 123_456,
     "LP_CROSS_CHECK_MAX_VARIABLES": 23_456,
+    "MAX_MEMORY_FRACTION": 0.123,
+    "MAX_MEMORY_FALLBACK": 3 * 2**30 + 7,
+    "VERIFIER_TIMEOUT": 47.5,
 }
 
 _PROBE = textwrap.dedent(
@@ -47,7 +50,7 @@ _PROBE = textwrap.dedent(
     acceptance = importlib.import_module("spectr_audit.bounds.acceptance")
     block_lp = importlib.import_module("spectr_audit.bounds.block_lp")  # the package re-exports a function of that name
     from spectr_audit.lm.real_suite import RealLMOptions
-    from spectr_audit.run import conformance, runner
+    from spectr_audit.run import budget, conformance, runner
     from spectr_audit.statistical import agreement, audit, power
 
     def default(fn, name):
@@ -80,7 +83,15 @@ _PROBE = textwrap.dedent(
     plugin.pytest_addoption(pytest_parser)
     options = runner.AuditOptions()
     real_lm = RealLMOptions()
+    memory_fraction = round(budget.default_max_memory() / budget.physical_memory(), 6)
+    budget.physical_memory = lambda: None  # unknown memory: the fallback
     out = {
+        "budget.fraction": memory_fraction,
+        "budget.fallback": budget.default_max_memory(),
+        "cli.run.verifier_timeout": run_defaults["verifier_timeout"],
+        "cli.audit.verifier_timeout": {a.dest: a.default for a in audit_parser._actions}["verifier_timeout"],
+        "runner.verifier_timeout": options.verifier_timeout,
+        "conformance.verifier_timeout": default(conformance.check_verifier, "verifier_timeout"),
         "cli.run.alpha": run_defaults["alpha"],
         "cli.run.alpha.help": "%g" % d.ALPHA in run_help["alpha"],
         "cli.run.seed": run_defaults["seed"],
@@ -127,6 +138,12 @@ _PROBE = textwrap.dedent(
 
 #: Each face's default -> the name in spectr_audit.defaults it must come from.
 EXPECTED = {
+    "budget.fraction": "MAX_MEMORY_FRACTION",
+    "budget.fallback": "MAX_MEMORY_FALLBACK",
+    "cli.run.verifier_timeout": "VERIFIER_TIMEOUT",
+    "cli.audit.verifier_timeout": "VERIFIER_TIMEOUT",
+    "runner.verifier_timeout": "VERIFIER_TIMEOUT",
+    "conformance.verifier_timeout": "VERIFIER_TIMEOUT",
     "cli.run.alpha": "ALPHA",
     "cli.run.seed": "SEED",
     "cli.audit.seed": "SEED",

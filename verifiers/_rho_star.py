@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import operator
 from typing import Optional, Union
 
@@ -399,7 +398,7 @@ def _bracket_models(
     high_sums: torch.Tensor,  # [n, 2]: the same at high
     snap: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # four [n, 4]
-    """Four segment functions on the bracket ``[low, high]``, as :func:`_segment_gap`'s ``(P_high, Q_high, P_low, Q_low)``.
+    """Four segment functions on the bracket ``[low, high]``, as :func:`_segment_gap`'s sums ``(P_high, Q_high, P_low, Q_low)``.
 
     Every function here is ``F(x, b(x))`` with ``F(x, b) = x b - 1 + (1 - b)^K`` and a linear model
     ``b(x) = Q'/x + P'`` of ``beta(x) = sum_x min(p, q/x)``.  ``F(x, .)`` is convex with
@@ -423,8 +422,9 @@ def _bracket_models(
     t_mid = (t_hi - t_lo).clamp(min=0)
     t_low_2 = t_lo + low * d_mid  # the inside tokens as low tokens of ratio `low`
     d_high_3 = _complement(d_hi, snap) + t_mid / high  # the inside tokens as high tokens with p = q / high
-    draft_high = torch.stack([_complement(d_lo, snap), _complement(d_hi, snap), _complement(d_hi, snap), d_high_3], -1)
-    target_high = torch.stack([_complement(t_lo, snap), _complement(t_hi, snap), _complement(t_low_2, snap), _complement(t_lo, snap)], -1)
+    d_hi_high, t_lo_high = _complement(d_hi, snap), _complement(t_lo, snap)
+    draft_high = torch.stack([_complement(d_lo, snap), d_hi_high, d_hi_high, d_high_3], -1)
+    target_high = torch.stack([t_lo_high, _complement(t_hi, snap), _complement(t_low_2, snap), t_lo_high], -1)
     draft_low = torch.stack([d_lo, d_hi, d_hi, (d_hi - t_mid / high).clamp(min=0)], -1)
     target_low = torch.stack([t_lo, t_hi, t_low_2, t_lo], -1)
     return draft_high, target_high, draft_low, target_low

@@ -222,10 +222,13 @@ class BoundLogitsVerifier(Verifier):
     the verifier with them and the parameters, as an engine would
     (:func:`~spectr_audit.contract.logits.verify_with_params`).  Valid for one verification
     step after ``prefix``: the exact single-iteration audit and the one-iteration statistical
-    audit.
+    audit.  With ``foreign_inputs="probabilities"`` inputs that are not the models' processed laws
+    at those nodes (a probe's synthetic batch, say) go to the verifier's probability entry
+    (``log(probs)``, neutral parameters) instead; the default trusts the audit's inputs.
     """
 
-    def __init__(self, verifier: Verifier, draft_model: Model, target_model: Model, prefix: Sequence[int] = ()):
+    def __init__(self, verifier: Verifier, draft_model: Model, target_model: Model, prefix: Sequence[int] = (),
+                 foreign_inputs: Optional[str] = None):
         if not takes_logits(verifier):
             raise InvalidArgument(f"verifier: {getattr(verifier, 'name', verifier)!r} takes probabilities; it needs no binding")
         if not (is_processed(draft_model) and is_processed(target_model)):
@@ -234,6 +237,9 @@ class BoundLogitsVerifier(Verifier):
         self.draft_model, self.target_model = draft_model, target_model
         self.params, self.order = target_model.params, target_model.order
         self.prefix = tuple(int(t) for t in prefix)
+        if foreign_inputs not in (None, "probabilities"):
+            raise InvalidArgument(f"foreign_inputs: expected None or 'probabilities', got {foreign_inputs!r}")
+        self.foreign_inputs = foreign_inputs
         for attr in ("name", "draft_scheme", "min_drafts", "max_drafts", "min_draft_len", "max_draft_len", "expected",
                      "guarantees", "description"):
             setattr(self, attr, getattr(verifier, attr))
@@ -250,25 +256,40 @@ class BoundLogitsVerifier(Verifier):
         target_logits = node_logits(self.target_model, contexts, padded, draft_len + 1)
         return draft_logits, target_logits
 
+    def _foreign(self, draft_tokens, draft_probs, target_probs, draft_logits, target_logits) -> bool:
+        """Whether the inputs are not the processed laws of the models at the drafted nodes."""
+        if self.foreign_inputs is None:
+            return False
+        drafted = draft_logits.gather(-1, draft_tokens.unsqueeze(-1))
+        if bool((drafted == float("-inf")).any()):
+            return True
+        laws = ((process_logits(draft_logits, self.params, self.order), draft_probs),
+                (process_logits(target_logits, self.params, self.order), target_probs))
+        return not all(torch.allclose(law, given.double(), rtol=0, atol=1e-9) for law, given in laws)
+
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
         draft_logits, target_logits = self._logits(draft_tokens)
+        if self._foreign(draft_tokens, draft_probs, target_probs, draft_logits, target_logits):
+            return self.verifier.verify(draft_tokens, draft_probs, target_probs, generator, validate=False)
         return verify_with_params(self.verifier, draft_tokens, draft_logits, target_logits, self.params, generator,
                                   order=self.order, validate=False)
 
     def _output_probs(self, draft_tokens, draft_probs, target_probs) -> torch.Tensor:
         draft_logits, target_logits = self._logits(draft_tokens)
+        if self._foreign(draft_tokens, draft_probs, target_probs, draft_logits, target_logits):
+            return self.verifier.output_probs(draft_tokens, draft_probs, target_probs, validate=False)
         return output_probs_with_params(self.verifier, draft_tokens, draft_logits, target_logits, self.params,
                                         order=self.order, validate=False)
 
 
 def bind_params(verifier, draft_model: Model, target_model: Model, params: Optional[SamplingParams],
-                order: OrderLike = "vllm", prefix: Sequence[int] = ()):
+                order: OrderLike = "vllm", prefix: Sequence[int] = (), foreign_inputs: Optional[str] = None):
     """``(verifier, draft_model, target_model)`` to audit one step with ``params``.
 
     With ``params`` ``None`` everything is returned unchanged (the probability path).  Otherwise
     the models become processed ones (:func:`processed_model`) and a verifier that takes logits becomes a
     :class:`BoundLogitsVerifier` (one that takes probabilities is handed the processed laws as
-    it is).
+    it is; ``foreign_inputs`` goes to the binding).
 
     Raises
     ------
@@ -287,5 +308,5 @@ def bind_params(verifier, draft_model: Model, target_model: Model, params: Optio
     target_processed = processed_model(target_model, params, order)
     target_processed(contexts_from(tuple(prefix), torch.zeros(1, 0, dtype=torch.int64)))
     if takes_logits(verifier):
-        verifier = BoundLogitsVerifier(verifier, draft_processed, target_processed, prefix)
+        verifier = BoundLogitsVerifier(verifier, draft_processed, target_processed, prefix, foreign_inputs)
     return verifier, draft_processed, target_processed

@@ -95,6 +95,7 @@ METHOD_LABELS = {
     "block": "block verification",
     "spectr-gbv-published": "SpecTr-GBV (published)",
     "rrs": "recursive rejection tree",
+    "multi-block": "multi-draft block verification",
 }
 
 
@@ -163,7 +164,7 @@ class RealLMOptions:
     rb_draws: int = 2
     kseq_rb_contexts: int = 24
     kseq_rb_num_drafts: tuple = (1, 2, 4, 8)
-    seq_methods: tuple = ("speculative", "block", "spectr-tree", "spectr-gbv-published")
+    seq_methods: tuple = ("speculative", "block", "spectr-tree", "multi-block", "spectr-gbv-published")
     seq_num_drafts: tuple = (1, 2, 4, 8)
     seq_draft_lens: tuple = (2, 4, 8)
     iterations: int = 96
@@ -542,8 +543,10 @@ def _seq_grid(options: RealLMOptions) -> list[tuple[Verifier, int, int]]:
     for name in options.seq_methods:
         verifier = load_verifier(name)
         for K in options.seq_num_drafts:
-            if name == "spectr-tree" and K == 1:
-                continue  # K-SEQ with one draft is speculative sampling: the token-by-token row
+            if name in ("spectr-tree", "multi-block") and K == 1:
+                # K-SEQ with one draft is speculative sampling (the token-by-token row), and the
+                # multi-draft block rule with one draft is block verification (its own row).
+                continue
             for L in options.seq_draft_lens:
                 if verifier.supports(K, L):
                     grid.append((verifier, K, L))

@@ -139,7 +139,9 @@ def _power_text(base: int, exponent: float) -> str:
     log2_value = exponent * _lg(base)
     if log2_value < 40:
         return f"{round(2 ** log2_value):,}"
-    return f"{base}^{exponent:g}" if base > 1 else "1"
+    if base <= 1:
+        return "1"
+    return f"{base}^{int(exponent)}" if float(exponent).is_integer() else f"{base}^{exponent:.1f}"
 
 
 def format_bytes(num_bytes: float) -> str:

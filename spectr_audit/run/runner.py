@@ -358,6 +358,18 @@ def _sampling_args(case) -> dict:
     return {} if params is None else {"params": params, "order": case.order}
 
 
+def _probed(verifier, case):
+    """What the guard probes: with sampling parameters, a verifier that takes logits as the audit calls it
+    (the raw logits and the parameters, :class:`~spectr_audit.drafting.processed.BoundLogitsVerifier`) on the
+    case's drafts, through its probability entry on the probe's synthetic ones."""
+    if getattr(case, "params", None) is None:
+        return verifier
+    from spectr_audit.drafting.processed import bind_params
+
+    return bind_params(verifier, case.draft_model, case.target_model, case.params, case.order, case.prefix,
+                       foreign_inputs="probabilities")[0]
+
+
 def _record_sampling(verifier, case, metrics: dict, details: dict) -> None:
     """The case's sampling setting in the result: every field as a metric (JUnit properties), the summary,
     and ``details["sampling"]`` (with whether the verifier was handed logits)."""
@@ -447,7 +459,7 @@ def _audit_case(verifier: Verifier, case: Case, options: AuditOptions) -> AuditR
     _record_sampling(verifier, case, metrics, details)
     start = time.perf_counter()
     try:
-        checks.extend(guard_probe(verifier, laws, options.seed))
+        checks.extend(guard_probe(_probed(verifier, case), laws, options.seed))
         alpha_star = _optimality(laws, verifier.draft_scheme, metrics, details) if "optimality" in case.checks else None
         carries = has_carried_correction(verifier)
         if verifier.has_exact_law:

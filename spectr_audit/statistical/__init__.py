@@ -1,8 +1,9 @@
 """The statistical audit of black-box verifiers.
 
-Stages: validate (:mod:`._checks`), plan (:mod:`.power`), sample (:mod:`.sampling`), test
-(:mod:`.gof`); results in :mod:`.results`; a sampler against its own exact law in
-:mod:`.agreement`.
+Stages: validate (:mod:`._checks`), plan (:mod:`.power`), sample (:mod:`.sampling`, chunk
+streams and sharding over processes in :mod:`.sharding`), test (:mod:`.gof`; the TV interval and
+certification in :mod:`.confidence`); results in :mod:`.results`; a sampler against its own exact
+law in :mod:`.agreement`.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ from .sampling import (
     sample_stratified_chunk,
     verify_batch,
 )
+from .confidence import (
+    TVConfidenceSequence,
+    TVInterval,
+    certification_samples,
+    deviation_radius,
+    partition_tv,
+    tv_interval,
+)
+from .sharding import chunk_generator, chunk_seed, run_chunks, spawn_local
 from .audit import (
     plan_sample_size,
     sampler_law_agreement,
@@ -61,6 +71,16 @@ from .audit import (
 )
 
 __all__ = [
+    "TVConfidenceSequence",
+    "TVInterval",
+    "certification_samples",
+    "deviation_radius",
+    "partition_tv",
+    "tv_interval",
+    "chunk_generator",
+    "chunk_seed",
+    "run_chunks",
+    "spawn_local",
     "FamilyResult",
     "LawAgreementResult",
     "StatisticalAuditResult",

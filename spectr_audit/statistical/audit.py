@@ -486,8 +486,10 @@ def _sample(args: _AuditArgs, plan: _Plan) -> _Samples:
         sequence.look(main.counts)
     tv = sequence.interval()
     certification = None
-    if args.certify_tv is not None:
-        certification = {"certified": "certified", "refuted": "refuted"}.get(main.stop_reason, "uncertified")
+    if args.certify_tv is not None and tv is not None:
+        # the interval at the last look decides, whichever rule stopped the sampling there
+        certification = ("certified" if tv.upper <= args.certify_tv
+                         else "refuted" if tv.lower > args.certify_tv else "uncertified")
     strat_counts = None
     if plan.enumeration is not None and stop_reason not in ("support", "e-process"):
         strat_counts, complete = _run_stratified(args, plan, None if max_seconds is None else start + max_seconds)

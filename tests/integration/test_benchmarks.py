@@ -26,8 +26,49 @@ def test_quick_benchmark_writes_every_part(tmp_path):
     assert {"speculative", "kseq", "spectr-tree", "block"} <= names
     # every ratio is a positive, finite measurement against a memory pass from the same run
     assert all(0 < row["ratio"] < float("inf") and row["memory_pass_ms"] > 0 for row in result["verifiers"])
+    # each ratio with the spread of its per-round ratios
+    assert all(row["ratio_spread"][0] <= row["ratio_median"] <= row["ratio_spread"][1] for row in result["verifiers"])
+    assert set(result["machine"]) >= {"clock", "threads", "device_name"}
     solvers = {row["what"] for row in result["bounds"]}
     assert any("bisection" in w for w in solvers) and any("sort-free" in w for w in solvers)
     assert any(row["vocab_size"] == 8 and row["num_drafts"] == 6 for row in result["exact_audit"])
     assert result["montecarlo"]["kseq"]["verifications_per_second"] > 0
     assert "| verifier | V | K | L |" in run.stdout  # the Markdown table
+
+
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_verifiers_under_test", ROOT / "benchmarks" / "bench_verifiers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_verifier_table_interleaves_its_calls(monkeypatch):
+    import torch
+
+    bench = _bench()
+    calls = []
+    items = {key: (lambda key=key: calls.append(key)) for key in ("memory", "verify", "validated")}
+    monkeypatch.setattr(bench, "_calls_per_sample", lambda fn, device: 1)  # no warm-up calls
+    times = bench.interleaved(items, torch.device("cpu"), 3)
+    # every round times every item, the order reversed on odd rounds: no item always follows the same one
+    assert calls == ["memory", "verify", "validated", "validated", "verify", "memory", "memory", "verify", "validated"]
+    assert all(len(times[key][0]) == 3 and times[key][1] == 1 for key in items)
+
+
+def test_ratios_are_fastest_over_fastest_with_the_paired_spread():
+    bench = _bench()
+    # rounds: verify 2, 9, 3 s against memory passes of 1, 3, 1 s measured next to them
+    summary = bench._summary([2.0, 9.0, 3.0], [1.0, 3.0, 1.0])
+    assert summary["ratio"] == 2.0  # min 2 over min 1
+    assert summary["ratio_median"] == 3.0  # per-round ratios 2, 3, 3
+    assert summary["ratio_spread"] == [2.5, 3.0]  # their 25th and 75th percentiles (inclusive method)
+    assert summary["ms"] == 2000.0 and summary["ms_median"] == 3000.0
+
+
+def test_unknown_parts_are_refused():
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_verifiers.py"), "--parts", "verifiers,nope"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 2 and "--parts: unknown part(s) nope" in run.stderr

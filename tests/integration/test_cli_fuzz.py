@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from spectr_audit.cli import main
 
 #: Examples per fast test, and per slow test.
-CLI_EXAMPLES = 60
-SUITE_EXAMPLES = 40
+CLI_EXAMPLES = 100
+SUITE_EXAMPLES = 60
 SLOW_EXAMPLES = 400
 
 EXIT_CODES = {0, 1, 2, 3, 130}
@@ -107,8 +107,10 @@ def argument_lists(draw):
     if all_valid or draw(st.integers(0, 4)) > 0:  # else, most often a complete command line
         chosen = list(dict.fromkeys(REQUIRED.get(command, []) + chosen))
     for option in chosen:
-        argv.append(option)
         kind = 0 if all_valid else draw(st.integers(0, 9))  # else 5 in 10 valid, 4 a mistake, 1 garbage
+        if kind < 5 and option not in VALID:  # no valid value beside the others (--tree takes no K, L)
+            continue
+        argv.append(option)
         pool = VALID_FOR.get((command, option), VALID[option]) if kind < 5 else INVALID[option]
         value = draw(GARBAGE) if kind == 9 else draw(st.sampled_from(pool))
         if kind == 9 and option in PATHS:  # garbage paths stay in the scratch folder
@@ -191,8 +193,9 @@ def _toml_value(value) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else ("inf" if value == math.inf else "-inf" if value == -math.inf
                                                  else repr(value))
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(value, str):  # a basic string: backslash, quote and control characters escaped
+        return '"' + "".join(c if c.isprintable() and c not in '"\\' else f"\\u{ord(c):04x}" if ord(c) < 0x10000
+                             else f"\\U{ord(c):08x}" for c in value) + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
@@ -232,22 +235,50 @@ CASE_VALUES = {
 
 
 @st.composite
+def valid_case(draw, index: int) -> dict:
+    """A case a user means: small, every key of the right type, draft and target of one vocabulary."""
+    vocab_size = draw(st.integers(2, 3))
+    laws = {2: [[0.6, 0.4], [0.3, 0.7], [1.0, 0.0]], 3: [[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]]}[vocab_size]
+    model = st.one_of(st.sampled_from(laws), st.builds(lambda seed: {"dirichlet": {"vocab_size": vocab_size, "seed": seed}},
+                                                        st.integers(0, 3)),
+                      st.builds(lambda seed: {"markov": {"vocab_size": vocab_size, "seed": seed}}, st.integers(0, 3)))
+    case = {"name": f"c{index}", "draft": draw(model), "target": draw(model),
+            "num_drafts": draw(st.one_of(st.integers(1, 3), st.lists(st.integers(1, 2), min_size=1, max_size=2,
+                                                                        unique=True)))}
+    case.update(draw(st.fixed_dictionaries({}, optional={
+        "draft_len": st.integers(1, 2), "checks": st.lists(st.sampled_from(["exact", "optimality"]), min_size=1,
+                                                           unique=True),
+        "prefix": st.lists(st.integers(0, vocab_size - 1), max_size=1),
+        "verifiers": st.lists(st.sampled_from(["speculative", "kseq", "rrs"]), min_size=1, max_size=2, unique=True),
+        "description": st.text(max_size=10)})))
+    return case
+
+
+@st.composite
 def suite_texts(draw):
-    if draw(st.integers(0, 9)) == 0:  # not TOML at all, or not a suite
+    """Half the files valid suites that must run; the others one mistake away (a wild value, an unknown key),
+    or not TOML at all."""
+    kind = draw(st.integers(0, 9))
+    if kind == 0:  # not TOML at all, or not a suite
         return draw(st.sampled_from(["[[case]\nname = ", "case = 3\n", "", "[suite]\nname = 1\n", "\x00\x01"]) | GARBAGE)
     lines = []
     if draw(st.booleans()):
         header = draw(st.fixed_dictionaries({}, optional={
-            "name": st.one_of(GARBAGE, st.integers()), "description": GARBAGE,
-            "verifiers": st.one_of(st.lists(st.sampled_from(["speculative", "nope"]), max_size=2), st.just(3))}))
+            "name": st.one_of(st.text(max_size=8), st.integers()) if kind >= 5 else st.text(max_size=8),
+            "description": st.text(max_size=8),
+            "verifiers": (st.one_of(st.lists(st.sampled_from(["speculative", "nope"]), max_size=2), st.just(3))
+                          if kind >= 5 else st.lists(st.sampled_from(["speculative", "kseq"]), min_size=1, unique=True))}))
         lines.append("[suite]")
         lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in header.items()]
-    for i in range(draw(st.integers(0, 3))):
-        required = {"name": st.just(f"c{i}"), "draft": st.just([0.6, 0.4]), "target": st.just([0.3, 0.7]),
-                    "num_drafts": st.integers(1, 2)}
-        required = required if draw(st.booleans()) else {}
-        optional = {k: v for k, v in CASE_VALUES.items() if k not in required}
-        case = draw(st.fixed_dictionaries(required, optional=optional))
+    cases = [draw(valid_case(i)) for i in range(draw(st.integers(1, 3)))]
+    if kind >= 5:  # one mistake: a wild value, a missing key or an unknown one
+        case = cases[draw(st.integers(0, len(cases) - 1))]
+        key = draw(st.sampled_from(sorted(CASE_VALUES)))
+        if draw(st.integers(0, 4)) == 0 and key in case:
+            del case[key]
+        else:
+            case[key] = draw(CASE_VALUES[key])
+    for case in cases:
         lines.append("[[case]]")
         lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in case.items()]
     return "\n".join(lines) + "\n"

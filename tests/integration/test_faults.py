@@ -214,9 +214,10 @@ def test_the_python_api_and_check_verifier_keep_the_budget():
         spectr_audit.audit("kseq", suite=huge, max_memory="lots")
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's peak-RSS reset")
 def test_the_estimate_bounds_the_memory_an_exact_audit_takes():
-    # The budget refuses by an estimate: it must not be below what an audit really takes (RSS of a
-    # fresh process, before and after one exact audit of 10^4 draft tuples).
+    # The budget refuses by an estimate: it must not be below what an audit really takes (the peak
+    # resident memory of a fresh process during one exact audit of 10^4 draft tuples, over its start).
     code = textwrap.dedent(
         """
         import json, resource, torch
@@ -231,11 +232,15 @@ def test_the_estimate_bounds_the_memory_an_exact_audit_takes():
                     num_drafts=2, checks=("exact",))
         verifier = load_verifier("kseq")
         needs = budget.audit_needs(verifier, case, AuditOptions())
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        def status(key):
+            with open("/proc/self/status") as handle:
+                return next(int(line.split()[1]) * 1024 for line in handle if line.startswith(key + ":"))
+        before = status("VmRSS")
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")  # resets the peak (VmHWM) to the current RSS
         result = audit_case(verifier, case, AuditOptions())
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         print(json.dumps({"error": result.error, "estimate": 2 ** budget._lgsum(*(n.log2_bytes for n in needs)),
-                          "used": after - before}))
+                          "used": status("VmHWM") - before}))
         """
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -343,6 +348,34 @@ def test_ctrl_c_during_a_run_writes_the_finished_results_marked_incomplete(tmp_p
     assert not (out / "report.html").exists()  # the earlier run's page is gone, not left looking current
     assert json.loads((out / ".spectr-audit-run.json").read_text()) == {"files": ["report.json", "report.md"],
                                                                          "complete": False}
+
+
+def test_a_fatal_error_during_a_run_writes_the_finished_results_marked_incomplete(capsys, tmp_path, monkeypatch):
+    # An error outside any one audit (here: the runner's own call of the second audit fails).
+    from spectr_audit.run import runner
+
+    real_audit_case, calls = runner.audit_case, []
+
+    def failing(verifier, case, options):
+        calls.append(case.name)
+        if len(calls) == 2:
+            raise RuntimeError("disk on fire")
+        return real_audit_case(verifier, case, options)
+
+    monkeypatch.setattr(runner, "audit_case", failing)
+    suite = tmp_path / "three.toml"
+    suite.write_text("".join(f'[[case]]\nname = "case{i}"\ndraft = [0.6, 0.4]\ntarget = [0.3, 0.7]\nnum_drafts = 1\n\n'
+                             for i in range(3)))
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "run", "--suite", suite, "--verifier", "speculative", "--out", out, "--html")
+    assert code == 2 and "error: RuntimeError: disk on fire" in err and "INCOMPLETE" in err
+    report = json.loads((out / "report.json").read_text())
+    assert report["meta"]["incomplete"] == {"reason": "stopped by RuntimeError: disk on fire", "completed": 1,
+                                            "planned": 3}
+    assert [r["case"] for r in report["results"]] == ["case0"] and report["passed"] is False
+    for name in ("report.md", "report.html"):
+        assert "INCOMPLETE: the run was stopped by RuntimeError: disk on fire; this report holds the 1 of 3" in (
+            out / name).read_text()
 
 
 def test_ctrl_c_during_an_audit_exits_130_without_a_traceback(hostile):

@@ -190,8 +190,8 @@ def _synthetic_rows(num_contexts=150, vocab_size=40):
     return TokenRows(draft, target, torch.arange(num_contexts), torch.zeros(num_contexts, dtype=torch.int64))
 
 
-def _audit_tokens(verifier, num_drafts, rows, seed=0):
-    options = RealLMOptions(num_cells=8, rb_draws=2)
+def _audit_tokens(verifier, num_drafts, rows, seed=0, min_detectable_tv=0.005):
+    options = RealLMOptions(num_cells=8, rb_draws=2, min_detectable_tv=min_detectable_tv)
     contexts = torch.arange(rows.draft_probs.shape[0])
     alpha_star = optimal_acceptance(rows.draft_probs, rows.target_probs, num_drafts).value
     return _token_audit(verifier, num_drafts, rows, lambda cells: ratio_partition(rows.draft_probs, rows.target_probs,
@@ -215,6 +215,12 @@ def test_token_audit_passes_exact_verifiers(name, num_drafts):
     assert done.fidelity.test_alpha == pytest.approx(1e-3 / len(result.checks))
     assert done.fidelity.sampled_min_detectable_tv == pytest.approx(
         min_detectable_tv(300, cells, 1e-3 / len(result.checks), 0.99))
+    # 300 draws detect only TVs far above the planned 0.005: nothing rejected, so INCONCLUSIVE, not a PASS
+    sampled = next(c for c in result.checks if c.name == "first-token-sampled")
+    assert sampled.inconclusive and "INCONCLUSIVE" in sampled.detail
+    assert result.verdict == "INCONCLUSIVE" and result.metrics["requested_tv"] == 0.005
+    generous = _audit_tokens(load_verifier(name), num_drafts, _synthetic_rows(), min_detectable_tv=0.99).result
+    assert generous.verdict == "exact"
 
 
 def test_token_audit_finds_an_undeclared_broken_verifier_and_skips_a_declared_one():

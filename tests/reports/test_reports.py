@@ -237,11 +237,11 @@ def test_html_renders_in_headless_chromium(real_report, tmp_path):
 
     html_path = write_html(real_report, tmp_path / "report.html")
     shot = tmp_path / "shot.png"
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "render_report.sh"), str(html_path), str(shot), "1280,3000"],
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "render_report.sh"), str(html_path), str(shot), "1280,4000"],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     pixels = imread(shot)
-    assert pixels.shape[:2] == (3000, 1280)
+    assert pixels.shape[:2] == (4000, 1280)
     # Tables and figures, not a blank page: many distinct colours, and saturated pixels (the
     # figures' bars and lines; the tables use only greys and pale tints) over a large area.
     rgb = (pixels[..., :3] * 255).round().astype(int)

@@ -168,6 +168,26 @@ def test_a_plain_function_without_a_law_is_audited_from_its_samples():
         assert result.metrics["pvalue"] > 1e-3 and result.metrics["num_samples"] >= SAMPLES
 
 
+def test_a_black_box_under_a_small_budget_is_inconclusive_and_a_cheap_certificate_is_reached():
+    from spectr_audit.run.suite import parse_suite
+
+    one = parse_suite({"case": [{"name": "seed", "draft": [0.6, 0.4], "target": [0.3, 0.7], "num_drafts": 1}]})
+    report = check_verifier(speculative_sampling, num_drafts=1, max_samples=SAMPLES, suite=one)
+    (result,) = report.audit.results
+    assert report.passed and report.inconclusive == [result] and result.verdict == "INCONCLUSIVE"
+    assert "INCONCLUSIVE" in report.message() and not report.certified
+    assert result.metrics["tv_lower"] <= result.metrics["tv_estimate"] <= result.metrics["tv_upper"]
+    # max_samples is num_samples under the name the other faces use; max_seconds cuts the sampling short
+    timed = check_verifier(speculative_sampling, num_drafts=1, max_seconds=1e-6, suite=one).audit.results[0]
+    assert timed.metrics["stop_reason"] == "max_seconds"
+    certified = check_verifier(speculative_sampling, num_drafts=1, max_samples=100_000, certify_tv=0.1, suite=one)
+    assert certified.passed and certified.certified and not certified.inconclusive
+    assert certified.audit.results[0].metrics["tv_upper"] <= 0.1
+    # an exact law certifies by its exact TV
+    exact = check_verifier("speculative", num_drafts=1, certify_tv=0.01, suite=one)
+    assert exact.certified
+
+
 def test_a_plain_function_with_a_law_is_audited_exactly():
     report = check_verifier(speculative_sampling, num_drafts=1, num_samples=SAMPLES,
                             output_probs=SpeculativeSampling().output_probs, name="spec-with-law")
@@ -204,6 +224,8 @@ BAD_ARGUMENTS = [
     ({"draft_scheme": "sorted"}, "draft_scheme: expected 'iid' or 'without_replacement'"),
     ({"num_drafts": (1, 2)}, "num_drafts, draft_len: verifier 'speculative' supports num_drafts in [1, 1]"),
     ({"suite": 3}, "suite: expected a Suite or a suite name/path"),
+    ({"max_seconds": 0}, "max_seconds: expected a positive number"),
+    ({"certify_tv": 1.0}, "certify_tv: expected a number in (0, 1)"),
 ]
 
 

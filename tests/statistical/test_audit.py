@@ -530,3 +530,51 @@ def test_a_formula_that_drifted_from_its_sampler_is_caught_statistically():
 def test_law_agreement_needs_a_law():
     with pytest.raises(InvalidArgument, match="output_probs"):
         sampler_law_agreement(_speculative_function(False), DRAFT8, TARGET8, 1, num_samples=100)
+
+
+def test_verdicts_inconclusive_below_the_planned_power_exact_at_it():
+    v = load_verifier("speculative")
+    draft, target = ContextFreeModel([0.6, 0.4]), ContextFreeModel([0.3, 0.7])
+    # planned for TV 0.05 (a few thousand samples): reaching the plan is a conclusive "exact"
+    planned = statistical_audit(v, draft, target, 1, min_detectable_tv=0.05, seed=2)
+    assert planned.stop_reason == "planned" and planned.min_detectable_tv <= 0.05 * (1 + 1e-9)
+    assert planned.verdict == "exact" and not planned.inconclusive
+    # the same plan cut by a budget: nothing rejected, below the planned power -> INCONCLUSIVE
+    cut = statistical_audit(v, draft, target, 1, min_detectable_tv=0.05, max_samples=500, seed=2)
+    assert cut.stop_reason == "max_samples" and cut.min_detectable_tv > 0.05
+    assert cut.verdict == "INCONCLUSIVE" and cut.inconclusive and cut.power_at_requested_tv < 0.99
+    assert cut.planned_samples == planned.planned_samples > 500
+    summary = json.loads(json.dumps(cut.to_dict()))
+    assert summary["verdict"] == "INCONCLUSIVE" and summary["inconclusive"] is True
+    assert summary["tv_interval"] == [cut.tv_lower, cut.tv_upper] and summary["partition"] == cut.partition
+    assert summary["tv_confidence"] == pytest.approx(1 - 1e-3) and len(summary["counts_digest"]) == 64
+    # a broken verifier is a FINDING whatever the power, and its TV interval excludes 0
+    broken = statistical_audit(load_broken("always-accept"), DRAFT8, TARGET8, 2, num_samples=4096, seed=2)
+    assert broken.verdict == "FINDING" and broken.tv_lower > 0.3
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"certify_tv": 0.0}, "certify_tv: expected a number in (0, 1)"),
+    ({"certify_tv": True}, "certify_tv: expected a number in (0, 1)"),
+    ({"distributed": "sometimes"}, "distributed: expected 'auto', True, False or a process group"),
+    ({"distributed": True}, "distributed: True needs torch.distributed.init_process_group()"),
+    ({"certify_tv": 1e-7}, "certify_tv: 1e-07 cannot be certified within 2^40 samples"),
+])
+def test_certification_and_sharding_arguments(kwargs, message):
+    with pytest.raises(InvalidArgument) as info:
+        statistical_audit(load_verifier("speculative"), ContextFreeModel([0.6, 0.4]), ContextFreeModel([0.3, 0.7]),
+                          1, **kwargs)
+    assert message in str(info.value)
+
+
+def test_certification_stops_at_the_first_look_that_decides():
+    v = load_verifier("speculative")
+    draft, target = ContextFreeModel([0.6, 0.4]), ContextFreeModel([0.3, 0.7])
+    certified = statistical_audit(v, draft, target, 1, certify_tv=0.1, seed=0)
+    assert certified.certification == "certified" and certified.stop_reason == "certified"
+    assert certified.tv_upper <= 0.1 and certified.verdict == "CERTIFIED"
+    assert not any(t.name == "stratified-pearson" for t in certified.subtests)  # not run when certifying
+    refuted = statistical_audit(load_broken("always-accept"), DRAFT8, TARGET8, 2, certify_tv=0.1, seed=0)
+    assert refuted.certification == "refuted" and refuted.tv_lower > 0.1 and refuted.verdict == "FINDING"
+    short = statistical_audit(v, draft, target, 1, certify_tv=0.01, max_samples=4096, seed=0)
+    assert short.certification == "uncertified" and short.verdict == "INCONCLUSIVE" and short.num_samples == 4096

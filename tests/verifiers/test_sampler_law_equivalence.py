@@ -431,3 +431,31 @@ def test_kseq_sampler_parts_match_the_law_parts(label, tokens, draft_row, target
     accept, residual = rule.sampler_parts(tokens_t, survivors, draft_dist, target_dist)
     torch.testing.assert_close(accept, law_accept, atol=TOL, rtol=0)
     torch.testing.assert_close(_residual_law(residual, target_dist), law_residual, atol=TOL, rtol=0)
+
+
+def test_kseq_rho_shortcut_keeps_its_last_solves_and_repeats_them_bit_for_bit():
+    """A Monte-Carlo audit calls with the same pair chunk after chunk: the solve is kept, and the kept rho
+    is the solve's (bit for bit), for the pair, the largest K and the solver it was made for."""
+    from spectr_audit.verifiers import kseq as kseq_module
+
+    draft_row = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    target_row = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    draft_dist, target_dist = draft_row.expand(6, -1).contiguous(), target_row.expand(6, -1).contiguous()
+    k = torch.tensor([1.0, 2.0, 3.0, 3.0, 2.0, 1.0])
+    kseq_module._SOLVED.clear()
+    first = _rho_per_distinct_k(kseq_rho_star, draft_dist, target_dist, k)
+    assert len(kseq_module._SOLVED) == 1
+    assert torch.equal(_rho_per_distinct_k(kseq_rho_star, draft_dist, target_dist, k), first)
+    assert torch.equal(first, kseq_rho_star(draft_dist, target_dist, k))
+    # another pair, another largest K, another solver: other entries, each its own solve
+    other = target_row.flip(0).expand(6, -1).contiguous()
+    assert torch.equal(_rho_per_distinct_k(kseq_rho_star, draft_dist, other, k), kseq_rho_star(draft_dist, other, k))
+    assert torch.equal(_rho_per_distinct_k(kseq_rho_star, draft_dist, target_dist, k + 1),
+                       kseq_rho_star(draft_dist, target_dist, k + 1))
+    assert torch.equal(_rho_per_distinct_k(kseq_rho_star_sampler, draft_dist, target_dist, k),
+                       kseq_rho_star_sampler(draft_dist, target_dist, k))
+    assert len(kseq_module._SOLVED) == 4
+    for scale in range(20):  # bounded: the oldest go first
+        row = (draft_row + scale) / (draft_row + scale).sum()
+        _rho_per_distinct_k(kseq_rho_star, row.expand(6, -1).contiguous(), target_dist, k)
+    assert len(kseq_module._SOLVED) == kseq_module._SOLVED_PAIRS
