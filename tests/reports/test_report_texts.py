@@ -339,3 +339,14 @@ def test_findings_table_fits_a_1280px_window_in_chromium(tmp_path):
                           "--virtual-time-budget=2000", "--dump-dom", page.as_uri()],
                          capture_output=True, text=True, timeout=120).stdout
     assert 'data-fit="true"' in dom
+
+
+def test_html_verifier_table_does_not_count_an_inconclusive_result_as_exact():
+    short = AuditResult("box", "c/K=1", (Check("statistical", True, 0.5, 1e-3, "INCONCLUSIVE: ...", inconclusive=True),))
+    held = AuditResult("box", "c/K=2", (Check("statistical", True, 0.5, 1e-3, "exactness not rejected: ..."),))
+    text = render_html(AuditReport(results=(short, held)), figures=False)
+    table = text[text.index('<table class="verifiers">'):].split("</table>", 1)[0]
+    head = re.findall(r"<th[^>]*>([^<]+)</th>", table)
+    row = re.findall(r"<td[^>]*>([^<]*)</td>", table.split("<tbody>", 1)[1])
+    counts = dict(zip(head, row))
+    assert (counts["cases"], counts["exact"], counts["inconclusive"], counts["findings"]) == ("2", "1", "1", "0")

@@ -35,21 +35,23 @@ context-free Dirichlet(1) draft (seed 1) and target (seed 2), K = 4 for multi-dr
 K = 1 otherwise, L = 2 for block-first-failure, else 1.  "Needed" is the fewest verifications
 (main plus stratified design, seed 0, doubling then bisection to 1/8) at which the default
 audit (alpha 1e-3) rejected; "default" is the audit at the default budget (planned for TV 0.005
-at power 0.99: 959,971 samples per design), which the e-process usually stops early.
+at power 0.99: 959,971 samples per design), which the e-process usually stops early.  Each
+chunk draws from its own random stream (docs/audit/statistical.md), so these numbers are those
+of any number of processes.
 
 ========================  =========  ========  ==========================  =====================
 name                      exact TV   needed    p at "needed" (test)        default p (samples)
 ========================  =========  ========  ==========================  =====================
-independent-accept        0.2804     72        1.3e-05 (g-test)            < 1e-300 (12,288)
-kseq-low-rho              0.0118     81,920    6.1e-05 (pearson)           1.4e-62 (585,728)
-kseq-dedup                0.1193     704       2.4e-05 (pearson)           3.9e-166 (12,288)
-rrs-skip-duplicates       0.0951     1,024     2.9e-05 (pearson)           3.2e-115 (12,288)
-resample-target           0.1577     224       6.5e-04 (g-test)            < 1e-300 (12,288)
-inflated-ratio            0.0054     131,071   9.7e-04 (stratified)        4.3e-28 (1,919,942)
-bonus-from-draft          0.2498     160       3.2e-06 (pearson)           < 1e-300 (12,288)
-block-first-failure       0.1157     128       3.6e-04 (g-test)            < 1e-300 (12,288)
-residual-drop-rejected    0.1338     1,024     5.5e-05 (stratified)        2.4e-225 (12,288)
-always-accept             0.5139     72        3.2e-46 (pearson)           < 1e-300 (12,288)
+independent-accept        0.2804     72        3.2e-06 (g-test)            < 1e-300 (12,288)
+kseq-low-rho              0.0118     57,344    8.3e-05 (pearson)           5.0e-89 (1,920,603)
+kseq-dedup                0.1193     576       7.5e-05 (g-test)            9.6e-140 (12,288)
+rrs-skip-duplicates       0.0951     704       1.7e-06 (g-test)            1.6e-104 (12,288)
+resample-target           0.1577     224       2.0e-04 (g-test)            < 1e-285 (12,288)
+inflated-ratio            0.0054     90,112    3.4e-05 (stratified)        5.2e-28 (1,919,942)
+bonus-from-draft          0.2498     144       2.5e-07 (pearson)           < 1e-300 (12,288)
+block-first-failure       0.1157     208       1.5e-04 (g-test)            < 1e-300 (12,288)
+residual-drop-rejected    0.1338     641       1.1e-04 (stratified)        5.3e-197 (12,288)
+always-accept             0.5139     72        2.4e-38 (pearson)           < 1e-300 (12,288)
 ========================  =========  ========  ==========================  =====================
 """
 
