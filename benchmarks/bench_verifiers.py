@@ -14,7 +14,8 @@ One command, one table per part, one JSON file (default ``benchmarks/results.jso
   each (load only adds time) and the ratio fastest over fastest, with the per-round ratios' median
   and quartiles as its spread.  On a CPU the clock is the process's CPU time with one thread (a
   shared machine's load then barely moves it; ``--clock wall --threads N`` for wall time), on CUDA
-  wall time;
+  wall time; freed memory is kept by malloc (``--system-malloc`` to turn that off), so that page
+  faults on fresh allocations do not come and go between rounds;
 * K-SEQ's rho*: 64-step bisection, the exact piecewise solve (sort by q/p), and the sampler's
   sort-free solve, each as a ratio to a memory pass over its rows;
 * the closed-form alpha* at V = 128k, K = 8;
@@ -256,10 +257,13 @@ def bench_verifiers(total_probs: int, vocab_sizes, device, repeats, with_compile
             index = len(configs)
             configs.append((name, num_drafts, draft_len, batch_size))
             items[index, "memory"] = lambda d=draft_probs, t=target_probs: (d.sum(), t.sum())
+            # the generator reseeded at every call: every call draws the same uniforms, so does the same work
+            # (where the walk stops depends on them: at a small batch that moved a call's time by half)
             run = (lambda v=verifier, a=(tokens, draft_probs, target_probs), g=gen:
-                   v.verify(*a, g, validate=False))
+                   v.verify(*a, g.manual_seed(1), validate=False))
             items[index, "verify"] = run
-            items[index, "validated"] = lambda v=verifier, a=(tokens, draft_probs, target_probs), g=gen: v.verify(*a, g)
+            items[index, "validated"] = (lambda v=verifier, a=(tokens, draft_probs, target_probs), g=gen:
+                                         v.verify(*a, g.manual_seed(1)))
             if with_eager:
                 items[index, "eager"] = _with_triton(False, run)
             if with_compiled:
@@ -398,6 +402,11 @@ def print_summary(result: dict) -> None:
 
 PARTS = ("verifiers", "bounds", "exact_audit", "montecarlo")
 
+#: glibc's malloc, told to keep freed memory: a large tensor otherwise gets fresh pages from the kernel on
+#: every call (mmap, then a page fault per 4 KiB touched), and how many depends on the allocator's state:
+#: it doubled some calls' time from one round to the next.  Set before the interpreter starts (re-exec).
+KEEP_HEAP = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MALLOC_TOP_PAD_": str(1 << 28)}
+
 
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
@@ -420,7 +429,13 @@ def main(argv=None) -> int:
                         help=f"comma-separated parts to run (default all: {','.join(PARTS)})")
     parser.add_argument("--compiled", action="store_true",
                         help="also time each verifier with spectr_audit.verifiers.compiled's fused kernels (torch.compile)")
+    parser.add_argument("--system-malloc", action="store_true",
+                        help="keep glibc malloc's defaults (fresh pages, hence page faults, for large tensors)")
     args = parser.parse_args(argv)
+    if not args.system_malloc and argv is None and any(os.environ.get(k) != v for k, v in KEEP_HEAP.items()):
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **KEEP_HEAP})
+    kept = all(os.environ.get(k) == v for k, v in KEEP_HEAP.items())
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: this torch build sees no CUDA device")
@@ -440,10 +455,11 @@ def main(argv=None) -> int:
     name = _device_name(device)
     print(f"spectr-audit verifier benchmark on {device} ({name}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads), {total} probabilities per input set; verifier table on the "
-          f"{clock} clock")
+          f"{clock} clock, {'freed memory kept' if kept else 'system malloc'}")
     result = {
         "machine": {"device": str(device), "device_name": name, "platform": platform.platform(),
-                    "threads": torch.get_num_threads(), "clock": clock, "torch": torch.__version__, "python": sys.version.split()[0],
+                    "threads": torch.get_num_threads(), "clock": clock,
+                    "malloc": "freed memory kept (KEEP_HEAP)" if kept else "glibc defaults", "torch": torch.__version__, "python": sys.version.split()[0],
                     "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
     }
     if "verifiers" in parts:

@@ -357,9 +357,10 @@ _SORT_FREE_MIN_VOCAB = 256
 #: the margin's cost of the optimum; six leave an occasional row 1e-5 short.
 _SORT_FREE_PASSES = 7
 
-#: With ``stop_early`` the sort-free solve stops once every row's acceptance is provably within this of
-#: the best acceptance a valid rho allows (a bound from the bracket, see :func:`_bracket_models`).
-_SORT_FREE_STOP_LOSS = 1e-8
+#: With ``stop_early`` the sort-free solve stops once every row's acceptance is provably within this
+#: fraction of its validity margin (about 2e-6 for float32 rows) of the best acceptance a valid rho
+#: allows (a bound from the bracket, see :func:`_bracket_models`): a small share of what the margin costs.
+_SORT_FREE_STOP_FRACTION = 1 / 8
 
 
 def _grid_root(is_valid, below: torch.Tensor, above: torch.Tensor, *, rounds: int = 4, points: int = 64) -> torch.Tensor:
@@ -498,9 +499,9 @@ def kseq_rho_star_sampler(
     passes : int
         Passes over the vocabulary (sort-free path; at most, with ``stop_early``), >= 1.
     stop_early : bool, optional
-        Stop once every row's acceptance is provably within :data:`_SORT_FREE_STOP_LOSS` of the
-        best a valid rho allows, checked on the host after each pass; default: on the CPU only,
-        where that check costs no device round trip.
+        Stop once every row's acceptance is provably within :data:`_SORT_FREE_STOP_FRACTION` of
+        its margin of the best a valid rho allows, checked on the host after each pass; default:
+        on the CPU only, where that check costs no device round trip.
 
     Returns
     -------
@@ -577,6 +578,8 @@ def kseq_rho_star_sampler(
             high_sums = torch.where(new_high.unsqueeze(-1), s, high_sums)
             low = torch.where(new_low, c, low)
             low_sums = torch.where(new_low.unsqueeze(-1), s, low_sums)
+        # rho = 1 valid: the bracket is [1, 1], with the sums found there at both ends
+        low_sums = torch.where((low == high).unsqueeze(-1), high_sums, low_sums)
         if step == passes - 1:
             break
         # Next candidates: the lower and the upper bound on the root from the bracket's models, rounded up
@@ -593,7 +596,7 @@ def kseq_rho_star_sampler(
             most = _model_beta(from_below.unsqueeze(-1), models[0][:, :2], models[3][:, :2]).amin(-1)
             least = _model_beta(from_above.unsqueeze(-1), models[0][:, 2:], models[3][:, 2:]).amax(-1)
             loss = kseq_accept_prob(most, k) - kseq_accept_prob(least, k)
-            if bool((loss <= _SORT_FREE_STOP_LOSS).all()):
+            if bool((loss <= _SORT_FREE_STOP_FRACTION * margin).all()):
                 break
         lower = torch.nextafter(from_below.to(dtype), up).double()
         lower = torch.where((lower > low) & (lower < high), lower, 0.5 * (low + high))

@@ -7,6 +7,8 @@ against them.
 
 from __future__ import annotations
 
+import math
+
 from scipy.optimize import brentq
 
 
@@ -29,10 +31,20 @@ def kseq_rho(draft, target, k) -> float:
     """rho* by Brent's method (a different root finder from the verifier's piecewise solve)."""
     if k == 1:
         return 1.0
+    # Rows renormalised with exact sums, and f in the form that keeps its relative accuracy near
+    # beta = 1 (a difference of sums of non-negative terms; docs/rules/kseq.md): the direct form
+    # rounds to a tiny negative value on equal rows and would put the root at 1 + 1e-8, not 1.
+    draft_total, target_total = math.fsum(draft), math.fsum(target)
+    draft = [d / draft_total for d in draft]
+    target = [t / target_total for t in target]
 
     def f(rho):
-        beta = sum(min(d, t / rho) for d, t in zip(draft, target))
-        return rho * beta - (1 - (1 - beta) ** k)
+        beta = math.fsum(min(d, t / rho) for d, t in zip(draft, target))
+        if beta < 0.5:
+            return rho * beta - (1 - (1 - beta) ** k)
+        draft_excess = math.fsum(max(d - t / rho, 0.0) for d, t in zip(draft, target))
+        target_excess = math.fsum(max(t / rho - d, 0.0) for d, t in zip(draft, target))
+        return draft_excess**k - rho * target_excess
 
     if f(1.0) >= 0:
         return 1.0
