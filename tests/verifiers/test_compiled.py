@@ -91,7 +91,7 @@ def test_fused_rho_is_valid_and_close_to_the_exact_solve(dtype, restore_switch):
 @pytest.mark.parametrize("name,num_drafts,draft_len", [("kseq", 4, 1), ("spectr-tree", 3, 2)])
 def test_fused_samplers_follow_the_exact_law(name, num_drafts, draft_len, restore_switch):
     """As tests/verifiers/test_large_vocab_samplers.py, with the fused kernels on (false-alarm rate 1e-3 per case)."""
-    from test_large_vocab_samplers import REPS, VOCAB_SIZE, _case, _pooled_pvalue
+    from tests.verifiers.test_large_vocab_samplers import REPS, VOCAB_SIZE, _case, _pooled_pvalue
 
     from spectr_audit.registry import load_verifier
 
