@@ -8,6 +8,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import Phase, settings
+
+# Hypothesis's explain phase re-runs a failing example under a line tracer to say which lines it
+# reached; through torch that takes hours, so a failure would stall the run instead of being
+# reported.  The shrunk example and its traceback are reported as usual.  Profiles: "default" (here
+# and locally) and "ci" (hypothesis selects it when the CI variable is set) both drop the phase.
+_PHASES = tuple(phase for phase in Phase if phase is not Phase.explain)
+settings.register_profile("default", phases=_PHASES)
+settings.register_profile("ci", settings.get_profile("ci"), phases=_PHASES)
+_current = getattr(settings, "get_current_profile_name", lambda: "default")()
+settings.load_profile("ci" if _current == "ci" else "default")
 
 
 @pytest.fixture(scope="module")

@@ -293,7 +293,14 @@ class MultiDraftBlockVerification(Verifier):
         """Per depth, the probability of choosing each node given that nothing deeper was chosen: ``[B, K, L + 1]``."""
         room = (1 - expected).unsqueeze(1)  # [B, 1, L]
         inner = torch.where(room > 0, slack / torch.where(room > 0, room, torch.ones_like(room)), torch.zeros_like(slack))
-        return torch.cat([inner, final.unsqueeze(-1)], -1)
+        # The root is chosen whenever nothing deeper was: its eps(root) / (1 - E_0) is 1 in exact arithmetic,
+        # and stays 1 where E_0 rounds to 1 (drafts that almost surely reach depth 1), so every row is a law.
+        inner[:, :, 0] = 0.0
+        inner[:, 0, 0] = 1.0
+        choice = torch.cat([inner, final.unsqueeze(-1)], -1)
+        # A depth's choices are probabilities of disjoint events: rounding must not make them exceed 1.
+        total = choice.sum(1, keepdim=True)
+        return torch.where(total > 1, choice / torch.where(total > 1, total, torch.ones_like(total)), choice)
 
     # -- the verifier ------------------------------------------------------------------------------
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:

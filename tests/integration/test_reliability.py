@@ -64,10 +64,6 @@ def _shapes(verifier: Verifier, vocab_size: int, max_nodes: int = 27):
 @pytest.mark.parametrize("name", builtin_names())
 @pytest.mark.parametrize("case", DEGENERATE, ids=lambda c: c.name)
 def test_degenerate_distributions(name, case):
-    if name == "multi-block" and case.name == "residual mass 1e-30":
-        # Known defect: with a residual of mass 1e-30 multi-block's exact law loses a row (it sums to 0);
-        # remove this once fixed (docs of the rule: docs/rules/multi-block.md).
-        pytest.xfail("multi-block: output_probs row sums to 0 when the residual mass is 1e-30")
     verifier = load_verifier(name)
     draft_model, target_model = ContextFreeModel(case.draft), ContextFreeModel(case.target)
     support = sum(p > 0 for p in case.draft)

@@ -258,6 +258,29 @@ def test_sampled_verdicts_follow_output_probs(num_drafts, draft_len):
         assert pooled_chisquare_pvalue(counts, law[b].reshape(-1) * reps) > 1e-3, b
 
 
+# Sharp models whose drafts reach depth 1 with probability 1 up to rounding (E_0 rounds to 1): every
+# tuple's law, however improbable the tuple, must still be a law (found by the exact-audit fuzz).
+SHARP_CASES = [
+    # (vocab size, K, L, temperature, concentration, seed)
+    (3, 4, 1, 0.05, 0.05, 1),
+    (3, 3, 2, 0.05, 0.05, 1),
+    (4, 2, 2, 0.05, 0.05, 3),
+]
+
+
+@pytest.mark.parametrize("vocab_size,num_drafts,draft_len,temperature,concentration,seed", SHARP_CASES)
+def test_every_row_is_a_law_on_sharp_models(vocab_size, num_drafts, draft_len, temperature, concentration, seed):
+    verifier = load_verifier("multi-block")
+    model_d = random_markov(vocab_size, 1, seed=seed, concentration=concentration, temperature=temperature)
+    model_t = random_markov(vocab_size, 1, seed=seed + 1, concentration=concentration, temperature=temperature)
+    audit = exact_iteration(verifier, model_d, model_t, num_drafts, draft_len)
+    assert audit.max_abs_error <= 1e-12, audit.worst_strings()
+    tuples = enumerate_drafts(model_d, model_t, num_drafts, draft_len)
+    law = verifier.output_probs(tuples.draft_tokens, tuples.draft_probs, tuples.target_probs)
+    assert bool((law >= 0).all())
+    torch.testing.assert_close(law.sum((1, 2, 3)), torch.ones(law.shape[0], dtype=law.dtype), atol=1e-12, rtol=0)
+
+
 def test_float32_rows_give_the_float64_law():
     """The sampler renormalises its rows in float64 as the law does: same verdicts for the same uniforms."""
     verifier = load_verifier("multi-block")
