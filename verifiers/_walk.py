@@ -125,9 +125,27 @@ def _sample_or_fallback(
     return torch.where(total > 0, drawn, sample_categorical(rows, u))
 
 
+def _rows_of(
+    dists: torch.Tensor,  # [B, K, V]
+    index: torch.Tensor,  # [B] int64 in [0, K)
+) -> torch.Tensor:  # [B, V]
+    """``dists[b, index[b]]``: one row per batch row, by ``index_select`` on a flat view where the strides allow one
+    (a contiguous copy of B rows, several times faster on the CPU than advanced indexing)."""
+    batch_size, num_drafts, vocab_size = dists.shape
+    if dists.stride(0) == num_drafts * dists.stride(1) and dists.stride(2) == 1:
+        flat = dists.as_strided((batch_size * num_drafts, vocab_size), (dists.stride(1), 1))
+        rows = torch.arange(batch_size, device=index.device) * num_drafts + index
+        return flat.index_select(0, rows)
+    return dists[torch.arange(batch_size, device=index.device), index]
+
+
 def _first_true(mask: torch.Tensor) -> torch.Tensor:
-    """Index of the first True along the last dim (0 where there is none)."""
-    return mask.to(torch.int8).argmax(-1)
+    """Index of the first True along the last dim (0 where there is none).
+
+    ``max`` returns the first maximal index (documented), and is about twice as fast as ``argmax`` on
+    the CPU for short rows.
+    """
+    return mask.to(torch.uint8).max(-1).indices
 
 
 class ChainWalkVerifier(Verifier):
@@ -166,7 +184,8 @@ class ChainWalkVerifier(Verifier):
         draft_index = torch.zeros(batch_size, dtype=torch.int64, device=device)
         next_token = torch.zeros(batch_size, dtype=torch.int64, device=device)
         for level in range(draft_len):
-            canon = _first_true(survivors)
+            # every draft survives at the root, where the canonical draft is the first
+            canon = torch.zeros(batch_size, dtype=torch.int64, device=device) if level == 0 else _first_true(survivors)
             tokens, draft_dist, target_dist = self._node_inputs(draft_tokens, draft_probs, target_probs, level, canon)
             accept_probs, residual = self.rule.chain_sampler_parts(tokens, survivors, draft_dist, target_dist)
             u = uniform(generator, (batch_size, num_drafts + 1), device)
@@ -181,7 +200,7 @@ class ChainWalkVerifier(Verifier):
             alive = alive & ~stop
             survivors = torch.where(alive.unsqueeze(1), matching, survivors)
         canon = _first_true(survivors)
-        bonus_dist = target_probs[:, 0, draft_len] if num_drafts == 1 else target_probs[rows, canon, draft_len]
+        bonus_dist = target_probs[:, 0, draft_len] if num_drafts == 1 else _rows_of(target_probs[:, :, draft_len], canon)
         bonus = sample_categorical(_sampler_dtype(bonus_dist), uniform(generator, (batch_size,), device))
         next_token = torch.where(alive, bonus, next_token)
         num_accepted = torch.where(alive, draft_len, num_accepted)

@@ -21,8 +21,9 @@ def _rho_per_distinct_k(solver, draft_dist: torch.Tensor, target_dist: torch.Ten
     """
     n = draft_dist.shape[0]
     # rows of a real batch differ: the last row rejects the full comparison at once
-    if n > 1 and bool((draft_dist[-1] == draft_dist[0]).all() and (target_dist[-1] == target_dist[0]).all()) and bool(
-        (draft_dist == draft_dist[:1]).all() and (target_dist == target_dist[:1]).all()
+    if n > 1 and torch.equal(draft_dist[-1], draft_dist[0]) and torch.equal(target_dist[-1], target_dist[0]) and (
+        torch.equal(draft_dist, draft_dist[:1].expand_as(draft_dist))
+        and torch.equal(target_dist, target_dist[:1].expand_as(target_dist))
     ):
         # K is a whole number of surviving drafts: solve for k = 1 .. max K and look each row's up
         largest = int(num_drafts.max())
