@@ -411,12 +411,20 @@ def _sampler_check(verifier, case, options, checks, metrics, details) -> None:
     metrics.update(sampler_pvalue=result.pvalue, sampler_samples=result.num_samples,
                    sampler_min_detectable_tv=result.min_detectable_tv)
     follows = result.pvalue > result.alpha
-    measured = f"{result.num_samples} samples, minimum detectable TV {result.min_detectable_tv:.3g}"
-    checks.append(Check("sampler-law", follows, result.pvalue, result.alpha, _said(
-        follows, f"{result.test}: not rejected that the sampler follows the verifier's own output_probs "
-        f"(p = {result.pvalue:.3g} > alpha = {result.alpha:g}; {measured})",
-        f"{result.test}: REJECTED: the sampler does not follow the verifier's own output_probs "
-        f"(p = {result.pvalue:.3g} <= alpha = {result.alpha:g}; {measured})")))
+    # not rejected with less power than planned (the sample budget ran out first): inconclusive, not a pass
+    underpowered = follows and not result.min_detectable_tv <= options.min_detectable_tv * (1 + 1e-9)
+    measured = (f"{result.num_samples} samples, minimum detectable TV {result.min_detectable_tv:.3g}"
+                f"{' above the planned ' + format(options.min_detectable_tv, 'g') if underpowered else ''}")
+    if underpowered:
+        detail = (f"{result.test}: INCONCLUSIVE: not rejected that the sampler follows the verifier's own output_probs, "
+                  f"at less power than planned (p = {result.pvalue:.3g} > alpha = {result.alpha:g}; {measured})")
+    else:
+        detail = _said(
+            follows, f"{result.test}: not rejected that the sampler follows the verifier's own output_probs "
+            f"(p = {result.pvalue:.3g} > alpha = {result.alpha:g}; {measured})",
+            f"{result.test}: REJECTED: the sampler does not follow the verifier's own output_probs "
+            f"(p = {result.pvalue:.3g} <= alpha = {result.alpha:g}; {measured})")
+    checks.append(Check("sampler-law", follows, result.pvalue, result.alpha, detail, inconclusive=underpowered))
 
 
 def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOptions()) -> AuditResult:

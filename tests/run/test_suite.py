@@ -76,3 +76,23 @@ def test_bad_toml_and_missing_files(tmp_path):
         load_suite(str(bad))
     with pytest.raises(InvalidArgument, match="does not exist"):
         load_suite(str(tmp_path / "missing.toml"))
+
+
+def test_the_sampler_check_says_when_its_budget_left_it_underpowered():
+    """The sampler-vs-law check on K-SEQ (whose sampler follows its law): with a 2,000-sample budget the
+    planned minimum detectable TV (0.02) is out of reach, so the check is inconclusive (not a pass); with the
+    default budget it passes with the planned power."""
+    from spectr_audit.registry import load_verifier
+    from spectr_audit.run.runner import AuditOptions, audit_case
+
+    suite = parse_suite({"case": [{"name": "s", "draft": [0.5, 0.3, 0.2], "target": [0.2, 0.3, 0.5],
+                                   "num_drafts": 2, "checks": ["sampler"]}]})
+    small = audit_case(load_verifier("kseq"), suite.cases[0],
+                       AuditOptions(min_detectable_tv=0.02, sampler_max_samples=2000))
+    check = next(c for c in small.checks if c.name == "sampler-law")
+    assert check.inconclusive and check.passed and "INCONCLUSIVE" in check.detail and small.inconclusive
+    assert small.metrics["sampler_min_detectable_tv"] > 0.02
+    full = audit_case(load_verifier("kseq"), suite.cases[0], AuditOptions(min_detectable_tv=0.02))
+    check = next(c for c in full.checks if c.name == "sampler-law")
+    assert check.passed and not check.inconclusive and "INCONCLUSIVE" not in check.detail and not full.inconclusive
+    assert full.metrics["sampler_min_detectable_tv"] <= 0.02 * (1 + 1e-9)
