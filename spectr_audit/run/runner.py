@@ -529,36 +529,32 @@ def _tree_bound_checks(tree_verifier, bound, checks: list, metrics: dict) -> Non
     alpha_star = bound.acceptance
     metrics["acceptance_ratio"] = acceptance / alpha_star if alpha_star > 0 else None
     what = "P(first emitted token among the root's children's tokens)"
-    if "acceptance_samples" in metrics:
+    sampled = "acceptance_samples" in metrics
+    if sampled:
         # A sampled acceptance is judged by a one-sided exact binomial test at the audit's alpha: a verifier
         # that reaches alpha* exactly lands above it in half the samples' runs.
         from spectr_audit.statistical.gof import binomial_above, binomial_below
 
         num, alpha = metrics["acceptance_samples"], metrics["alpha"]
         hits = round(acceptance * num)
-        pvalue = binomial_above(hits, num, alpha_star, "acceptance<=optimal").pvalue
-        below = pvalue > alpha
-        on = f"{hits} of {num} samples, one-sided binomial p = {pvalue:.3g} at alpha = {alpha:g}"
-        checks.append(Check("acceptance<=optimal", below, acceptance, alpha_star, _said(
-            below, f"{what} not shown above alpha* of the tree's draft scheme ({on})",
-            f"{what} shown above alpha* of the tree's draft scheme ({on}), which no exact verifier reaches")))
-        if "optimal" in tree_verifier.guarantees:
-            pvalue = binomial_below(hits, num, alpha_star, "acceptance>=optimal").pvalue
-            reached = pvalue > alpha
-            on = f"{hits} of {num} samples, one-sided binomial p = {pvalue:.3g} at alpha = {alpha:g}"
-            checks.append(Check("acceptance>=optimal", reached, acceptance, alpha_star, _said(
-                reached, f"not shown below the optimal acceptance alpha* it claims ({on})",
-                f"shown below the optimal acceptance alpha* it claims ({on})")))
-    else:
-        below = acceptance <= alpha_star + BOUND_TOL
-        checks.append(Check("acceptance<=optimal", below, acceptance, alpha_star, _said(
-            below, f"{what} <= alpha* of the tree's draft scheme",
-            f"{what} above alpha* of the tree's draft scheme, which no exact verifier reaches")))
-        if "optimal" in tree_verifier.guarantees:
-            reached = acceptance >= alpha_star - BOUND_TOL
-            checks.append(Check("acceptance>=optimal", reached, acceptance, alpha_star, _said(
-                reached, "reaches the optimal acceptance alpha* it claims",
-                "below the optimal acceptance alpha* it claims")))
+
+    def judged(test, exact_holds):
+        """Whether the bound holds, and the words for it (the test's counts and p-value when sampled)."""
+        if not sampled:
+            return exact_holds, ""
+        pvalue = test(hits, num, alpha_star, "acceptance-bound").pvalue
+        return pvalue > alpha, f" ({hits} of {num} samples, one-sided binomial p = {pvalue:.3g} at alpha = {alpha:g})"
+
+    shown = "shown " if sampled else ""
+    below, on = judged(binomial_above if sampled else None, acceptance <= alpha_star + BOUND_TOL)
+    checks.append(Check("acceptance<=optimal", below, acceptance, alpha_star, _said(
+        below, f"{what} {'not shown above' if sampled else '<='} alpha* of the tree's draft scheme{on}",
+        f"{what} {shown}above alpha* of the tree's draft scheme{on}, which no exact verifier reaches")))
+    if "optimal" in tree_verifier.guarantees:
+        reached, on = judged(binomial_below if sampled else None, acceptance >= alpha_star - BOUND_TOL)
+        checks.append(Check("acceptance>=optimal", reached, acceptance, alpha_star, _said(
+            reached, f"{'not shown below' if sampled else 'reaches'} the optimal acceptance alpha* it claims{on}",
+            f"{shown}below the optimal acceptance alpha* it claims{on}")))
     best = bound.accepted_length
     length = metrics.get("accepted_length")
     if best is None or length is None:

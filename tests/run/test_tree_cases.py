@@ -184,17 +184,20 @@ def test_a_sampled_acceptance_at_the_bound_is_not_a_finding():
                                    "target": {"markov": {"vocab_size": 4, "seed": 2}}, "tree": MC_SIM_8,
                                    "draft_scheme": "topk", "checks": ["statistical", "optimality"]}]})
     exact = load_tree_verifier("tree-target-only")
-    black_box = FunctionTreeVerifier(exact.verify_tree, draft_schemes=("topk",), name="target-only-box")
-    false_alarms, above = 0, 0
+    # declared optimal, as it is here: acceptance>=optimal is judged from the same samples, the other side
+    black_box = FunctionTreeVerifier(exact.verify_tree, draft_schemes=("topk",), name="target-only-box",
+                                     guarantees=frozenset({"optimal"}))
+    false_alarms, above = {"acceptance<=optimal": 0, "acceptance>=optimal": 0}, 0
     for seed in range(12):
         result = audit_case(black_box, suite.cases[0], AuditOptions(max_samples=3000, seed=seed))
-        check = next(c for c in result.checks if c.name == "acceptance<=optimal")
         above += result.metrics["acceptance"] > result.metrics["optimal_acceptance"]
-        false_alarms += not check.passed
-        assert "binomial" in check.detail and ("not shown above" in check.detail) == check.passed
+        for name, words in (("acceptance<=optimal", "not shown above"), ("acceptance>=optimal", "not shown below")):
+            check = next(c for c in result.checks if c.name == name)
+            false_alarms[name] += not check.passed
+            assert "binomial" in check.detail and (words in check.detail) == check.passed
     assert result.metrics["optimal_acceptance"] < 1
-    assert above >= 2  # the case does put the sampled acceptance above alpha*
-    assert false_alarms <= 1
+    assert 2 <= above <= 10  # the case puts the sampled acceptance on both sides of alpha*
+    assert max(false_alarms.values()) <= 1, false_alarms
 
 
 def test_an_exact_audit_out_of_reach_falls_back_to_samples():
