@@ -452,12 +452,16 @@ def _run_real_lm(args, out: Path):
     options = RealLMOptions.quick(seed=args.seed) if args.quick else RealLMOptions(seed=args.seed)
     from spectr_audit.reports.markdown import render_real_lm_markdown
 
+    from spectr_audit._files import write_text_atomic
+    from spectr_audit.run.incomplete import RunInterrupted
+
     try:
         report = run_real_lm_suite(options, progress=lambda line: print(f"  {line}", file=sys.stderr))
     except LMUnavailable as exc:
         raise _UsageError(str(exc)) from None
-    from spectr_audit._files import write_text_atomic
-
+    except RunInterrupted as exc:  # the tables of what finished, then the caller writes the reports
+        write_text_atomic(out / "real-lm-tables.md", render_real_lm_markdown(exc.report.meta["real_lm"]))
+        raise
     write_text_atomic(out / "real-lm-tables.md", render_real_lm_markdown(report.meta["real_lm"]))
     return report
 
@@ -495,7 +499,10 @@ def _cmd_run(args) -> int:
                           "sampling grid; drop them")
     if args.suite == REAL_LM_SUITE:
         _clear(out, clear_earlier_run)
-        report = _run_real_lm(args, out)
+        try:
+            report = _run_real_lm(args, out)
+        except RunInterrupted as exc:
+            report, stopped = exc.report, (130, "interrupted (Ctrl-C)")
     else:
         _check_suite_name(args.suite)
         suite = load_suite(args.suite, max_memory=args.max_memory, sampling=sampling or None)

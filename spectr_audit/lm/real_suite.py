@@ -69,6 +69,7 @@ from spectr_audit.lm.smollm import DEFAULT_SKIP_LAYERS, SmolLM, TreeSession, loa
 from spectr_audit.lm.tables import AcceptanceRow, BlockEfficiencyRow, FidelityRow, RealLMTables
 from spectr_audit.registry import load_verifier
 from spectr_audit.results import AuditReport, AuditResult, Check
+from spectr_audit.run.incomplete import RunInterrupted, incomplete_report
 from spectr_audit.run.runner import declared_verdict, error_result
 from spectr_audit.statistical.gof import TestResult, holm, mean_above, mean_below
 from spectr_audit.statistical.sampling import verify_batch
@@ -690,56 +691,87 @@ def run_real_lm_suite(
     previous_threads = torch.get_num_threads()
     if options.num_threads is not None:
         torch.set_num_threads(int(options.num_threads))
+    collect = _Collect(say)
+    state: dict = {"prompt_ids": [], "num_contexts": 0, "acceptance_rows": []}
     try:
         t0 = time.perf_counter()
         if lm is None:
             lm = load_smollm(dtype=options.dtype)
         timings["load"] = time.perf_counter() - t0
         say(f"real-lm: model loaded in {timings['load']:.1f}s ({'cache' if lm.from_cache else 'GGUF'}, {lm.dtype})")
-        prompts, template = load_prompts()
-        if options.num_prompts is not None:
-            prompts = prompts[: options.num_prompts]
-        prompt_ids = [lm.encode(template.format(text=p.text)) for p in prompts]
-        generator = torch.Generator().manual_seed(options.seed)
-
-        t0 = time.perf_counter()
-        token_rows = sample_token_rows(lm, prompt_ids, options.positions_per_prompt, temperature=options.temperature,
-                                       skip_layers=options.skip_layers, generator=generator)
-        num_contexts = token_rows.draft_probs.shape[0]
-        single = torch.minimum(token_rows.draft_probs, token_rows.target_probs).sum(-1)
-        alpha_star = {K: optimal_acceptance(token_rows.draft_probs, token_rows.target_probs, K).value
-                      for K in options.token_num_drafts}
-        kseq_pa = {K: kseq_acceptance(token_rows.draft_probs, token_rows.target_probs, K).value
-                   for K in options.token_num_drafts}
-        timings["token_bounds"] = time.perf_counter() - t0
-        say(f"real-lm: {num_contexts} contexts, alpha* and K-SEQ P_A for K in {list(options.token_num_drafts)} "
-            f"in {timings['token_bounds']:.1f}s")
-
-        collect = _Collect(say)
-        t0 = time.perf_counter()
-        _token_level(collect, token_rows, alpha_star, options, generator)
-        timings["token_level"] = time.perf_counter() - t0
-        acceptance_rows = _acceptance_rows(options, alpha_star, kseq_pa, single, collect.measured, num_contexts)
-        collect.results.append(_bounds_result(acceptance_rows, alpha_star, kseq_pa, single))
-
-        t0 = time.perf_counter()
-        for verifier, K, L in _seq_grid(options):
-            say(f"  sequence level: {verifier.name} K={K} L={L}")
-            seed = options.seed * 1000 + 17 * K + L
-            done = collect.run(verifier, f"real-lm/seq/K={K}/L={L}", audit=lambda: _decode_audit(
-                lm, prompt_ids, verifier, K, L, options, torch.Generator().manual_seed(seed)))
-            if done is not None:
-                b = done.block
-                say(f"    block efficiency {b.block_efficiency:.3f} [{b.ci_low:.3f}, {b.ci_high:.3f}] in {b.seconds:.1f}s")
-        timings["sequence_level"] = time.perf_counter() - t0
+        _run_grid(lm, options, collect, state, timings, say)
+    except KeyboardInterrupt:
+        if lm is None:
+            raise
+        # Ctrl-C: what finished is kept, in a report marked incomplete (the CLI writes it)
+        report = _assemble(lm, options, collect, state, timings)
+        raise RunInterrupted(incomplete_report(report.results, "real-lm", report.meta, _planned_audits(options),
+                                               "interrupted (SIGINT)")) from None
     finally:
         if options.num_threads is not None:
             torch.set_num_threads(previous_threads)
+    return _assemble(lm, options, collect, state, timings)
 
+
+def _planned_audits(options: RealLMOptions) -> int:
+    """The judged results a complete run holds: the token-level audits, the bounds, the sequence-level grid
+    (verifiers declared inexact are measured, not judged)."""
+    judged = 1
+    for name in options.token_verifiers:
+        verifier = load_verifier(name)
+        if declared_verdict(verifier) is False:
+            continue
+        ks = [K for K in options.token_num_drafts if verifier.supports(K, 1)]
+        judged += len([K for K in ks if K in options.kseq_rb_num_drafts] if name == "kseq" else ks)
+    return judged + sum(declared_verdict(verifier) is not False for verifier, _, _ in _seq_grid(options))
+
+
+def _run_grid(lm, options: RealLMOptions, collect: "_Collect", state: dict, timings: dict, say) -> None:
+    """The token-level audits, the bounds and the sequence-level grid, into ``collect`` and ``state``."""
+    prompts, template = load_prompts()
+    if options.num_prompts is not None:
+        prompts = prompts[: options.num_prompts]
+    prompt_ids = state["prompt_ids"] = [lm.encode(template.format(text=p.text)) for p in prompts]
+    generator = torch.Generator().manual_seed(options.seed)
+
+    t0 = time.perf_counter()
+    token_rows = sample_token_rows(lm, prompt_ids, options.positions_per_prompt, temperature=options.temperature,
+                                   skip_layers=options.skip_layers, generator=generator)
+    num_contexts = state["num_contexts"] = token_rows.draft_probs.shape[0]
+    single = torch.minimum(token_rows.draft_probs, token_rows.target_probs).sum(-1)
+    alpha_star = {K: optimal_acceptance(token_rows.draft_probs, token_rows.target_probs, K).value
+                  for K in options.token_num_drafts}
+    kseq_pa = {K: kseq_acceptance(token_rows.draft_probs, token_rows.target_probs, K).value
+               for K in options.token_num_drafts}
+    timings["token_bounds"] = time.perf_counter() - t0
+    say(f"real-lm: {num_contexts} contexts, alpha* and K-SEQ P_A for K in {list(options.token_num_drafts)} "
+        f"in {timings['token_bounds']:.1f}s")
+
+    t0 = time.perf_counter()
+    _token_level(collect, token_rows, alpha_star, options, generator)
+    timings["token_level"] = time.perf_counter() - t0
+    acceptance_rows = state["acceptance_rows"] = _acceptance_rows(options, alpha_star, kseq_pa, single,
+                                                                  collect.measured, num_contexts)
+    collect.results.append(_bounds_result(acceptance_rows, alpha_star, kseq_pa, single))
+
+    t0 = time.perf_counter()
+    for verifier, K, L in _seq_grid(options):
+        say(f"  sequence level: {verifier.name} K={K} L={L}")
+        seed = options.seed * 1000 + 17 * K + L
+        done = collect.run(verifier, f"real-lm/seq/K={K}/L={L}", audit=lambda: _decode_audit(
+            lm, prompt_ids, verifier, K, L, options, torch.Generator().manual_seed(seed)))
+        if done is not None:
+            b = done.block
+            say(f"    block efficiency {b.block_efficiency:.3f} [{b.ci_low:.3f}, {b.ci_high:.3f}] in {b.seconds:.1f}s")
+    timings["sequence_level"] = time.perf_counter() - t0
+
+
+def _assemble(lm, options: RealLMOptions, collect: "_Collect", state: dict, timings: dict) -> AuditReport:
+    """The report of what ran: the judged results, and the tables in ``meta["real_lm"]``."""
     setup = (f"SmolLM2-135M-Instruct Q4_1 ({lm.dtype}), target = all 30 layers, draft = layers "
              f"{list(options.skip_layers)} skipped, T = {options.temperature:g}, V = {lm.vocab_size}, "
-             f"{len(prompt_ids)} prompts, {num_contexts} token-level contexts")
-    tables = RealLMTables(block_efficiency=tuple(collect.blocks), acceptance=tuple(acceptance_rows),
+             f"{len(state['prompt_ids'])} prompts, {state['num_contexts']} token-level contexts")
+    tables = RealLMTables(block_efficiency=tuple(collect.blocks), acceptance=tuple(state["acceptance_rows"]),
                           fidelity=tuple(collect.fidelity), setup=setup, alpha=options.alpha, power=options.power,
                           partition=describe_ratio_cells(options.num_cells)
                           + " (fewer where a test has too few draws for them)")

@@ -350,6 +350,60 @@ def test_small_real_lm_run(lm):
     assert data["meta"]["num_audits"] == len(report.results)
 
 
+SMALL_RUN = dict(num_prompts=2, positions_per_prompt=2, token_num_drafts=(1, 2), kseq_rb_contexts=2,
+                 kseq_rb_num_drafts=(2,), seq_methods=("speculative", "spectr-tree"), seq_num_drafts=(1, 2),
+                 iterations=2)
+
+
+def _interrupt_at_the_sequence_level(monkeypatch):
+    from spectr_audit.lm import real_suite
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(real_suite, "_decode_audit", interrupted)
+
+
+@needs_model
+def test_ctrl_c_keeps_what_finished(lm, monkeypatch):
+    """Ctrl-C at the first sequence-level audit: the token-level results and the bounds are kept, in a report
+    marked incomplete whose tables render."""
+    from spectr_audit.run.incomplete import RunInterrupted, is_incomplete
+
+    _interrupt_at_the_sequence_level(monkeypatch)
+    with pytest.raises(RunInterrupted) as caught:
+        run_real_lm_suite(RealLMOptions.quick(**SMALL_RUN), lm=lm)
+    report = caught.value.report
+    assert is_incomplete(report)
+    info = report.meta["incomplete"]
+    cases = {r.case for r in report.results}
+    assert "real-lm/bounds" in cases and any(c.startswith("real-lm/token/") for c in cases)
+    assert not any(c.startswith("real-lm/seq/") for c in cases)
+    assert info["completed"] == len(report.results) < info["planned"]
+    tables = report.meta["real_lm"]
+    assert tables["acceptance"] and not tables["block_efficiency"]
+    assert "| token-by-token |" not in render_real_lm_markdown(tables)  # no sequence-level row was measured
+
+
+@needs_model
+def test_ctrl_c_in_the_cli_writes_the_finished_results(lm, monkeypatch, tmp_path, capsys):
+    import json
+
+    from spectr_audit.cli import main
+    from spectr_audit.lm import real_suite
+
+    _interrupt_at_the_sequence_level(monkeypatch)
+    monkeypatch.setattr(real_suite, "load_smollm", lambda dtype=None: lm)
+    quick = RealLMOptions.quick  # the preset, made smaller for the CLI's --quick
+    monkeypatch.setattr(real_suite.RealLMOptions, "quick", staticmethod(lambda seed=0: quick(seed=seed, **SMALL_RUN)))
+    code = main(["run", "--suite", "real-lm", "--quick", "--out", str(tmp_path / "out")])
+    assert code == 130
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["meta"]["incomplete"]["reason"] == "interrupted (SIGINT)" and data["results"]
+    assert (tmp_path / "out" / "real-lm-tables.md").read_text().strip()
+    assert "INCOMPLETE" in capsys.readouterr().err
+
+
 @needs_model
 @pytest.mark.slow
 def test_forward_matches_transformers(lm32):
