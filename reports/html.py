@@ -18,7 +18,7 @@ import base64
 import html
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from spectr_audit._files import write_text_atomic
 from spectr_audit.results import AuditReport, AuditResult
@@ -74,6 +74,11 @@ def _fmt(value: Any, digits: int = 4) -> str:
             return f"{value:.2e}"
         return f"{value:.{digits}f}"
     return html.escape(str(value))
+
+
+def _text_cells(*values: Any) -> str:
+    """Left-aligned text cells, one per value, escaped."""
+    return "".join(f'<td class="text">{html.escape(str(value))}</td>' for value in values)
 
 
 def _verdict(result: AuditResult) -> tuple[str, str]:
@@ -142,8 +147,8 @@ def _inconclusive(report: AuditReport) -> list[str]:
     for r in results:
         m = r.metrics
         why = "; ".join(c.detail for c in r.checks if c.inconclusive)
-        out.append(f'<tr class="inconclusive"><td class="text">{html.escape(r.verifier)}</td>'
-                   f'<td class="text">{html.escape(r.case)}</td><td>{_metric_cell(m, "tv_estimate")}</td>'
+        out.append(f'<tr class="inconclusive">{_text_cells(r.verifier, r.case)}'
+                   f'<td>{_metric_cell(m, "tv_estimate")}</td>'
                    f'<td>{_fmt(m.get("min_detectable_tv"))}</td><td>{_fmt(m.get("requested_tv"))}</td>'
                    f'<td>{_fmt(m.get("power_at_requested_tv"))}</td><td class="text wrap">{html.escape(why)}</td></tr>')
     out.append("</tbody></table>")
@@ -224,11 +229,9 @@ def _sampling_section(report: AuditReport) -> list[str]:
            '<table><thead><tr><th class="text">case</th><th class="text">parameters</th><th class="text">order</th>'
            '<th class="text">inputs</th><th class="text">handed logits</th></tr></thead><tbody>']
     for case, setting, names in cases:
-        out.append(f'<tr><td class="text">{html.escape(case)}</td>'
-                   f'<td class="text">{html.escape(_sampling_text(setting.get("params") or {}))}</td>'
-                   f'<td class="text">{html.escape(str(setting.get("order", "")))}</td>'
-                   f'<td class="text">{html.escape(str(setting.get("inputs", "")))}</td>'
-                   f'<td class="text">{html.escape(", ".join(names) or "-")}</td></tr>')
+        cells = _text_cells(case, _sampling_text(setting.get("params") or {}), setting.get("order", ""),
+                            setting.get("inputs", ""), ", ".join(names) or "-")
+        out.append(f"<tr>{cells}</tr>")
     out.append("</tbody></table>")
     return out
 
@@ -299,6 +302,13 @@ def _findings(report: AuditReport, gate: Any) -> list[str]:
     return out
 
 
+def _figure_html(png: bytes, css: str, alt: str, title: str, caption: str) -> str:
+    """A figure embedded as a base64 PNG, with its title and caption (every text escaped)."""
+    data = base64.b64encode(png).decode("ascii")
+    return (f'<figure class="{css}"><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+            f"<figcaption><b>{html.escape(title)}</b>: {html.escape(caption)}</figcaption></figure>")
+
+
 def _tree_section(report: AuditReport, figures: bool) -> list[str]:
     """Each draft-tree case: its tree (drawn, and as indented text) beside its results against the tree's bound."""
     from spectr_audit.reports.figures import tree_cases, tree_figure, tree_text
@@ -318,10 +328,8 @@ def _tree_section(report: AuditReport, figures: bool) -> list[str]:
         if figures:
             png = tree_figure(tree, results, case)
             if png is not None:
-                data = base64.b64encode(png).decode("ascii")
-                out.append(f'<figure class="wide"><img alt="tree: {html.escape(case)}" src="data:image/png;base64,{data}">'
-                           f"<figcaption><b>{html.escape(case)}</b>: the tree, and each verifier against the best "
-                           f"achievable</figcaption></figure>")
+                out.append(_figure_html(png, "wide", f"tree: {case}", case,
+                                        "the tree, and each verifier against the best achievable"))
         out.append(f"<pre>{html.escape(tree_text(tree))}</pre>")
         out.append('<table><thead><tr><th class="text">verifier</th><th class="text">draft scheme</th>'
                    '<th class="text">verdict</th><th>TV</th><th>p-value</th><th>acceptance</th><th>alpha*</th>'
@@ -369,11 +377,7 @@ def _figure_sections(report: AuditReport, max_law_figures: int) -> list[str]:
             continue
         out.append(f'<h3 id="{kind}">{heading}</h3><p class="note">{html.escape(note)}</p>')
         for f in chosen:
-            data = base64.b64encode(f.png).decode("ascii")
-            out.append(
-                f'<figure class="{"wide" if kind == "law" else ""}"><img alt="{html.escape(kind)}: {html.escape(f.title)}" src="data:image/png;base64,{data}">'
-                f"<figcaption><b>{html.escape(f.title)}</b>: {html.escape(f.caption)}</figcaption></figure>"
-            )
+            out.append(_figure_html(f.png, "wide" if kind == "law" else "", f"{kind}: {f.title}", f.title, f.caption))
     return out
 
 
@@ -450,20 +454,20 @@ def _real_lm_block_table(rows: Any) -> list[str]:
     return out
 
 
-def _real_lm_acceptance_table(rows: Any) -> list[str]:
+def _real_lm_rows_table(rows: Any, what: str, head: str, row_html: Callable[[dict], str]) -> list[str]:
+    """A real-LM table of one HTML row per table row: ``head`` (up to ``<tbody>``), then ``row_html`` of each."""
     from spectr_audit.reports.figures import _row
 
     rows = [_row(r) for r in rows or ()]
     if not rows:
-        return ["<p>No acceptance rows.</p>"]
-    out = ['<table class="real-lm" id="real-lm-acceptance-table"><thead><tr><th>K</th><th>alpha*</th>'
-           "<th>SpecTr bound<br>(1-(1-1/K)<sup>K</sup>) alpha*</th><th>(1-1/e) alpha*</th><th>single draft</th>"
-           "<th>K-SEQ P<sub>A</sub><br>(closed form)</th><th>K-SEQ measured<br>&plusmn; 95% half-width</th>"
-           "<th>alpha* on K-SEQ's<br>contexts</th><th>RRS measured<br>&plusmn; 95% half-width</th>"
-           "<th>contexts</th></tr></thead><tbody>"]
-    for r in rows:
+        return [f"<p>No {what} rows.</p>"]
+    return [head, *map(row_html, rows), "</tbody></table>"]
+
+
+def _real_lm_acceptance_table(rows: Any) -> list[str]:
+    def row_html(r: dict) -> str:
         kseq_measured = _num(r.get("kseq_measured")) is not None
-        out.append(
+        return (
             f"<tr><td>{_fmt(r.get('num_drafts'))}</td><td>{_fixed(r.get('optimal'))}</td>"
             f"<td>{_fixed(r.get('spectr_bound'))}</td><td>{_fixed(r.get('e_bound'))}</td>"
             f"<td>{_fixed(r.get('single_draft'))}</td><td>{_fixed(r.get('kseq_closed_form'))}</td>"
@@ -472,21 +476,18 @@ def _real_lm_acceptance_table(rows: Any) -> list[str]:
             f"<td>{_with_half_width(r.get('rrs_measured'), r.get('rrs_measured_half_width'))}</td>"
             f"<td>{_fmt(r.get('num_contexts'))}</td></tr>"
         )
-    out.append("</tbody></table>")
-    return out
+
+    return _real_lm_rows_table(
+        rows, "acceptance",
+        '<table class="real-lm" id="real-lm-acceptance-table"><thead><tr><th>K</th><th>alpha*</th>'
+        "<th>SpecTr bound<br>(1-(1-1/K)<sup>K</sup>) alpha*</th><th>(1-1/e) alpha*</th><th>single draft</th>"
+        "<th>K-SEQ P<sub>A</sub><br>(closed form)</th><th>K-SEQ measured<br>&plusmn; 95% half-width</th>"
+        "<th>alpha* on K-SEQ's<br>contexts</th><th>RRS measured<br>&plusmn; 95% half-width</th>"
+        "<th>contexts</th></tr></thead><tbody>", row_html)
 
 
 def _real_lm_fidelity_table(rows: Any, partition: str) -> list[str]:
-    from spectr_audit.reports.figures import _row
-
-    rows = [_row(r) for r in rows or ()]
-    if not rows:
-        return ["<p>No fidelity rows.</p>"]
-    out = ['<table class="real-lm" id="real-lm-fidelity-table"><thead><tr><th class="text">verifier</th>'
-           '<th class="text">level</th><th>K</th><th>L</th><th>samples</th><th>cells</th><th>sampled p</th>'
-           "<th>min detectable TV</th><th>RB p</th><th>RB TV on cells<br>(incl. noise)</th>"
-           "<th>RB mean &#8214;bias&#8214;<sup>2</sup> &plusmn; se</th></tr></thead><tbody>"]
-    for r in rows:
+    def row_html(r: dict) -> str:
         l2, l2_se = _num(r.get("rb_l2sq")), _num(r.get("rb_l2sq_se"))
         l2_text = _MISSING if l2 is None else f"{l2:.2e}" + ("" if l2_se is None else f" &plusmn; {l2_se:.1e}")
         judged = r.get("judged", True) is not False
@@ -495,7 +496,7 @@ def _real_lm_fidelity_table(rows: Any, partition: str) -> list[str]:
         raw, detectable = r.get("sampled_min_detectable_tv"), _num(r.get("sampled_min_detectable_tv"))
         detectable_text = "none" if isinstance(raw, float) and math.isinf(raw) else _MISSING if detectable is None else (
             "&ge; 1 (none)" if detectable >= 1 else f"{detectable:.3f}")
-        out.append(
+        return (
             f'<tr{row_class}><td class="text">{name}</td>'
             f'<td class="text">{html.escape(str(r.get("level", "")))}</td><td>{_fmt(r.get("num_drafts"))}</td>'
             f'<td>{_fmt(r.get("draft_len"))}</td><td>{_fmt(r.get("num_samples"))}</td>'
@@ -504,8 +505,13 @@ def _real_lm_fidelity_table(rows: Any, partition: str) -> list[str]:
             f'<td>{_pvalue(r.get("rb_pvalue"))}</td><td>{_fixed(r.get("rb_tv_partition"), 4)}</td>'
             f"<td>{l2_text}</td></tr>"
         )
-    out.append("</tbody></table>")
-    return out
+
+    return _real_lm_rows_table(
+        rows, "fidelity",
+        '<table class="real-lm" id="real-lm-fidelity-table"><thead><tr><th class="text">verifier</th>'
+        '<th class="text">level</th><th>K</th><th>L</th><th>samples</th><th>cells</th><th>sampled p</th>'
+        "<th>min detectable TV</th><th>RB p</th><th>RB TV on cells<br>(incl. noise)</th>"
+        "<th>RB mean &#8214;bias&#8214;<sup>2</sup> &plusmn; se</th></tr></thead><tbody>", row_html)
 
 
 def _real_lm_section(tables: dict, figures: bool) -> list[str]:
@@ -542,13 +548,8 @@ def _real_lm_section(tables: dict, figures: bool) -> list[str]:
     if figures:
         from spectr_audit.reports.figures import real_lm_figures
 
-        for f in real_lm_figures(tables):
-            data = base64.b64encode(f.png).decode("ascii")
-            out.append(
-                f'<figure class="real-lm-figure"><img alt="{html.escape(f.kind)}: {html.escape(f.title)}" '
-                f'src="data:image/png;base64,{data}">'
-                f"<figcaption><b>{html.escape(f.title)}</b>: {html.escape(f.caption)}</figcaption></figure>"
-            )
+        out += [_figure_html(f.png, "real-lm-figure", f"{f.kind}: {f.title}", f.title, f.caption)
+                for f in real_lm_figures(tables)]
     return out
 
 

@@ -284,6 +284,14 @@ def _inconclusive_lines(report: AuditReport) -> list[str]:
     return lines
 
 
+def _worst_table(head: str, rows: list) -> list[str]:
+    """A finding's worst strings or cells: ``(name, value, reference)`` per row under ``head`` (nothing without rows)."""
+    if not rows:
+        return []
+    return ["", head, "|---|---|---|", *(f"| {name} | {_fmt(value, 6)} | {_fmt(reference, 6)} |"
+                                        for name, value, reference in rows)]
+
+
 def render_markdown(report: AuditReport) -> str:
     """Render the report as Markdown text."""
     overall = "FAIL" if not report.passed else ("INCONCLUSIVE" if report.inconclusive else "PASS")
@@ -326,20 +334,11 @@ def render_markdown(report: AuditReport) -> str:
             lines.append(f"Error: `{r.error}`")
         for c in r.failed_checks:
             lines.append(f"- check `{c.name}` failed: value {_fmt(c.value, 6)}, threshold {_fmt(c.threshold, 6)}. {c.detail}")
-        worst = r.details.get("worst_strings") or []
-        if worst:
-            lines.append("")
-            lines.append("| string | implied law | target law |")
-            lines.append("|---|---|---|")
-            for w in worst:
-                lines.append(f"| {w['string']} | {_fmt(w['implied'], 6)} | {_fmt(w['target'], 6)} |")
-        cells = r.details.get("worst_cells") or []
-        if cells:
-            lines.append("")
-            lines.append("| cell | observed | expected |")
-            lines.append("|---|---|---|")
-            for c in cells:
-                lines.append(f"| {c.get('cell')} | {_fmt(c.get('observed'), 6)} | {_fmt(c.get('expected'), 6)} |")
+        lines += _worst_table("| string | implied law | target law |",
+                              [(w["string"], w["implied"], w["target"]) for w in r.details.get("worst_strings") or []])
+        lines += _worst_table("| cell | observed | expected |",
+                              [(c.get("cell"), c.get("observed"), c.get("expected"))
+                               for c in r.details.get("worst_cells") or []])
         lines.append("")
     lines += _sampling_lines(report)
     lines += _tree_lines(report)
