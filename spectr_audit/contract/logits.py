@@ -35,10 +35,21 @@ True
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 
+from spectr_audit.contract._checks import (
+    call_third_party,
+    check_dims,
+    check_drafted,
+    check_same_device,
+    check_shape,
+    check_token_range,
+    check_token_tensor,
+    instantiate,
+    renamed,
+)
 from spectr_audit.contract.randomness import RandomSource
 from spectr_audit.contract.sampling import (
     ProcessingOrder,
@@ -49,16 +60,14 @@ from spectr_audit.contract.sampling import (
     processing_order,
 )
 from spectr_audit.contract.verifier import (
-    DRAFT_SCHEMES,
-    DraftScheme,
-    Expected,
     Verifier,
     VerifyOutput,
+    _FunctionAdapter,
     check_output_probs,
     check_verify_inputs,
     check_verify_output,
 )
-from spectr_audit.errors import InvalidArgument, VerifierError
+from spectr_audit.errors import InvalidArgument
 
 __all__ = [
     "FunctionLogitsVerifier",
@@ -94,64 +103,47 @@ def check_logits_inputs(
     InvalidArgument
         naming the argument and the problem.
     """
-    if not isinstance(draft_tokens, torch.Tensor):
-        raise InvalidArgument(f"draft_tokens: expected a torch.Tensor, got {type(draft_tokens).__name__}")
-    if draft_tokens.dtype != torch.int64:
-        raise InvalidArgument(f"draft_tokens: expected dtype torch.int64, got {draft_tokens.dtype}")
+    check_token_tensor("draft_tokens", draft_tokens)
     if draft_tokens.dim() != 3 or draft_tokens.shape[1] < 1 or draft_tokens.shape[2] < 1:
         raise InvalidArgument(
             f"draft_tokens: expected shape [batch_size, num_drafts >= 1, draft_len >= 1], got {tuple(draft_tokens.shape)}"
         )
     batch_size, num_drafts, draft_len = draft_tokens.shape
-    for name, logits, length in (("draft_logits", draft_logits, draft_len), ("target_logits", target_logits, draft_len + 1)):
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 4:
-            shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-            raise InvalidArgument(f"{name}: expected shape [batch_size, num_drafts, {'draft_len' if length == draft_len else 'draft_len + 1'}, vocab_size], got {shape}")
-        expected = (batch_size, num_drafts, length, logits.shape[-1])
-        if tuple(logits.shape) != expected:
-            raise InvalidArgument(f"{name}: expected shape {expected}, got {tuple(logits.shape)}")
+    for name, logits, length, length_name in (
+        ("draft_logits", draft_logits, draft_len, "draft_len"),
+        ("target_logits", target_logits, draft_len + 1, "draft_len + 1"),
+    ):
+        check_dims(name, logits, 4, f"batch_size, num_drafts, {length_name}, vocab_size")
+        check_shape(name, logits, (batch_size, num_drafts, length, logits.shape[-1]))
         _check_logits(logits, name)
     vocab_size = draft_logits.shape[-1]
     if target_logits.shape[-1] != vocab_size:
         raise InvalidArgument(
             f"target_logits: vocab_size {target_logits.shape[-1]} differs from draft_logits' {vocab_size}"
         )
-    if draft_logits.device != draft_tokens.device or target_logits.device != draft_tokens.device:
-        raise InvalidArgument(
-            f"draft_tokens, draft_logits, target_logits: must share one device, got "
-            f"{draft_tokens.device}, {draft_logits.device}, {target_logits.device}"
-        )
+    check_same_device(draft_tokens=draft_tokens, draft_logits=draft_logits, target_logits=target_logits)
     if params is not None:
         if not isinstance(params, SamplingParams):
             raise InvalidArgument(f"params: expected SamplingParams, got {type(params).__name__}")
         params.check_batch_size(batch_size)
     if draft_tokens.numel():
-        out_of_range = (draft_tokens < 0) | (draft_tokens >= vocab_size)
-        if bool(out_of_range.any()):
-            bad = tuple(out_of_range.nonzero()[0].tolist())
-            raise InvalidArgument(
-                f"draft_tokens: token ids must lie in [0, {vocab_size}); found {draft_tokens[bad].item()} at index {bad}"
-            )
-        drafted = draft_logits.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-        impossible = drafted == -math.inf
-        if bool(impossible.any()):
-            bad = tuple(impossible.nonzero()[0].tolist())
-            raise InvalidArgument(
-                f"draft_tokens: token {draft_tokens[bad].item()} at index {bad} has draft logit -inf, so it "
-                f"cannot have been drafted"
-            )
+        check_token_range(draft_tokens, vocab_size)
+        check_drafted(
+            draft_tokens,
+            draft_logits,
+            lambda drafted: drafted == -math.inf,
+            "has draft logit -inf, so it cannot have been drafted",
+        )
     return batch_size, num_drafts, draft_len, vocab_size
 
 
 def _check_drafted_support(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, order_name: str) -> None:
-    drafted = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-    zero = drafted <= 0
-    if bool(zero.any()):
-        bad = tuple(zero.nonzero()[0].tolist())
-        raise InvalidArgument(
-            f"draft_tokens: token {draft_tokens[bad].item()} at index {bad} has probability 0 under the processed "
-            f"draft law (order {order_name!r}), so it cannot have been drafted"
-        )
+    check_drafted(
+        draft_tokens,
+        draft_probs,
+        lambda drafted: drafted <= 0,
+        f"has probability 0 under the processed draft law (order {order_name!r}), so it cannot have been drafted",
+    )
 
 
 class LogitsVerifier(Verifier):
@@ -225,7 +217,7 @@ class LogitsVerifier(Verifier):
         raise NotImplementedError
 
 
-class FunctionLogitsVerifier(LogitsVerifier):
+class FunctionLogitsVerifier(_FunctionAdapter, LogitsVerifier):
     """Adapter: audit a plain function ``fn(draft_tokens, draft_logits, target_logits, params, generator)``.
 
     It returns :class:`~spectr_audit.contract.verifier.VerifyOutput` or
@@ -235,62 +227,16 @@ class FunctionLogitsVerifier(LogitsVerifier):
     :class:`VerifierError` naming the verifier.
     """
 
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        *,
-        name: Optional[str] = None,
-        output_probs: Optional[Callable[..., torch.Tensor]] = None,
-        draft_scheme: DraftScheme = "iid",
-        min_drafts: int = 1,
-        max_drafts: Optional[int] = None,
-        min_draft_len: int = 1,
-        max_draft_len: Optional[int] = None,
-        expected: Expected = None,
-        guarantees: frozenset = frozenset(),
-        description: str = "",
-    ):
-        if not callable(fn):
-            raise InvalidArgument(f"fn: expected a callable verify function, got {type(fn).__name__}")
-        if output_probs is not None and not callable(output_probs):
-            raise InvalidArgument(f"output_probs: expected a callable or None, got {type(output_probs).__name__}")
-        if draft_scheme not in DRAFT_SCHEMES:
-            raise InvalidArgument(f"draft_scheme: expected one of {DRAFT_SCHEMES}, got {draft_scheme!r}")
-        if expected not in (None, "exact", "inexact"):
-            raise InvalidArgument(f"expected: must be None, 'exact' or 'inexact', got {expected!r}")
-        self._fn = fn
-        self._law = output_probs
-        self.name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "verifier")
-        self.draft_scheme = draft_scheme
-        self.min_drafts, self.max_drafts = min_drafts, max_drafts
-        self.min_draft_len, self.max_draft_len = min_draft_len, max_draft_len
-        self.expected = expected
-        self.guarantees = frozenset(guarantees)
-        doc = (getattr(fn, "__doc__", None) or "").strip()
-        self.description = description or (doc.splitlines()[0] if doc else "")
-
-    @property
-    def has_exact_law(self) -> bool:
-        return self._law is not None
+    _checks_law_at_init = True
 
     def _verify_logits(self, draft_tokens, draft_logits, target_logits, params, generator) -> VerifyOutput:
         batch_size, num_drafts, draft_len = draft_tokens.shape
-        try:
-            raw = self._fn(draft_tokens, draft_logits, target_logits, params, generator)
-        except (VerifierError, InvalidArgument):
-            raise
-        except Exception as exc:  # a third party's bug: report it, do not crash the run
-            raise VerifierError(f"{self.name}: verify raised {type(exc).__name__}: {exc}") from exc
+        raw = call_third_party(self.name, "verify", self._fn, draft_tokens, draft_logits, target_logits, params, generator)
         return check_verify_output(raw, batch_size, num_drafts, draft_len, draft_logits.shape[-1], who=self.name)
 
     def _output_probs_logits(self, draft_tokens, draft_logits, target_logits, params) -> torch.Tensor:
         batch_size, num_drafts, draft_len = draft_tokens.shape
-        try:
-            law = self._law(draft_tokens, draft_logits, target_logits, params)
-        except (VerifierError, InvalidArgument):
-            raise
-        except Exception as exc:
-            raise VerifierError(f"{self.name}: output_probs raised {type(exc).__name__}: {exc}") from exc
+        law = call_third_party(self.name, "output_probs", self._law, draft_tokens, draft_logits, target_logits, params)
         return check_output_probs(law, batch_size, num_drafts, draft_len, draft_logits.shape[-1], who=self.name)
 
 
@@ -299,15 +245,9 @@ def as_logits_verifier(obj: Any, name: Optional[str] = None) -> LogitsVerifier:
 
     A plain function is taken to have the :class:`FunctionLogitsVerifier` signature.
     """
-    if isinstance(obj, type):
-        try:
-            obj = obj()
-        except Exception as exc:
-            raise InvalidArgument(f"verifier: could not instantiate class {obj.__name__} with no arguments: {exc}") from exc
+    obj = instantiate(obj)
     if isinstance(obj, LogitsVerifier):
-        if name:
-            obj.name = name
-        return obj
+        return renamed(obj, name)
     method = getattr(obj, "verify_logits", None)
     if callable(method):
         law = getattr(obj, "output_probs_logits", None)
@@ -343,19 +283,12 @@ def verify_with_params(
     probabilities :func:`process_logits` computes with ``order``.  With ``validate`` the drafted
     tokens must have positive probability under the processed draft law.
     """
-    params = SamplingParams() if params is None else params
-    if validate:
-        check_logits_inputs(draft_tokens, draft_logits, target_logits, params)
-    if takes_logits(verifier):
-        if validate:
-            _check_drafted_support(draft_tokens, process_logits(draft_logits, params, order), _order_name(order))
+    params, probs = _prepared_step(verifier, draft_tokens, draft_logits, target_logits, params, order, validate)
+    if probs is None:
         return verifier.verify_logits(draft_tokens, draft_logits, target_logits, params, generator, validate=validate)
-    draft_probs = process_logits(draft_logits, params, order)
-    target_probs = process_logits(target_logits, params, order)
     if validate:
-        _check_drafted_support(draft_tokens, draft_probs, _order_name(order))
-        check_verify_inputs(draft_tokens, draft_probs, target_probs)
-    return verifier.verify(draft_tokens, draft_probs, target_probs, generator, validate=False)
+        check_verify_inputs(draft_tokens, *probs)
+    return verifier.verify(draft_tokens, *probs, generator, validate=False)
 
 
 def output_probs_with_params(
@@ -369,18 +302,39 @@ def output_probs_with_params(
     validate: bool = True,
 ) -> torch.Tensor:  # [batch_size, num_drafts, draft_len + 1, vocab_size] float64
     """The exact law of ``verifier`` on one step given as logits and parameters (see :func:`verify_with_params`)."""
+    params, probs = _prepared_step(verifier, draft_tokens, draft_logits, target_logits, params, order, validate)
+    if probs is None:
+        return verifier.output_probs_logits(draft_tokens, draft_logits, target_logits, params, validate=validate)
+    return verifier.output_probs(draft_tokens, *probs, validate=validate)
+
+
+def _prepared_step(
+    verifier: Verifier,
+    draft_tokens: torch.Tensor,  # [batch_size, num_drafts, draft_len]
+    draft_logits: torch.Tensor,  # [batch_size, num_drafts, draft_len, vocab_size]
+    target_logits: torch.Tensor,  # [batch_size, num_drafts, draft_len + 1, vocab_size]
+    params: Optional[SamplingParams],
+    order: Order,
+    validate: bool,
+) -> tuple[SamplingParams, Optional[tuple[torch.Tensor, torch.Tensor]]]:
+    """Validate one step given as logits and put it in the form ``verifier`` takes.
+
+    Returns the parameters (neutral ones for ``None``) and, for a verifier that takes
+    probabilities, the ``(draft_probs, target_probs)`` :func:`process_logits` computes with
+    ``order``; ``None`` in their place for a logits verifier.  With ``validate`` the drafted tokens
+    must have positive probability under the processed draft law.
+    """
     params = SamplingParams() if params is None else params
     if validate:
         check_logits_inputs(draft_tokens, draft_logits, target_logits, params)
     if takes_logits(verifier):
         if validate:
             _check_drafted_support(draft_tokens, process_logits(draft_logits, params, order), _order_name(order))
-        return verifier.output_probs_logits(draft_tokens, draft_logits, target_logits, params, validate=validate)
-    draft_probs = process_logits(draft_logits, params, order)
-    target_probs = process_logits(target_logits, params, order)
+        return params, None
+    probs = (process_logits(draft_logits, params, order), process_logits(target_logits, params, order))
     if validate:
-        _check_drafted_support(draft_tokens, draft_probs, _order_name(order))
-    return verifier.output_probs(draft_tokens, draft_probs, target_probs, validate=validate)
+        _check_drafted_support(draft_tokens, probs[0], _order_name(order))
+    return params, probs
 
 
 def _order_name(order: Order) -> str:

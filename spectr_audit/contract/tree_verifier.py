@@ -34,10 +34,23 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from spectr_audit._validation import LAW_MASS_ATOL, LAW_NEGATIVE_ATOL
+from spectr_audit.contract._checks import (
+    adopt_function,
+    call_third_party,
+    check_dims,
+    check_law,
+    check_output_field,
+    check_probs,
+    check_same_device,
+    check_shape,
+    check_token_tensor,
+    check_verify_function,
+    instantiate,
+    renamed,
+)
 from spectr_audit.contract.randomness import RandomSource
 from spectr_audit.contract.tree import TREE_DRAFT_SCHEMES, DraftTree, draft_scheme_violation
-from spectr_audit.contract.verifier import Expected, _check_probs
+from spectr_audit.contract.verifier import Expected
 from spectr_audit.errors import InvalidArgument, VerifierError
 
 __all__ = [
@@ -110,27 +123,19 @@ def check_tree_inputs(
     if not isinstance(tree, DraftTree):
         raise InvalidArgument(f"tree: expected a DraftTree, got {type(tree).__name__}")
     num_nodes = tree.num_nodes
-    if not isinstance(node_tokens, torch.Tensor):
-        raise InvalidArgument(f"node_tokens: expected a torch.Tensor, got {type(node_tokens).__name__}")
-    if node_tokens.dtype != torch.int64:
-        raise InvalidArgument(f"node_tokens: expected dtype torch.int64, got {node_tokens.dtype}")
+    check_token_tensor("node_tokens", node_tokens)
     if node_tokens.dim() != 2 or node_tokens.shape[1] != num_nodes:
         raise InvalidArgument(
             f"node_tokens: expected shape [batch_size, {num_nodes}] (num_nodes = N + 1 of the tree), "
             f"got {tuple(node_tokens.shape)}"
         )
     batch_size = node_tokens.shape[0]
-    if not isinstance(target_probs, torch.Tensor) or target_probs.dim() != 3:
-        shape = tuple(target_probs.shape) if isinstance(target_probs, torch.Tensor) else type(target_probs).__name__
-        raise InvalidArgument(f"target_probs: expected shape [batch_size, {num_nodes}, vocab_size], got {shape}")
+    check_dims("target_probs", target_probs, 3, f"batch_size, {num_nodes}, vocab_size")
     vocab_size = target_probs.shape[-1]
     if vocab_size < 1:
         raise InvalidArgument("target_probs: vocab_size must be >= 1")
-    _check_probs("target_probs", target_probs, (batch_size, num_nodes, vocab_size))
-    if target_probs.device != node_tokens.device:
-        raise InvalidArgument(
-            f"node_tokens, target_probs: must share one device, got {node_tokens.device}, {target_probs.device}"
-        )
+    check_probs("target_probs", target_probs, (batch_size, num_nodes, vocab_size))
+    check_same_device(node_tokens=node_tokens, target_probs=target_probs)
     schemes = tuple(draft_schemes)
     if draft_probs is None:
         if "none" not in schemes:
@@ -140,19 +145,13 @@ def check_tree_inputs(
     else:
         if not isinstance(draft_probs, torch.Tensor):
             raise InvalidArgument(f"draft_probs: expected a torch.Tensor or None, got {type(draft_probs).__name__}")
-        if tuple(draft_probs.shape) != (batch_size, num_nodes, vocab_size):
-            raise InvalidArgument(
-                f"draft_probs: expected shape {(batch_size, num_nodes, vocab_size)}, got {tuple(draft_probs.shape)}"
-            )
-        if draft_probs.device != node_tokens.device:
-            raise InvalidArgument(
-                f"node_tokens, draft_probs: must share one device, got {node_tokens.device}, {draft_probs.device}"
-            )
+        check_shape("draft_probs", draft_probs, (batch_size, num_nodes, vocab_size))
+        check_same_device(node_tokens=node_tokens, draft_probs=draft_probs)
         internal = list(tree.internal_nodes)
         # only the rows children are drafted from must be distributions; leaf rows are never read
         rows = draft_probs if len(internal) == num_nodes else draft_probs[:, internal]
         try:
-            _check_probs("draft_probs", rows, (batch_size, len(internal), vocab_size))
+            check_probs("draft_probs", rows, (batch_size, len(internal), vocab_size))
         except InvalidArgument as exc:
             raise InvalidArgument(f"{exc} (index over the nodes with children {tuple(internal)})") from None
     if batch_size == 0:
@@ -192,19 +191,11 @@ def check_tree_output(
         raise VerifierError(
             f"{who}: verify_tree must return TreeVerifyOutput or (accepted_node, next_token); got {type(output).__name__}"
         )
-    checked = []
-    for name, value, hi in zip(("accepted_node", "next_token"), fields, (tree.num_nodes - 1, vocab_size - 1)):
-        if not isinstance(value, torch.Tensor):
-            raise VerifierError(f"{who}: {name} must be a torch.Tensor, got {type(value).__name__}")
-        if value.dtype != torch.int64:
-            raise VerifierError(f"{who}: {name} must have dtype torch.int64, got {value.dtype}")
-        if tuple(value.shape) != (batch_size,):
-            raise VerifierError(f"{who}: {name} must have shape [{batch_size}], got {tuple(value.shape)}")
-        bad = (value < 0) | (value > hi)
-        if value.numel() and bool(bad.any()):
-            i = int(bad.nonzero()[0])
-            raise VerifierError(f"{who}: {name}[{i}] = {int(value[i])} is outside [0, {hi}]")
-        checked.append(value)
+    names = ("accepted_node", "next_token")
+    checked = [
+        check_output_field(who, name, value, batch_size, 0, hi)
+        for name, value, hi in zip(names, fields, (tree.num_nodes - 1, vocab_size - 1))
+    ]
     return TreeVerifyOutput(*checked)
 
 
@@ -212,24 +203,7 @@ def check_tree_output_probs(
     law: Any, tree: DraftTree, batch_size: int, vocab_size: int, who: str = "verifier"
 ) -> torch.Tensor:
     """Validate an exact law returned by ``tree_output_probs``: shape, finiteness, sign, total mass 1."""
-    expected = (batch_size, tree.num_nodes, vocab_size)
-    if not isinstance(law, torch.Tensor) or not law.is_floating_point():
-        raise VerifierError(f"{who}: tree_output_probs must return a floating-point torch.Tensor")
-    if tuple(law.shape) != expected:
-        raise VerifierError(f"{who}: tree_output_probs must have shape {expected}, got {tuple(law.shape)}")
-    if law.numel() == 0:
-        return law
-    low, high = torch.aminmax(law)
-    if not bool(torch.isfinite(low) & torch.isfinite(high)):
-        raise VerifierError(f"{who}: tree_output_probs contains NaN or Inf")
-    if bool(low < -LAW_NEGATIVE_ATOL):
-        raise VerifierError(f"{who}: tree_output_probs contains negative probabilities (min {low.item():.3g})")
-    totals = law.double().sum((1, 2))
-    off = (totals - 1).abs() > LAW_MASS_ATOL
-    if bool(off.any()):
-        i = int(off.nonzero()[0])
-        raise VerifierError(f"{who}: tree_output_probs row {i} sums to {totals[i].item():.9g}, not 1")
-    return law
+    return check_law(who, "tree_output_probs", law, (batch_size, tree.num_nodes, vocab_size))
 
 
 class TreeVerifier:
@@ -364,19 +338,13 @@ class FunctionTreeVerifier(TreeVerifier):
         guarantees: frozenset = frozenset(),
         description: str = "",
     ):
-        if not callable(fn):
-            raise InvalidArgument(f"fn: expected a callable verify function, got {type(fn).__name__}")
-        if expected not in (None, "exact", "inexact"):
-            raise InvalidArgument(f"expected: must be None, 'exact' or 'inexact', got {expected!r}")
-        self._fn = fn
-        self._law = tree_output_probs
+        check_verify_function(fn)
+        adopt_function(
+            self, fn, tree_output_probs, name=name, default_name="tree-verifier", expected=expected,
+            guarantees=guarantees, description=description,
+        )
         self._supports = supports_tree
-        self.name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "tree-verifier")
         self.draft_schemes = _check_schemes(draft_schemes)
-        self.expected = expected
-        self.guarantees = frozenset(guarantees)
-        doc = (getattr(fn, "__doc__", None) or "").strip()
-        self.description = description or (doc.splitlines()[0] if doc else "")
 
     @property
     def has_tree_law(self) -> bool:
@@ -386,21 +354,11 @@ class FunctionTreeVerifier(TreeVerifier):
         return True if self._supports is None else bool(self._supports(tree))
 
     def _verify_tree(self, tree, node_tokens, draft_probs, target_probs, generator) -> TreeVerifyOutput:
-        try:
-            raw = self._fn(tree, node_tokens, draft_probs, target_probs, generator)
-        except (VerifierError, InvalidArgument):
-            raise
-        except Exception as exc:  # a third party's bug: report it, do not crash the run
-            raise VerifierError(f"{self.name}: verify_tree raised {type(exc).__name__}: {exc}") from exc
+        raw = call_third_party(self.name, "verify_tree", self._fn, tree, node_tokens, draft_probs, target_probs, generator)
         return check_tree_output(raw, tree, node_tokens.shape[0], target_probs.shape[-1], who=self.name)
 
     def _tree_output_probs(self, tree, node_tokens, draft_probs, target_probs) -> torch.Tensor:
-        try:
-            law = self._law(tree, node_tokens, draft_probs, target_probs)
-        except (VerifierError, InvalidArgument):
-            raise
-        except Exception as exc:
-            raise VerifierError(f"{self.name}: tree_output_probs raised {type(exc).__name__}: {exc}") from exc
+        law = call_third_party(self.name, "tree_output_probs", self._law, tree, node_tokens, draft_probs, target_probs)
         return check_tree_output_probs(law, tree, node_tokens.shape[0], target_probs.shape[-1], who=self.name)
 
 
@@ -420,19 +378,11 @@ def as_tree_verifier(obj: Any, name: Optional[str] = None) -> TreeVerifier:
     from spectr_audit.contract.chain_trees import ChainVerifierAsTree, TreeVerifierAsChain
     from spectr_audit.contract.verifier import Verifier
 
-    if isinstance(obj, type):
-        try:
-            obj = obj()
-        except Exception as exc:
-            raise InvalidArgument(f"verifier: could not instantiate class {obj.__name__} with no arguments: {exc}") from exc
+    obj = instantiate(obj)
     if isinstance(obj, TreeVerifier):
-        if name:
-            obj.name = name
-        return obj
+        return renamed(obj, name)
     if isinstance(obj, TreeVerifierAsChain):
-        if name:
-            obj.tree_verifier.name = name
-        return obj.tree_verifier
+        return renamed(obj.tree_verifier, name)
     if isinstance(obj, Verifier):
         return ChainVerifierAsTree(obj, name=name)
     if hasattr(obj, "verify_tree") and callable(obj.verify_tree):

@@ -29,8 +29,23 @@ from typing import Any, Callable, Literal, Optional
 
 import torch
 
-from spectr_audit._validation import LAW_MASS_ATOL, LAW_NEGATIVE_ATOL, SIMPLEX_ATOL, check_simplex
+from spectr_audit._validation import SIMPLEX_ATOL
 from spectr_audit.errors import InvalidArgument, VerifierError
+from spectr_audit.contract._checks import (
+    adopt_function,
+    call_third_party,
+    check_dims,
+    check_drafted,
+    check_law,
+    check_output_field,
+    check_probs,
+    check_same_device,
+    check_token_range,
+    check_token_tensor,
+    check_verify_function,
+    instantiate,
+    renamed,
+)
 from spectr_audit.contract.randomness import RandomSource
 
 __all__ = [
@@ -92,16 +107,6 @@ class VerifyOutput:
         return out
 
 
-def _check_probs(name: str, probs: torch.Tensor, expected_shape: tuple[int, ...]) -> None:
-    if not isinstance(probs, torch.Tensor):
-        raise InvalidArgument(f"{name}: expected a torch.Tensor, got {type(probs).__name__}")
-    if not probs.is_floating_point():
-        raise InvalidArgument(f"{name}: expected a floating-point tensor, got dtype {probs.dtype}")
-    if tuple(probs.shape) != tuple(expected_shape):
-        raise InvalidArgument(f"{name}: expected shape {tuple(expected_shape)}, got {tuple(probs.shape)}")
-    check_simplex(name, probs)
-
-
 def _normalised64(probs: torch.Tensor) -> torch.Tensor:
     probs = probs.double()
     return probs / probs.sum(-1, keepdim=True)
@@ -121,10 +126,7 @@ def check_verify_inputs(
         negative probabilities, rows off the simplex, token ids out of range,
         or a drafted token that has zero draft probability.
     """
-    if not isinstance(draft_tokens, torch.Tensor):
-        raise InvalidArgument(f"draft_tokens: expected a torch.Tensor, got {type(draft_tokens).__name__}")
-    if draft_tokens.dtype != torch.int64:
-        raise InvalidArgument(f"draft_tokens: expected dtype torch.int64, got {draft_tokens.dtype}")
+    check_token_tensor("draft_tokens", draft_tokens)
     if draft_tokens.dim() != 3:
         raise InvalidArgument(
             f"draft_tokens: expected shape [batch_size, num_drafts, draft_len], got {tuple(draft_tokens.shape)}"
@@ -134,45 +136,23 @@ def check_verify_inputs(
         raise InvalidArgument(f"draft_tokens: num_drafts must be >= 1, got shape {tuple(draft_tokens.shape)}")
     if draft_len < 1:
         raise InvalidArgument(f"draft_tokens: draft_len must be >= 1, got shape {tuple(draft_tokens.shape)}")
-    if not isinstance(draft_probs, torch.Tensor) or draft_probs.dim() != 4:
-        shape = tuple(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else type(draft_probs).__name__
-        raise InvalidArgument(
-            f"draft_probs: expected shape [batch_size, num_drafts, draft_len, vocab_size], got {shape}"
-        )
+    check_dims("draft_probs", draft_probs, 4, "batch_size, num_drafts, draft_len, vocab_size")
     vocab_size = draft_probs.shape[-1]
     if vocab_size < 1:
         raise InvalidArgument("draft_probs: vocab_size must be >= 1")
-    _check_probs("draft_probs", draft_probs, (batch_size, num_drafts, draft_len, vocab_size))
-    _check_probs("target_probs", target_probs, (batch_size, num_drafts, draft_len + 1, vocab_size))
-    if draft_probs.device != draft_tokens.device or target_probs.device != draft_tokens.device:
-        raise InvalidArgument(
-            f"draft_tokens, draft_probs, target_probs: must share one device, got "
-            f"{draft_tokens.device}, {draft_probs.device}, {target_probs.device}"
-        )
+    check_probs("draft_probs", draft_probs, (batch_size, num_drafts, draft_len, vocab_size))
+    check_probs("target_probs", target_probs, (batch_size, num_drafts, draft_len + 1, vocab_size))
+    check_same_device(draft_tokens=draft_tokens, draft_probs=draft_probs, target_probs=target_probs)
     if draft_tokens.numel() == 0:
         return batch_size, num_drafts, draft_len, vocab_size
-    out_of_range = (draft_tokens < 0) | (draft_tokens >= vocab_size)
-    if bool(out_of_range.any()):
-        bad = out_of_range.nonzero()[0].tolist()
-        raise InvalidArgument(
-            f"draft_tokens: token ids must lie in [0, {vocab_size}); found {draft_tokens[tuple(bad)].item()} "
-            f"at index {tuple(bad)}"
-        )
-    drafted_mass = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-    zero = drafted_mass <= 0
-    if bool(zero.any()):
-        bad = zero.nonzero()[0].tolist()
-        raise InvalidArgument(
-            f"draft_tokens: token {draft_tokens[tuple(bad)].item()} at index {tuple(bad)} has zero draft "
-            f"probability, so it cannot have been drafted from draft_probs"
-        )
+    check_token_range(draft_tokens, vocab_size)
+    check_drafted(
+        draft_tokens,
+        draft_probs,
+        lambda drafted_mass: drafted_mass <= 0,
+        "has zero draft probability, so it cannot have been drafted from draft_probs",
+    )
     return batch_size, num_drafts, draft_len, vocab_size
-
-
-def _within(value: torch.Tensor, lo: int, hi: int) -> bool:
-    """Every entry of a non-empty integer tensor in ``[lo, hi]``: one ``aminmax`` pass, one host read."""
-    bounds = torch.stack(torch.aminmax(value)).tolist()
-    return lo <= bounds[0] and bounds[1] <= hi
 
 
 def check_verify_output(
@@ -196,18 +176,9 @@ def check_verify_output(
         )
     names = ("num_accepted", "draft_index", "next_token")
     bounds = ((0, draft_len), (0, num_drafts - 1), (0, vocab_size - 1))
-    checked = []
-    for name, value, (lo, hi) in zip(names, fields, bounds):
-        if not isinstance(value, torch.Tensor):
-            raise VerifierError(f"{who}: {name} must be a torch.Tensor, got {type(value).__name__}")
-        if value.dtype != torch.int64:
-            raise VerifierError(f"{who}: {name} must have dtype torch.int64, got {value.dtype}")
-        if tuple(value.shape) != (batch_size,):
-            raise VerifierError(f"{who}: {name} must have shape [{batch_size}], got {tuple(value.shape)}")
-        if value.numel() and not _within(value, lo, hi):
-            bad = ((value < lo) | (value > hi)).nonzero()[0].item()
-            raise VerifierError(f"{who}: {name}[{bad}] = {value[bad].item()} is outside [{lo}, {hi}]")
-        checked.append(value)
+    checked = [
+        check_output_field(who, name, value, batch_size, lo, hi) for name, value, (lo, hi) in zip(names, fields, bounds)
+    ]
     return VerifyOutput(*checked, correction=correction)
 
 
@@ -215,23 +186,7 @@ def check_output_probs(
     output_probs: Any, batch_size: int, num_drafts: int, draft_len: int, vocab_size: int, who: str = "verifier"
 ) -> torch.Tensor:
     """Validate an exact law returned by ``output_probs``: shape, finiteness, sign, total mass 1."""
-    expected = (batch_size, num_drafts, draft_len + 1, vocab_size)
-    if not isinstance(output_probs, torch.Tensor) or not output_probs.is_floating_point():
-        raise VerifierError(f"{who}: output_probs must return a floating-point torch.Tensor")
-    if tuple(output_probs.shape) != expected:
-        raise VerifierError(f"{who}: output_probs must have shape {expected}, got {tuple(output_probs.shape)}")
-    if output_probs.numel() == 0:
-        return output_probs
-    low, high = torch.aminmax(output_probs)  # one pass: NaN propagates into both, inf shows in one
-    if not bool(torch.isfinite(low) & torch.isfinite(high)):
-        raise VerifierError(f"{who}: output_probs contains NaN or Inf")
-    if bool(low < -LAW_NEGATIVE_ATOL):
-        raise VerifierError(f"{who}: output_probs contains negative probabilities (min {low.item():.3g})")
-    totals = (output_probs if output_probs.dtype == torch.float64 else output_probs.double()).sum((1, 2, 3))
-    if batch_size and bool(((totals - 1).abs() > LAW_MASS_ATOL).any()):
-        bad = ((totals - 1).abs() > LAW_MASS_ATOL).nonzero()[0].item()
-        raise VerifierError(f"{who}: output_probs row {bad} sums to {totals[bad].item():.9g}, not 1")
-    return output_probs
+    return check_law(who, "output_probs", output_probs, (batch_size, num_drafts, draft_len + 1, vocab_size))
 
 
 class Verifier:
@@ -362,7 +317,52 @@ def _range_str(lo: int, hi: Optional[int]) -> str:
     return f"[{lo}, {hi}]" if hi is not None else f"[{lo}, inf)"
 
 
-class FunctionVerifier(Verifier):
+class _FunctionAdapter:
+    """The constructor and law flag :class:`FunctionVerifier` and
+    :class:`~spectr_audit.contract.logits.FunctionLogitsVerifier` share: one signature, one set of checks.
+
+    A mixin, so that each adapter keeps its own contract base; listed before that base, so that its
+    ``has_exact_law`` (a law was given) is the one that counts.
+    """
+
+    #: Whether a given ``output_probs`` is checked to be callable when the adapter is built
+    #: (otherwise the first call reports it).
+    _checks_law_at_init: bool = False
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: Optional[str] = None,
+        output_probs: Optional[Callable[..., torch.Tensor]] = None,
+        draft_scheme: DraftScheme = "iid",
+        min_drafts: int = 1,
+        max_drafts: Optional[int] = None,
+        min_draft_len: int = 1,
+        max_draft_len: Optional[int] = None,
+        expected: Expected = None,
+        guarantees: frozenset = frozenset(),
+        description: str = "",
+    ):
+        check_verify_function(fn)
+        if self._checks_law_at_init and output_probs is not None and not callable(output_probs):
+            raise InvalidArgument(f"output_probs: expected a callable or None, got {type(output_probs).__name__}")
+        if draft_scheme not in DRAFT_SCHEMES:
+            raise InvalidArgument(f"draft_scheme: expected one of {DRAFT_SCHEMES}, got {draft_scheme!r}")
+        adopt_function(
+            self, fn, output_probs, name=name, default_name="verifier", expected=expected, guarantees=guarantees,
+            description=description,
+        )
+        self.draft_scheme = draft_scheme
+        self.min_drafts, self.max_drafts = min_drafts, max_drafts
+        self.min_draft_len, self.max_draft_len = min_draft_len, max_draft_len
+
+    @property
+    def has_exact_law(self) -> bool:
+        return self._law is not None
+
+
+class FunctionVerifier(_FunctionAdapter, Verifier):
     """Adapter: audit a third party's plain function, or any object with a ``verify`` method.
 
     The wrapped callable receives ``(draft_tokens, draft_probs, target_probs, generator)``
@@ -383,60 +383,14 @@ class FunctionVerifier(Verifier):
     False
     """
 
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        *,
-        name: Optional[str] = None,
-        output_probs: Optional[Callable[..., torch.Tensor]] = None,
-        draft_scheme: DraftScheme = "iid",
-        min_drafts: int = 1,
-        max_drafts: Optional[int] = None,
-        min_draft_len: int = 1,
-        max_draft_len: Optional[int] = None,
-        expected: Expected = None,
-        guarantees: frozenset = frozenset(),
-        description: str = "",
-    ):
-        if not callable(fn):
-            raise InvalidArgument(f"fn: expected a callable verify function, got {type(fn).__name__}")
-        if draft_scheme not in DRAFT_SCHEMES:
-            raise InvalidArgument(f"draft_scheme: expected one of {DRAFT_SCHEMES}, got {draft_scheme!r}")
-        if expected not in (None, "exact", "inexact"):
-            raise InvalidArgument(f"expected: must be None, 'exact' or 'inexact', got {expected!r}")
-        self._fn = fn
-        self._law = output_probs
-        self.name = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "verifier")
-        self.draft_scheme = draft_scheme
-        self.min_drafts, self.max_drafts = min_drafts, max_drafts
-        self.min_draft_len, self.max_draft_len = min_draft_len, max_draft_len
-        self.expected = expected
-        self.guarantees = frozenset(guarantees)
-        doc = (getattr(fn, "__doc__", None) or "").strip()
-        self.description = description or (doc.splitlines()[0] if doc else "")
-
-    @property
-    def has_exact_law(self) -> bool:
-        return self._law is not None
-
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
         batch_size, num_drafts, draft_len = draft_tokens.shape
-        try:
-            raw = self._fn(draft_tokens, draft_probs, target_probs, generator)
-        except (VerifierError, InvalidArgument):
-            raise
-        except Exception as exc:  # a third party's bug: report it, do not crash the run
-            raise VerifierError(f"{self.name}: verify raised {type(exc).__name__}: {exc}") from exc
+        raw = call_third_party(self.name, "verify", self._fn, draft_tokens, draft_probs, target_probs, generator)
         return check_verify_output(raw, batch_size, num_drafts, draft_len, draft_probs.shape[-1], who=self.name)
 
     def _output_probs(self, draft_tokens, draft_probs, target_probs) -> torch.Tensor:
         batch_size, num_drafts, draft_len = draft_tokens.shape
-        try:
-            law = self._law(draft_tokens, draft_probs, target_probs)
-        except (VerifierError, InvalidArgument):
-            raise
-        except Exception as exc:
-            raise VerifierError(f"{self.name}: output_probs raised {type(exc).__name__}: {exc}") from exc
+        law = call_third_party(self.name, "output_probs", self._law, draft_tokens, draft_probs, target_probs)
         return check_output_probs(law, batch_size, num_drafts, draft_len, draft_probs.shape[-1], who=self.name)
 
 
@@ -463,15 +417,9 @@ def as_verifier(obj: Any, name: Optional[str] = None) -> Verifier:
       method, goes through :func:`~spectr_audit.contract.logits.as_logits_verifier`;
     * a plain callable of the ``verify`` signature is wrapped by :class:`FunctionVerifier`.
     """
-    if isinstance(obj, type):
-        try:
-            obj = obj()
-        except Exception as exc:
-            raise InvalidArgument(f"verifier: could not instantiate class {obj.__name__} with no arguments: {exc}") from exc
+    obj = instantiate(obj)
     if isinstance(obj, Verifier):
-        if name:
-            obj.name = name
-        return obj
+        return renamed(obj, name)
     if getattr(obj, "takes_logits", False) or callable(getattr(obj, "verify_logits", None)):
         # it takes raw logits and sampling parameters (docs/sampling.md)
         from spectr_audit.contract.logits import as_logits_verifier
