@@ -288,6 +288,7 @@ def verify_with_params(
         return verifier.verify_logits(draft_tokens, draft_logits, target_logits, params, generator, validate=validate)
     if validate:
         check_verify_inputs(draft_tokens, *probs)
+        verifier.check_supports(draft_tokens.shape[1], draft_tokens.shape[2])
     return verifier.verify(draft_tokens, *probs, generator, validate=False)
 
 

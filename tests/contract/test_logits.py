@@ -153,3 +153,15 @@ def test_drafted_token_outside_processed_support():
             verify_with_params(verifier, other, DRAFT_LOGITS, TARGET_LOGITS, params)
         with pytest.raises(InvalidArgument, match="cannot have been drafted"):
             output_probs_with_params(verifier, other, DRAFT_LOGITS, TARGET_LOGITS, params)
+
+
+@pytest.mark.parametrize("verifier", [SpeculativeSampling(), LogitsSpeculativeSampling()], ids=["probs", "logits"])
+def test_a_shape_the_verifier_does_not_support_is_refused_on_both_paths(verifier):
+    """Single-draft speculative sampling handed K = 2 through the logits entry points: the same refusal as
+    :meth:`Verifier.verify` gives, naming the supported ranges."""
+    tokens = torch.zeros(1, 2, 1, dtype=torch.int64)
+    draft_logits, target_logits = torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 2, 4)
+    with pytest.raises(InvalidArgument, match=r"supports num_drafts in \[1, 1\].*got num_drafts=2"):
+        verify_with_params(verifier, tokens, draft_logits, target_logits, None, torch.Generator())
+    with pytest.raises(InvalidArgument, match=r"supports num_drafts in \[1, 1\].*got num_drafts=2"):
+        output_probs_with_params(verifier, tokens, draft_logits, target_logits)
