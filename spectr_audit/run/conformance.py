@@ -284,7 +284,6 @@ def _contract_checks(verifier, num_drafts: int, draft_len: int, seed: int, batch
     from spectr_audit.drafting.harness import draft
 
     where = f"K={num_drafts}, L={draft_len}"
-    checks: list[ConformanceCheck] = []
     draft_model, target_model = _contract_models(draft_len, verifier.draft_scheme)
     vocab_size = draft_model.vocab_size
     generator = torch.Generator().manual_seed(seed)
@@ -296,53 +295,79 @@ def _contract_checks(verifier, num_drafts: int, draft_len: int, seed: int, batch
         raw = verifier.verify(*args, torch.Generator().manual_seed(seed_value))
         return check_verify_output(raw, batch_size, num_drafts, draft_len, vocab_size, who=verifier.name)
 
-    # Shapes, dtypes, ranges (float64 inputs).
-    originals = tuple(t.clone() for t in inputs)
-    try:
-        first = run(inputs, seed)
-    except (VerifierError, InvalidArgument) as exc:
-        checks.append(ConformanceCheck("output contract", where, False, str(exc)))
-        return checks
-    checks.append(ConformanceCheck("output contract", where, True, "int64 [batch_size] fields in range"))
-    changed = [name for name, before, after in zip(("draft_tokens", "draft_probs", "target_probs"), originals, inputs)
-               if not torch.equal(before, after)]
-    changed = [f"verify modified {', '.join(changed)} in place"] if changed else []
+    def emitted_ok(first):
+        """Every emitted token has positive target probability at its node."""
+        rows = torch.arange(batch_size)
+        ok = torch.ones(batch_size, dtype=torch.bool)
+        for level in range(draft_len + 1):
+            node_target = batch.target_probs[rows, first.draft_index, level]  # [batch_size, vocab_size]
+            drafted = batch.draft_tokens[rows, first.draft_index, level] if level < draft_len else first.next_token
+            token = torch.where(first.num_accepted == level, first.next_token, drafted)
+            active = first.num_accepted >= level
+            mass = node_target.gather(1, token.unsqueeze(1)).squeeze(1)
+            ok &= ~(active & (mass <= 0))
+        return ok
+
     # The contract inputs have zero entries by design (a forbidden token, an unproposed one), and an
     # in-place change that scales or clamps an entry leaves a zero unchanged: check on inputs whose
     # every probability is positive too.
-    changed += guard.dense_mutations(verifier, vocab_size, num_drafts, draft_len, seed, batch_size)
+    return _call_checks(
+        run, inputs, ("draft_tokens", "draft_probs", "target_probs"), where, seed, contract="output contract",
+        verb="verify", fields=("num_accepted", "draft_index", "next_token"), emitted_ok=emitted_ok,
+        dense_mutations=lambda: guard.dense_mutations(verifier, vocab_size, num_drafts, draft_len, seed, batch_size),
+        law_checks=(lambda: _law_checks(verifier, batch, num_samples, alpha, seed, where)) if verifier.has_exact_law
+        else None)
+
+
+def _call_checks(run: Callable, inputs: Sequence, names: Sequence[str], where: str, seed: int, *, contract: str,
+                 verb: str, fields: Sequence[str], emitted_ok: Callable, dense_mutations: Callable[[], list] = list,
+                 law_checks: Optional[Callable[[], list]] = None) -> list[ConformanceCheck]:
+    """The contract checks of a chain or a tree verifier's calls, in order; nothing after the first when it fails.
+
+    ``contract`` (the first call's output has int64 ``[batch_size]`` fields in range), ``inputs unchanged``
+    (the ``names`` of the inputs ``verb`` modified in place, then ``dense_mutations()``), ``deterministic
+    under a fixed generator`` (the output ``fields`` of two calls with the same seed), ``emitted tokens
+    have target mass`` (``emitted_ok(first_output)``: ``[batch_size]`` bools), ``float32 inputs`` (every
+    probability input cast), then ``law_checks()`` where given.  ``run(args, seed)`` calls the verifier on
+    ``args`` (``inputs``, or their float32 casts) with a generator seeded ``seed`` and checks its output.
+    """
+    import functools
+    import operator
+
+    import torch
+
+    # Shapes, dtypes, ranges (float64 inputs).
+    originals = [None if t is None else t.clone() for t in inputs]
+    try:
+        first = run(inputs, seed)
+    except (VerifierError, InvalidArgument) as exc:
+        return [ConformanceCheck(contract, where, False, str(exc))]
+    checks = [ConformanceCheck(contract, where, True, "int64 [batch_size] fields in range")]
+    changed = [name for name, before, after in zip(names, originals, inputs)
+               if before is not None and not torch.equal(before, after)]
+    changed = [f"{verb} modified {', '.join(changed)} in place"] if changed else []
+    changed += dense_mutations()
     checks.append(ConformanceCheck("inputs unchanged", where, not changed, "; ".join(changed)))
     # Determinism under a fixed generator.
     second = run(inputs, seed)
-    differs = ((first.num_accepted != second.num_accepted) | (first.draft_index != second.draft_index)
-               | (first.next_token != second.next_token))
+    differs = functools.reduce(operator.or_, (getattr(first, field) != getattr(second, field) for field in fields))
     checks.append(ConformanceCheck(
         "deterministic under a fixed generator", where, not bool(differs.any()),
         f"two calls with torch.Generator().manual_seed({seed}) differ at rows {_rows(differs)}" if differs.any() else ""))
-    # Every emitted token must have positive target probability at its node.
-    rows = torch.arange(batch_size)
-    emitted_ok = torch.ones(batch_size, dtype=torch.bool)
-    for level in range(draft_len + 1):
-        node_target = batch.target_probs[rows, first.draft_index, level]  # [batch_size, vocab_size]
-        drafted = batch.draft_tokens[rows, first.draft_index, level] if level < draft_len else first.next_token
-        token = torch.where(first.num_accepted == level, first.next_token, drafted)
-        active = first.num_accepted >= level
-        mass = node_target.gather(1, token.unsqueeze(1)).squeeze(1)
-        emitted_ok &= ~(active & (mass <= 0))
-    bad = ~emitted_ok
+    bad = ~emitted_ok(first)
     checks.append(ConformanceCheck(
         "emitted tokens have target mass", where, not bool(bad.any()),
         f"rows {_rows(bad)} emit a token whose target probability is 0 (an exact verifier never does)"
         if bad.any() else ""))
     # float32 inputs.
     try:
-        run((batch.draft_tokens, batch.draft_probs.float(), batch.target_probs.float()), seed)
+        run([t.float() if t is not None and t.is_floating_point() else t for t in inputs], seed)
     except (VerifierError, InvalidArgument) as exc:
         checks.append(ConformanceCheck("float32 inputs", where, False, str(exc)))
     else:
         checks.append(ConformanceCheck("float32 inputs", where, True))
-    if verifier.has_exact_law:
-        checks += _law_checks(verifier, batch, num_samples, alpha, seed, where)
+    if law_checks is not None:
+        checks += law_checks()
     return checks
 
 
@@ -364,22 +389,18 @@ def _string_counts(draft_tokens, output, draft_len: int) -> dict:
 def _law_checks(verifier, batch, num_samples: int, alpha: float, seed: int, where: str) -> list[ConformanceCheck]:
     """The exact law is valid, and the sampler follows it on a few fixed draft tuples."""
     import torch
-    from scipy import stats
 
     from spectr_audit.contract.verifier import check_output_probs
 
     batch_size, num_drafts, draft_len = batch.draft_tokens.shape
     vocab_size = batch.draft_probs.shape[-1]
-    try:
-        law = check_output_probs(verifier.output_probs(batch.draft_tokens, batch.draft_probs, batch.target_probs),
-                                 batch_size, num_drafts, draft_len, vocab_size, who=verifier.name).double()
-    except (VerifierError, InvalidArgument) as exc:
-        return [ConformanceCheck("exact law is a distribution", where, False, str(exc))]
-    checks = [ConformanceCheck("exact law is a distribution", where, True)]
-    num_tuples = min(3, batch_size)
-    per_tuple = max(200, num_samples // num_tuples)
-    worst_p, worst_detail = 1.0, ""
-    for t in range(num_tuples):
+
+    def checked_law():
+        return check_output_probs(verifier.output_probs(batch.draft_tokens, batch.draft_probs, batch.target_probs),
+                                  batch_size, num_drafts, draft_len, vocab_size, who=verifier.name)
+
+    def sample(law, t: int, per_tuple: int):
+        """The draft tuple of row ``t``: its label, the sampler's strings over ``per_tuple`` calls, the law's."""
         tokens = batch.draft_tokens[t:t + 1].expand(per_tuple, -1, -1).contiguous()
         draft_probs = batch.draft_probs[t:t + 1].expand(per_tuple, -1, -1, -1).contiguous()
         target_probs = batch.target_probs[t:t + 1].expand(per_tuple, -1, -1, -1).contiguous()
@@ -390,40 +411,75 @@ def _law_checks(verifier, batch, num_samples: int, alpha: float, seed: int, wher
         for (k, n, y) in (law[t] > 0).nonzero().tolist():
             key = tuple(drafts[k][:n]) + (y,)
             expected[key] = expected.get(key, 0.0) + float(law[t, k, n, y]) * per_tuple
+        return f"drafts {drafts}", observed, expected
+
+    return _sampler_law_checks(checked_law, sample, batch_size, num_samples, alpha, where,
+                               checks=("exact law is a distribution", "sampler follows the exact law"),
+                               law_name="output_probs", worst_cell=True)
+
+
+def _pearson_pvalue(observed: dict, expected: dict) -> Optional[float]:
+    """Pearson's test of ``observed`` counts against ``expected`` ones, cells of expected count < 5 pooled
+    (None with fewer than two cells)."""
+    from scipy import stats
+
+    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
+    for cell in sorted(expected, key=expected.get):
+        if expected[cell] < 5:
+            pool_o += observed.get(cell, 0)
+            pool_e += expected[cell]
+        else:
+            obs.append(observed.get(cell, 0))
+            exp.append(expected[cell])
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    if len(exp) < 2:
+        return None
+    statistic = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
+    return float(stats.chi2.sf(statistic, len(exp) - 1))
+
+
+def _sampler_law_checks(law: Callable, sample: Callable, batch_size: int, num_samples: int, alpha: float, where: str,
+                        *, checks: tuple[str, str], law_name: str, worst_cell: bool) -> list[ConformanceCheck]:
+    """A chain or a tree verifier's exact law is a distribution, and its sampler follows it on up to three rows.
+
+    ``law()``: the checked law (VerifierError / InvalidArgument fail the first of ``checks``).  ``sample(law,
+    row, num)``: the row's label, the sampler's emitted strings over ``num`` calls on it and their expected
+    counts under the law.  The second of ``checks`` fails at a string the law (``law_name``) gives
+    probability 0, or when Pearson's test rejects on a row at ``alpha`` split over the rows; its detail
+    names the row of the smallest p-value (and, with ``worst_cell``, that row's cell furthest off).
+    """
+    distribution, follows = checks
+    try:
+        computed = law().double()
+    except (VerifierError, InvalidArgument) as exc:
+        return [ConformanceCheck(distribution, where, False, str(exc))]
+    done = [ConformanceCheck(distribution, where, True)]
+    num_rows = min(3, batch_size)
+    per_row = max(200, num_samples // num_rows)
+    worst_p, worst_detail = 1.0, ""
+    for row in range(num_rows):
+        label, observed, expected = sample(computed, row, per_row)
         impossible = [s for s in observed if expected.get(s, 0.0) <= 0]
         if impossible:
-            return checks + [ConformanceCheck(
-                "sampler follows the exact law", where, False,
-                f"drafts {drafts}: the sampler emitted {list(impossible[0])} ({observed[impossible[0]]} times), "
-                f"which its own output_probs gives probability 0")]
-        # Pearson's test with cells of expected count < 5 pooled.
-        cells = sorted(expected, key=expected.get)
-        obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
-        for cell in cells:
-            if expected[cell] < 5:
-                pool_o += observed.get(cell, 0)
-                pool_e += expected[cell]
-            else:
-                obs.append(observed.get(cell, 0))
-                exp.append(expected[cell])
-        if pool_e > 0:
-            obs.append(pool_o)
-            exp.append(pool_e)
-        if len(exp) < 2:
-            continue
-        statistic = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
-        pvalue = float(stats.chi2.sf(statistic, len(exp) - 1))
-        if pvalue < worst_p:
-            worst_cell = max(expected, key=lambda s: abs(observed.get(s, 0) - expected[s]) / math.sqrt(expected[s]))
+            return done + [ConformanceCheck(
+                follows, where, False,
+                f"{label}: the sampler emitted {list(impossible[0])} ({observed[impossible[0]]} times), "
+                f"which its own {law_name} gives probability 0")]
+        pvalue = _pearson_pvalue(observed, expected)
+        if pvalue is not None and pvalue < worst_p:
             worst_p = pvalue
-            worst_detail = (f"drafts {drafts}: Pearson p = {pvalue:.3g} over {per_tuple} samples; worst cell "
-                            f"{list(worst_cell)}: observed {observed.get(worst_cell, 0)} vs expected "
-                            f"{expected[worst_cell]:.1f}")
-    tuple_alpha = alpha / num_tuples
-    checks.append(ConformanceCheck(
-        "sampler follows the exact law", where, worst_p > tuple_alpha,
-        worst_detail if worst_p <= tuple_alpha else f"smallest p-value {worst_p:.3g} > {tuple_alpha:.3g}"))
-    return checks
+            worst_detail = f"{label}: Pearson p = {pvalue:.3g} over {per_row} samples"
+            if worst_cell:
+                cell = max(expected, key=lambda s: abs(observed.get(s, 0) - expected[s]) / math.sqrt(expected[s]))
+                worst_detail += (f"; worst cell {list(cell)}: observed {observed.get(cell, 0)} vs expected "
+                                 f"{expected[cell]:.1f}")
+    row_alpha = alpha / num_rows
+    done.append(ConformanceCheck(
+        follows, where, worst_p > row_alpha,
+        worst_detail if worst_p <= row_alpha else f"smallest p-value {worst_p:.3g} > {row_alpha:.3g}"))
+    return done
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,14 +515,41 @@ def _measured_fidelity(result) -> bool:
     return any(key in result.metrics for key in ("tv_distance", "max_abs_error", "pvalue"))
 
 
+def _check_num_samples(num_samples) -> None:
+    """InvalidArgument unless ``num_samples`` is an integer of at least 100 (chain and tree checks alike)."""
+    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 100:
+        raise InvalidArgument(f"num_samples: expected an integer >= 100, got {num_samples!r}")
+
+
+def _test_alpha(alpha: float, num_combos: int, num_cases: int, has_law: bool) -> float:
+    """The level of each statistical test: Bonferroni over every test a check may run (with a law, one
+    sampler test per contract combination; without, one statistical audit per case)."""
+    num_tests = num_combos * int(has_law) + num_cases * int(not has_law)
+    return alpha / max(1, num_tests)
+
+
+def _conformance_result(verifier, checks: list, results: list, suite, seed: int, alpha: float,
+                        meta: Optional[dict] = None) -> ConformanceResult:
+    """The report of a chain or a tree check: its contract checks, and its fidelity results on ``suite``
+    (``meta`` adds to the audit report's ``num_cases``, ``seed`` and ``alpha``)."""
+    from spectr_audit.results import AuditReport
+
+    return ConformanceResult(
+        verifier=verifier.name,
+        checks=tuple(checks),
+        audit=AuditReport(results=tuple(results), suite=suite.name,
+                          meta={"num_cases": len(results), "seed": seed, "alpha": alpha, **(meta or {})}),
+        alpha=alpha,
+    )
+
+
 def _check_arguments(seed, num_samples, alpha, batch_size, draft_scheme, suite) -> float:
     """Validate :func:`check_verifier`'s numbers and options (InvalidArgument naming the bad one); returns alpha."""
     from spectr_audit.run.suite import Suite
 
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
-    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 100:
-        raise InvalidArgument(f"num_samples: expected an integer >= 100, got {num_samples!r}")
+    _check_num_samples(num_samples)
     alpha = check_prob("alpha", alpha)
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise InvalidArgument(f"batch_size: expected a positive integer, got {batch_size!r}")
@@ -674,7 +757,6 @@ def check_verifier(
     """
     # Inside pytest a failure is shown from the caller's line: its message names every failed check.
     __tracebackhide__ = _hide_for_failure
-    from spectr_audit.results import AuditReport
     from spectr_audit.run.runner import AuditOptions, audit_case
 
     if tree is not None:
@@ -689,8 +771,7 @@ def check_verifier(
                                   "suite's models instead")
         if max_samples is not None:
             num_samples = max_samples
-        if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 100:
-            raise InvalidArgument(f"num_samples: expected an integer >= 100, got {num_samples!r}")
+        _check_num_samples(num_samples)
         return check_tree_verifier(verifier, tree=tree, name=name, output_probs=output_probs,
                                    draft_scheme=draft_scheme, seed=seed, num_samples=num_samples,
                                    alpha=check_prob("alpha", alpha), batch_size=batch_size, suite=suite,
@@ -713,9 +794,7 @@ def check_verifier(
     cases = _cases_at(cases, settings, order)
     combos = [(k, length) for k in ks for length in ls
               if verifier.draft_scheme == "iid" or (length == 1 and k <= 5)]
-    # Bonferroni over every statistical test this call may run.
-    num_tests = len(combos) * int(verifier.has_exact_law) + len(cases) * int(not verifier.has_exact_law)
-    test_alpha = alpha / max(1, num_tests)
+    test_alpha = _test_alpha(alpha, len(combos), len(cases), verifier.has_exact_law)
     verifier_timeout = guard.check_timeout(verifier_timeout)
     options = AuditOptions(seed=seed, alpha=test_alpha, max_samples=num_samples, max_seconds=max_seconds,
                            certify_tv=certify_tv, max_memory=budget.resolve_max_memory(max_memory),
@@ -731,15 +810,9 @@ def check_verifier(
             if result.error is None and not _measured_fidelity(result):
                 result = _sampled_fidelity(verifier, case, result, options)
             results.append(result)
-    report = ConformanceResult(
-        verifier=verifier.name,
-        checks=tuple(checks),
-        audit=AuditReport(results=tuple(results), suite=suite.name,
-                          meta={"num_cases": len(cases), "seed": seed, "alpha": alpha,
-                                **({} if settings == [None] else {"sampling": [p.describe() for p in settings],
-                                                                  "order": order})}),
-        alpha=alpha,
-    )
+    report = _conformance_result(verifier, checks, results, suite, seed, alpha,
+                                 {} if settings == [None] else {"sampling": [p.describe() for p in settings],
+                                                                "order": order})
     if raise_on_failure and not report.passed:
         raise ConformanceFailure(report)
     return report

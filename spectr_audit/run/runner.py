@@ -163,31 +163,13 @@ def _exact_checks(verifier, case, alpha_star, carries, checks, metrics, details)
         verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, prefix=case.prefix,
         **_sampling_args(case),
     )
-    metrics.update(
-        tv_distance=audit.tv_distance,
-        max_abs_error=audit.max_abs_error,
-        token_tv_distance=audit.token_tv_distance,
-        prefix_cap_excess=audit.prefix_cap_excess,
-        acceptance=audit.acceptance,
-        block_efficiency=audit.block_efficiency,
-        num_draft_tuples=audit.num_draft_tuples,
-    )
-    details["worst_strings"] = audit.worst_strings()
-    details["first_token_law"] = audit.first_token_law.tolist()
-    details["target_first_token_law"] = audit.target_law[0].tolist()
-    if audit.prefix_cap_excess > 0:
-        details["worst_prefix"] = list(audit.worst_prefix)
+    # With a carried repair one iteration alone is not meant to be exact: the multi-iteration
+    # law is the judge; its single-iteration TV is reported for information only.
+    _exact_law_checks(audit, "strings of length L + 1", "single iteration, unmodified continuation", checks, metrics,
+                      details, judged=not carries, num_draft_tuples=audit.num_draft_tuples)
     if carries:
-        # With a carried repair one iteration alone is not meant to be exact: the multi-iteration
-        # law is the judge; its single-iteration TV is reported for information only.
         metrics["single_iteration_tv_distance"] = metrics.pop("tv_distance")
         metrics["single_iteration_max_abs_error"] = metrics.pop("max_abs_error")
-    else:
-        exact = audit.max_abs_error <= EXACT_TOL
-        checks.append(Check("exact", exact, audit.max_abs_error, EXACT_TOL, _exact_detail(
-            exact, "strings of length L + 1", "single iteration, unmodified continuation")))
-    capped = audit.prefix_cap_excess <= EXACT_TOL
-    checks.append(Check("prefix-cap", capped, audit.prefix_cap_excess, EXACT_TOL, _prefix_cap_detail(capped)))
     if alpha_star is not None:
         acceptance = audit.acceptance
         # An LP optimum is only as accurate as the solver (about 1e-9 relative); the closed form is exact.
@@ -208,6 +190,33 @@ def _exact_checks(verifier, case, alpha_star, carries, checks, metrics, details)
             checks.append(Check("spectr-guarantee", kept, acceptance, floor, _said(
                 kept, "acceptance >= (1 - (1 - 1/K)^K) alpha*: SpecTr's guarantee kept",
                 "acceptance below (1 - (1 - 1/K)^K) alpha*: SpecTr's guarantee broken")))
+
+
+#: The metrics every exact audit (single iteration, tree) records under its own attribute's name.
+_EXACT_LAW_METRICS = ("tv_distance", "max_abs_error", "token_tv_distance", "prefix_cap_excess", "acceptance",
+                      "block_efficiency")
+
+
+def _exact_law_checks(audit, strings: str, how: str, checks: list, metrics: dict, details: dict, *, judged: bool = True,
+                      extra_details: Optional[dict] = None, **counts) -> None:
+    """An exact audit's law, of a chain or of a tree: its metrics and details, and the ``exact`` and ``prefix-cap`` checks.
+
+    ``strings`` and ``how`` say what the law is over in the ``exact`` detail (:func:`_exact_detail`);
+    ``judged=False`` leaves the ``exact`` check out.  ``counts`` are the audit's own metrics (recorded
+    after the shared ones), ``extra_details`` its own details (before ``worst_prefix``).
+    """
+    metrics.update({name: getattr(audit, name) for name in _EXACT_LAW_METRICS}, **counts)
+    details["worst_strings"] = audit.worst_strings()
+    details["first_token_law"] = audit.first_token_law.tolist()
+    details["target_first_token_law"] = audit.target_law[0].tolist()
+    details.update(extra_details or {})
+    if audit.prefix_cap_excess > 0:
+        details["worst_prefix"] = list(audit.worst_prefix)
+    if judged:
+        exact = audit.max_abs_error <= EXACT_TOL
+        checks.append(Check("exact", exact, audit.max_abs_error, EXACT_TOL, _exact_detail(exact, strings, how)))
+    capped = audit.prefix_cap_excess <= EXACT_TOL
+    checks.append(Check("prefix-cap", capped, audit.prefix_cap_excess, EXACT_TOL, _prefix_cap_detail(capped)))
 
 
 def _exact_detail(passed: bool, strings: str, how: str) -> str:
@@ -486,10 +495,16 @@ def _audit_case(verifier: Verifier, case: Case, options: AuditOptions) -> AuditR
                 _block_lp_check(laws, carries, checks, metrics, details)
             except InvalidArgument as exc:
                 details["block_lp"] = f"skipped: {exc}"
-        if not checks:
-            checks.append(Check("ran", True, None, None, "no applicable check"))
     except Exception as exc:  # one bad verifier or case must never lose the other results
         return error_result(verifier, case.name, exc, checks, metrics)
+    return _audited(verifier, case, checks, metrics, details, start)
+
+
+def _audited(verifier, case: Case, checks: list, metrics: dict, details: dict, start: float) -> AuditResult:
+    """The result of an audit (of a chain or a tree case) that ran through: its checks ("ran" when none
+    applied), its metrics with the seconds since ``start``, its details, and the verifier's declaration."""
+    if not checks:
+        checks.append(Check("ran", True, None, None, "no applicable check"))
     metrics["seconds"] = time.perf_counter() - start
     return AuditResult(
         verifier=verifier.name, case=case.name, checks=tuple(checks), metrics=metrics,
@@ -589,28 +604,10 @@ def _exact_tree_checks(tree_verifier, case: Case, draft_scheme: str, checks: lis
 
     audit = exact_tree(tree_verifier, case.draft_model, case.target_model, case.tree, draft_scheme=draft_scheme,
                        prefix=case.prefix)
-    metrics.update(
-        tv_distance=audit.tv_distance,
-        max_abs_error=audit.max_abs_error,
-        token_tv_distance=audit.token_tv_distance,
-        prefix_cap_excess=audit.prefix_cap_excess,
-        acceptance=audit.acceptance,
-        block_efficiency=audit.block_efficiency,
-        accepted_length=audit.accepted_length,
-        num_draft_tuples=audit.num_realisations,
-        num_realisations=audit.num_realisations,
-    )
-    details["worst_strings"] = audit.worst_strings()
-    details["first_token_law"] = audit.first_token_law.tolist()
-    details["target_first_token_law"] = audit.target_law[0].tolist()
-    details["accepted_length_law"] = list(audit.accepted_length_law)
-    if audit.prefix_cap_excess > 0:
-        details["worst_prefix"] = list(audit.worst_prefix)
-    exact = audit.max_abs_error <= EXACT_TOL
-    checks.append(Check("exact", exact, audit.max_abs_error, EXACT_TOL, _exact_detail(
-        exact, "strings of max_depth + 1 tokens", "one tree step, unmodified continuation")))
-    capped = audit.prefix_cap_excess <= EXACT_TOL
-    checks.append(Check("prefix-cap", capped, audit.prefix_cap_excess, EXACT_TOL, _prefix_cap_detail(capped)))
+    _exact_law_checks(audit, "strings of max_depth + 1 tokens", "one tree step, unmodified continuation", checks,
+                      metrics, details, extra_details={"accepted_length_law": list(audit.accepted_length_law)},
+                      accepted_length=audit.accepted_length, num_draft_tuples=audit.num_realisations,
+                      num_realisations=audit.num_realisations)
 
 
 def tree_fits(verifier, case: Case) -> bool:
@@ -682,15 +679,9 @@ def audit_tree_case(verifier, case: Case, options: AuditOptions = AuditOptions()
             if metrics.get("block_efficiency") is not None:
                 metrics["accepted_length"] = metrics["block_efficiency"] - 1.0
         _tree_bound_checks(tree_verifier, bound, checks, metrics)
-        if not checks:
-            checks.append(Check("ran", True, None, None, "no applicable check"))
     except Exception as exc:  # one bad verifier or case must never lose the other results
         return error_result(tree_verifier, case.name, exc, checks, metrics)
-    metrics["seconds"] = time.perf_counter() - start
-    return AuditResult(
-        verifier=tree_verifier.name, case=case.name, checks=tuple(checks), metrics=metrics,
-        expected=declared_verdict(tree_verifier), details=details,
-    )
+    return _audited(tree_verifier, case, checks, metrics, details, start)
 
 
 def select_verifiers(specs: Optional[Sequence[str]]) -> Optional[list[Verifier]]:
@@ -718,6 +709,25 @@ def select_verifiers(specs: Optional[Sequence[str]]) -> Optional[list[Verifier]]
     return loaded
 
 
+def _listed_verifiers(case: Case, kind: str, load: Callable, loaded: dict, errors: list) -> list:
+    """The verifiers ``case.verifiers`` names, each spec loaded by ``load`` once per ``kind`` (``loaded`` caches
+    the verifier or its error under ``(kind, spec)``); one that cannot be loaded becomes an error result in
+    ``errors``."""
+    candidates = []
+    for spec in case.verifiers:
+        key = (kind, spec)
+        if key not in loaded:
+            try:
+                loaded[key] = load(spec)
+            except SpectrAuditError as exc:
+                loaded[key] = exc
+        if isinstance(loaded[key], Exception):
+            errors.append(AuditResult(verifier=spec, case=case.name, error=f"{type(loaded[key]).__name__}: {loaded[key]}"))
+        else:
+            candidates.append(loaded[key])
+    return candidates
+
+
 def _plan_tree_case(case: Case, explicit, builtins, tree_builtins, loaded: dict):
     """The jobs of a tree case: the given verifiers as tree verifiers, the case's own list (loaded as tree
     verifiers), or the tree built-ins and the chain built-ins (on chain trees); returns the caches too."""
@@ -733,19 +743,7 @@ def _plan_tree_case(case: Case, explicit, builtins, tree_builtins, loaded: dict)
             tree_builtins = tree_verifiers() + [as_tree_verifier(v) for v in builtins]
         candidates = tree_builtins
     else:
-        candidates = []
-        for spec in case.verifiers:
-            key = ("tree", spec)
-            if key not in loaded:
-                try:
-                    loaded[key] = load_tree_verifier(spec)
-                except SpectrAuditError as exc:
-                    loaded[key] = exc
-            if isinstance(loaded[key], Exception):
-                errors.append(AuditResult(verifier=spec, case=case.name,
-                                          error=f"{type(loaded[key]).__name__}: {loaded[key]}"))
-            else:
-                candidates.append(loaded[key])
+        candidates = _listed_verifiers(case, "tree", load_tree_verifier, loaded, errors)
     return [(v, case) for v in candidates if tree_fits(v, case)], errors, builtins, tree_builtins
 
 
@@ -775,17 +773,7 @@ def plan_jobs(suite: Suite, verifiers: Optional[Iterable[Verifier]] = None) -> t
             builtins = builtins if builtins is not None else builtin_verifiers()
             candidates = builtins
         else:
-            candidates = []
-            for spec in case.verifiers:
-                if spec not in loaded:
-                    try:
-                        loaded[spec] = load_verifier(spec)
-                    except SpectrAuditError as exc:
-                        loaded[spec] = exc
-                if isinstance(loaded[spec], Exception):
-                    errors.append(AuditResult(verifier=spec, case=case.name, error=f"{type(loaded[spec]).__name__}: {loaded[spec]}"))
-                else:
-                    candidates.append(loaded[spec])
+            candidates = _listed_verifiers(case, "chain", load_verifier, loaded, errors)
         jobs.extend((v, case) for v in candidates if v.supports(case.num_drafts, case.draft_len) and scheme_fits(v, case))
     return jobs, errors
 

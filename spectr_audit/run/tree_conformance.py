@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from spectr_audit.errors import InvalidArgument, VerifierError
+from spectr_audit.errors import InvalidArgument
 
 __all__ = ["check_tree_verifier", "standard_tree_suite"]
 
@@ -85,23 +85,19 @@ def _emitted_counts(tree, node_tokens, output) -> dict:
 def _tree_law_checks(verifier, tree, batch, num_samples: int, alpha: float, seed: int, where: str) -> list:
     """The exact tree law is a distribution, and the sampler follows it on up to three realisations."""
     import torch
-    from scipy import stats
 
     from spectr_audit.contract.tree_verifier import check_tree_output_probs
-    from spectr_audit.run.conformance import ConformanceCheck
+    from spectr_audit.run.conformance import _sampler_law_checks
 
     batch_size, vocab_size = batch.node_tokens.shape[0], batch.target_probs.shape[-1]
-    try:
-        law = check_tree_output_probs(
+
+    def checked_law():
+        return check_tree_output_probs(
             verifier.tree_output_probs(tree, batch.node_tokens, batch.draft_probs, batch.target_probs),
-            tree, batch_size, vocab_size, who=verifier.name).double()
-    except (VerifierError, InvalidArgument) as exc:
-        return [ConformanceCheck("exact tree law is a distribution", where, False, str(exc))]
-    checks = [ConformanceCheck("exact tree law is a distribution", where, True)]
-    num_rows = min(3, batch_size)
-    per_row = max(200, num_samples // num_rows)
-    worst_p, worst_detail = 1.0, ""
-    for row in range(num_rows):
+            tree, batch_size, vocab_size, who=verifier.name)
+
+    def sample(law, row: int, per_row: int):
+        """The realisation of row ``row``: its label, the sampler's strings over ``per_row`` calls, the law's."""
         tokens = batch.node_tokens[row : row + 1].expand(per_row, -1).contiguous()
         draft = None if batch.draft_probs is None else batch.draft_probs[row : row + 1].expand(per_row, -1, -1).contiguous()
         target = batch.target_probs[row : row + 1].expand(per_row, -1, -1).contiguous()
@@ -112,34 +108,11 @@ def _tree_law_checks(verifier, tree, batch, num_samples: int, alpha: float, seed
         for node, y in (law[row] > 0).nonzero().tolist():
             key = tuple(node_tokens[n] for n in tree.path_nodes(node)) + (y,)
             expected[key] = expected.get(key, 0.0) + float(law[row, node, y]) * per_row
-        impossible = [s for s in observed if expected.get(s, 0.0) <= 0]
-        if impossible:
-            return checks + [ConformanceCheck(
-                "sampler follows the exact tree law", where, False,
-                f"node tokens {node_tokens}: the sampler emitted {list(impossible[0])} ({observed[impossible[0]]} "
-                f"times), which its own tree_output_probs gives probability 0")]
-        obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
-        for cell in sorted(expected, key=expected.get):
-            if expected[cell] < 5:  # Pearson's test with cells of expected count < 5 pooled
-                pool_o += observed.get(cell, 0)
-                pool_e += expected[cell]
-            else:
-                obs.append(observed.get(cell, 0))
-                exp.append(expected[cell])
-        if pool_e > 0:
-            obs.append(pool_o)
-            exp.append(pool_e)
-        if len(exp) < 2:
-            continue
-        statistic = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
-        pvalue = float(stats.chi2.sf(statistic, len(exp) - 1))
-        if pvalue < worst_p:
-            worst_p = pvalue
-            worst_detail = f"node tokens {node_tokens}: Pearson p = {pvalue:.3g} over {per_row} samples"
-    row_alpha = alpha / num_rows
-    checks.append(ConformanceCheck("sampler follows the exact tree law", where, worst_p > row_alpha,
-                                   worst_detail if worst_p <= row_alpha else f"smallest p-value {worst_p:.3g} > {row_alpha:.3g}"))
-    return checks
+        return f"node tokens {node_tokens}", observed, expected
+
+    return _sampler_law_checks(checked_law, sample, batch_size, num_samples, alpha, where,
+                               checks=("exact tree law is a distribution", "sampler follows the exact tree law"),
+                               law_name="tree_output_probs", worst_cell=False)
 
 
 def _tree_contract_checks(verifier, tree, scheme: str, seed: int, batch_size: int, num_samples: int,
@@ -148,7 +121,7 @@ def _tree_contract_checks(verifier, tree, scheme: str, seed: int, batch_size: in
 
     from spectr_audit.contract.tree_verifier import check_tree_output
     from spectr_audit.drafting.tree import draft_tree
-    from spectr_audit.run.conformance import ConformanceCheck, _rows
+    from spectr_audit.run.conformance import _call_checks
 
     where = f"{tree.describe()}, {scheme}"
     draft_model, target_model = _scheme_models(scheme, tree)
@@ -161,49 +134,26 @@ def _tree_contract_checks(verifier, tree, scheme: str, seed: int, batch_size: in
         raw = verifier.verify_tree(tree, *args, torch.Generator().manual_seed(seed_value))
         return check_tree_output(raw, tree, batch_size, vocab_size, who=verifier.name)
 
-    checks = []
-    originals = [None if t is None else t.clone() for t in inputs]
-    try:
-        first = run(inputs, seed)
-    except (VerifierError, InvalidArgument) as exc:
-        return [ConformanceCheck("tree output contract", where, False, str(exc))]
-    checks.append(ConformanceCheck("tree output contract", where, True, "int64 [batch_size] fields in range"))
-    changed = [n for n, before, after in zip(("node_tokens", "draft_probs", "target_probs"), originals, inputs)
-               if before is not None and not torch.equal(before, after)]
-    checks.append(ConformanceCheck("inputs unchanged", where, not changed,
-                                   f"verify_tree modified {', '.join(changed)} in place" if changed else ""))
-    second = run(inputs, seed)
-    differs = (first.accepted_node != second.accepted_node) | (first.next_token != second.next_token)
-    checks.append(ConformanceCheck(
-        "deterministic under a fixed generator", where, not bool(differs.any()),
-        f"two calls with torch.Generator().manual_seed({seed}) differ at rows {_rows(differs)}" if differs.any() else ""))
-    # every emitted token has positive target probability at the node it is emitted from
-    rows = torch.arange(batch_size)
-    ok = torch.ones(batch_size, dtype=torch.bool)
-    path = tree.path_index()[first.accepted_node]  # [batch_size, max_depth]
-    for depth in range(tree.max_depth + 1):
-        if depth < tree.max_depth:
-            node = path[:, depth].clamp(min=0)
-            parent = torch.tensor(tree.parents)[node].clamp(min=0)
-            on_path = path[:, depth] >= 0
-            mass = batch.target_probs[rows, parent].gather(1, batch.node_tokens[rows, node].unsqueeze(1)).squeeze(1)
-            ok &= ~(on_path & (mass <= 0))
-    mass = batch.target_probs[rows, first.accepted_node].gather(1, first.next_token.unsqueeze(1)).squeeze(1)
-    ok &= mass > 0
-    bad = ~ok
-    checks.append(ConformanceCheck(
-        "emitted tokens have target mass", where, not bool(bad.any()),
-        f"rows {_rows(bad)} emit a token whose target probability is 0 (an exact verifier never does)" if bad.any() else ""))
-    try:
-        run([batch.node_tokens, None if batch.draft_probs is None else batch.draft_probs.float(),
-             batch.target_probs.float()], seed)
-    except (VerifierError, InvalidArgument) as exc:
-        checks.append(ConformanceCheck("float32 inputs", where, False, str(exc)))
-    else:
-        checks.append(ConformanceCheck("float32 inputs", where, True))
-    if verifier.has_tree_law:
-        checks += _tree_law_checks(verifier, tree, batch, num_samples, alpha, seed, where)
-    return checks
+    def emitted_ok(first):
+        """Every emitted token has positive target probability at the node it is emitted from."""
+        rows = torch.arange(batch_size)
+        ok = torch.ones(batch_size, dtype=torch.bool)
+        path = tree.path_index()[first.accepted_node]  # [batch_size, max_depth]
+        for depth in range(tree.max_depth + 1):
+            if depth < tree.max_depth:
+                node = path[:, depth].clamp(min=0)
+                parent = torch.tensor(tree.parents)[node].clamp(min=0)
+                on_path = path[:, depth] >= 0
+                mass = batch.target_probs[rows, parent].gather(1, batch.node_tokens[rows, node].unsqueeze(1)).squeeze(1)
+                ok &= ~(on_path & (mass <= 0))
+        mass = batch.target_probs[rows, first.accepted_node].gather(1, first.next_token.unsqueeze(1)).squeeze(1)
+        return ok & (mass > 0)
+
+    return _call_checks(
+        run, inputs, ("node_tokens", "draft_probs", "target_probs"), where, seed, contract="tree output contract",
+        verb="verify_tree", fields=("accepted_node", "next_token"), emitted_ok=emitted_ok,
+        law_checks=(lambda: _tree_law_checks(verifier, tree, batch, num_samples, alpha, seed, where))
+        if verifier.has_tree_law else None)
 
 
 def standard_tree_suite(trees: Sequence[Any], draft_schemes: Sequence[str]) -> Any:
@@ -262,8 +212,7 @@ def check_tree_verifier(
     to check (default every scheme the verifier declares); for a plain ``verify_tree`` function,
     the one it is meant for (default ``"iid"``), ``output_probs`` its exact law.
     """
-    from spectr_audit.results import AuditReport
-    from spectr_audit.run.conformance import ConformanceFailure, ConformanceResult
+    from spectr_audit.run.conformance import ConformanceFailure, _conformance_result, _test_alpha
     from spectr_audit.run.runner import AuditOptions, audit_tree_case, tree_fits
     from spectr_audit.run.suite import Suite, load_suite
 
@@ -285,19 +234,13 @@ def check_tree_verifier(
     if not cases:
         raise InvalidArgument(f"suite: no tree case of {suite.name!r} fits verifier {verifier.name!r}")
     combos = [(t, s) for t in trees for s in schemes]
-    num_tests = len(combos) * int(verifier.has_tree_law) + len(cases) * int(not verifier.has_tree_law)
-    test_alpha = alpha / max(1, num_tests)
+    test_alpha = _test_alpha(alpha, len(combos), len(cases), verifier.has_tree_law)
     checks: list = []
     for t, scheme in combos:
         checks += _tree_contract_checks(verifier, t, scheme, seed, batch_size, num_samples, test_alpha)
     options = AuditOptions(seed=seed, alpha=test_alpha, max_samples=num_samples, max_seconds=max_seconds)
     results = [audit_tree_case(verifier, case, options) for case in cases]
-    report = ConformanceResult(
-        verifier=verifier.name, checks=tuple(checks),
-        audit=AuditReport(results=tuple(results), suite=suite.name,
-                          meta={"num_cases": len(cases), "seed": seed, "alpha": alpha}),
-        alpha=alpha,
-    )
+    report = _conformance_result(verifier, checks, results, suite, seed, alpha)
     if raise_on_failure and not report.passed:
         raise ConformanceFailure(report)
     return report
