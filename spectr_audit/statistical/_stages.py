@@ -2,12 +2,13 @@
 
 Both run validate -> plan -> sample -> test:
 
-* validate: :func:`validate_common`, the arguments both take, checked once at the boundary;
+* validate: :func:`validate_common`, the arguments both take, checked once at the boundary
+  (:func:`validate_entry` hands it an entry point's own, by name);
 * plan: :func:`budgeted`, the planned sample size replaced by an exact size or cut to a budget;
 * sample: :func:`stream_chunks`, the chunk loop with its early stops and its wall-time deadline;
-* test: :func:`with_min_detectable_tv`, :func:`holm_family`, :func:`support_test` and
-  :func:`deciding_test`: the Holm family of sub-tests, the support check beside it, and the
-  sub-test that decides.
+* test: :func:`with_min_detectable_tv`, :func:`holm_family`, :func:`support_test`,
+  :func:`deciding_test` and :func:`family_result`: the Holm family of sub-tests, the support
+  check beside it, the sub-test that decides, and the result they make.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -144,6 +145,22 @@ def validate_common(
                       min_expected, tree, draft_scheme)
 
 
+#: The arguments of :func:`validate_common` that every audit entry point takes, under the same names
+#: and with the same defaults (the entry points spell them out: their signatures are what users read).
+COMMON_PARAMETERS = ("verifier", "draft_model", "target_model", "num_drafts", "draft_len", "prefix", "alpha",
+                     "min_detectable_tv", "power", "num_samples", "max_samples", "max_seconds", "seed", "device",
+                     "chunk_size", "min_expected")
+
+
+def validate_entry(arguments: Mapping[str, object], **options) -> CommonArgs:
+    """:func:`validate_common` of an entry point's arguments (its ``locals()``), each looked up by its name.
+
+    ``options`` are the keywords of :func:`validate_common` beyond :data:`COMMON_PARAMETERS`
+    (``needs_exact_law``, ``tree``, ``draft_scheme``).
+    """
+    return validate_common(**{name: arguments[name] for name in COMMON_PARAMETERS}, **options)
+
+
 # ---------------------------------------------------------------------------------------------
 # Plan
 # ---------------------------------------------------------------------------------------------
@@ -211,3 +228,17 @@ def support_test(violations: float, num_samples: int, detail: str) -> TestResult
 def deciding_test(family: Sequence[TestResult], support: TestResult) -> TestResult:
     """The support check when violated, else the sub-test of smallest adjusted p-value (the first on ties)."""
     return support if support.statistic else min(family, key=lambda t: t.pvalue_adjusted)
+
+
+def family_result(result_type: type, args: CommonArgs, family: tuple, support: TestResult, *, num_samples: int,
+                  min_detectable_tv: float, worst_cells: tuple, seconds: float, **fields):
+    """A :class:`~spectr_audit.statistical.results.FamilyResult` of ``result_type``, decided by :func:`deciding_test`.
+
+    Its sub-tests are ``family`` then ``support``; alpha, seed and power are the arguments';
+    ``fields`` are those ``result_type`` adds.
+    """
+    deciding = deciding_test(family, support)
+    return result_type(verifier=args.verifier.name, test=deciding.name, statistic=deciding.statistic,
+                       pvalue=float(deciding.pvalue_adjusted), alpha=args.alpha, num_samples=num_samples,
+                       seed=args.seed, min_detectable_tv=min_detectable_tv, power=args.power,
+                       subtests=family + (support,), worst_cells=worst_cells, seconds=seconds, **fields)

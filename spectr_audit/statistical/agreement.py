@@ -19,11 +19,11 @@ from spectr_audit.statistical import power as sizing
 from spectr_audit.statistical._stages import (
     CommonArgs,
     budgeted,
-    deciding_test,
+    family_result,
     holm_family,
     stream_chunks,
     support_test,
-    validate_common,
+    validate_entry,
     with_min_detectable_tv,
 )
 from spectr_audit.contract.verifier import check_output_probs
@@ -152,7 +152,6 @@ def _test(args: CommonArgs, plan: _Plan, tally: _Tally) -> LawAgreementResult:
     family = holm_family(tests)
     support = support_test(float(tally.violations), tally.num_samples,
                            "samples in cells of probability 0 under the verifier's own law")
-    deciding = deciding_test(family, support)
     vocab_size, draft_len = args.vocab_size, args.draft_len
 
     def describe(cell: int) -> str:
@@ -161,17 +160,10 @@ def _test(args: CommonArgs, plan: _Plan, tally: _Tally) -> LawAgreementResult:
         index = cell // (vocab_size * (draft_len + 1))
         return f"draft {index}, {accepted_count} accepted, next token {token}"
 
-    return LawAgreementResult(
-        verifier=args.verifier.name,
-        test=deciding.name,
-        statistic=deciding.statistic,
-        pvalue=float(deciding.pvalue_adjusted),
-        alpha=args.alpha,
+    return family_result(
+        LawAgreementResult, args, family, support,
         num_samples=tally.num_samples,
-        seed=args.seed,
         min_detectable_tv=aggregated.min_detectable_tv,
-        power=args.power,
-        subtests=family + (support,),
         worst_cells=worst_cells(observed.sum(0), expected.sum(0), describe),
         seconds=tally.seconds,
         num_strata=int((observed.sum(1) > 0).sum()) if plan.per_tuple else 0,
@@ -249,11 +241,6 @@ def sampler_law_agreement(
     (False, ['aggregated-pearson', 'per-tuple-pearson', 'support'])
     """
     # validate -> plan -> sample -> test; validation and the stages' plumbing are shared (_stages)
-    args = validate_common(
-        verifier, draft_model, target_model, num_drafts, draft_len, prefix=prefix, alpha=alpha,
-        min_detectable_tv=min_detectable_tv, power=power, num_samples=num_samples, max_samples=max_samples,
-        max_seconds=max_seconds, seed=seed, device=device, chunk_size=chunk_size, min_expected=min_expected,
-        needs_exact_law=True,
-    )
+    args = validate_entry(locals(), needs_exact_law=True)
     plan = _plan(args, max_strata)
     return _test(args, plan, _sample(args, plan))

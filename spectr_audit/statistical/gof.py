@@ -149,6 +149,14 @@ def pool_sparse(
     return out_obs, out_probs, pooled_mass, mapping
 
 
+def _pooled_expected(observed, cell_probs, min_expected: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """The pooled counts (:func:`pool_sparse`), their expected counts under the kept cells' renormalised
+    probabilities, and the pooled mass."""
+    obs, probs, pooled_mass, _ = pool_sparse(observed, cell_probs, min_expected)
+    probs = probs / probs.sum() if probs.size else probs
+    return obs, obs.sum() * probs, pooled_mass
+
+
 def _chi2_result(name, statistic, df, num_samples, num_cells, pooled_mass, detail) -> TestResult:
     pvalue = float(stats.chi2.sf(statistic, df)) if df > 0 else 1.0
     return TestResult(name, float(statistic), pvalue, float(df), int(num_samples), int(num_cells), float(pooled_mass),
@@ -168,12 +176,9 @@ def pearson_test(
     >>> round(r.statistic, 6), r.df
     (0.16, 1.0)
     """
-    obs, probs, pooled_mass, _ = pool_sparse(observed, cell_probs, min_expected)
-    num_samples = obs.sum()
-    probs = probs / probs.sum() if probs.size else probs
-    expected = num_samples * probs
+    obs, expected, pooled_mass = _pooled_expected(observed, cell_probs, min_expected)
     statistic = float(((obs - expected) ** 2 / expected).sum()) if obs.size else 0.0
-    return _chi2_result("pearson", statistic, max(obs.size - 1, 0), num_samples, obs.size, pooled_mass,
+    return _chi2_result("pearson", statistic, max(obs.size - 1, 0), obs.sum(), obs.size, pooled_mass,
                         "Pearson chi-square of completed strings vs the target law")
 
 
@@ -190,13 +195,10 @@ def g_test(
     >>> round(r.statistic, 6)
     0.160043
     """
-    obs, probs, pooled_mass, _ = pool_sparse(observed, cell_probs, min_expected)
-    num_samples = obs.sum()
-    probs = probs / probs.sum() if probs.size else probs
-    expected = num_samples * probs
+    obs, expected, pooled_mass = _pooled_expected(observed, cell_probs, min_expected)
     nonzero = obs > 0
     statistic = float(2.0 * (obs[nonzero] * np.log(obs[nonzero] / expected[nonzero])).sum())
-    return _chi2_result("g-test", statistic, max(obs.size - 1, 0), num_samples, obs.size, pooled_mass,
+    return _chi2_result("g-test", statistic, max(obs.size - 1, 0), obs.sum(), obs.size, pooled_mass,
                         "G-test (likelihood ratio) of completed strings vs the target law")
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,18 +13,22 @@ from spectr_audit.errors import InvalidArgument
 from spectr_audit.registry import load_verifier
 from spectr_audit.statistical._checks import chunk_schedule
 from spectr_audit.statistical._stages import (
+    COMMON_PARAMETERS,
     budgeted,
     deciding_test,
+    family_result,
     holm_family,
     stream_chunks,
     support_test,
     validate_common,
+    validate_entry,
     with_min_detectable_tv,
 )
 from spectr_audit.statistical.agreement import sampler_law_agreement
-from spectr_audit.statistical.audit import statistical_audit
+from spectr_audit.statistical.audit import statistical_audit, statistical_tree_audit
 from spectr_audit.statistical.gof import TestResult
 from spectr_audit.statistical.power import min_detectable_tv
+from spectr_audit.statistical.results import LawAgreementResult
 
 DRAFT = ContextFreeModel([0.6, 0.4])
 TARGET = ContextFreeModel([0.3, 0.7])
@@ -73,6 +79,21 @@ def test_holm_family_support_and_the_deciding_test():
     assert deciding_test(tied, clean).name == "first"  # the first on ties
 
 
+
+def test_family_result_is_decided_by_the_deciding_test_and_keeps_the_family():
+    args = SimpleNamespace(verifier=SimpleNamespace(name="v"), alpha=0.01, seed=3, power=0.9)
+    family = holm_family([TestResult("a", 1.0, 0.04), TestResult("b", 2.0, 0.01)])
+    sizes = dict(num_samples=50, min_detectable_tv=0.1, worst_cells=(), seconds=0.5)
+    result = family_result(LawAgreementResult, args, family, support_test(0.0, 50, "none"), **sizes, num_strata=2)
+    # Holm by hand: sorted 0.01, 0.04 -> 2 * 0.01 = 0.02, max(0.02, 1 * 0.04) = 0.04; "b" decides
+    assert (result.test, result.statistic, result.pvalue) == ("b", 2.0, pytest.approx(0.02))
+    assert [t.name for t in result.subtests] == ["a", "b", "support"]
+    assert (result.verifier, result.alpha, result.seed, result.power) == ("v", 0.01, 3, 0.9)
+    assert (result.num_samples, result.min_detectable_tv, result.seconds, result.num_strata) == (50, 0.1, 0.5, 2)
+    violated = family_result(LawAgreementResult, args, family, support_test(1.0, 50, "one"), **sizes, num_strata=0)
+    assert (violated.test, violated.statistic, violated.pvalue, violated.rejects()) == ("support", 1.0, 0.0, True)
+
+
 def test_with_min_detectable_tv():
     two_cells = with_min_detectable_tv(TestResult("x", 0.0, 1.0, num_cells=2), 10_000, 1e-3, 0.99)
     assert two_cells.min_detectable_tv == min_detectable_tv(10_000, 2, 1e-3, 0.99)
@@ -104,3 +125,34 @@ def test_validate_common_fills_defaults_and_names_the_bad_argument():
 def test_both_audits_validate_the_shared_arguments_alike(audit, kwargs, argument):
     with pytest.raises(InvalidArgument, match=f"^{argument}:"):
         audit(load_verifier("kseq"), DRAFT, TARGET, 2, 1, **kwargs)
+
+
+def test_the_entry_points_take_the_shared_arguments_under_one_name_and_default():
+    # validate_entry looks the shared arguments up by name: both signatures must spell them alike
+    shared = inspect.signature(validate_common).parameters
+    audit = inspect.signature(statistical_audit).parameters
+    agreement = inspect.signature(sampler_law_agreement).parameters
+    for name in COMMON_PARAMETERS:
+        assert name in shared
+        assert (audit[name].kind, audit[name].default, audit[name].annotation) == (
+            agreement[name].kind, agreement[name].default, agreement[name].annotation), name
+    assert list(audit)[:5] == list(agreement)[:5] == list(COMMON_PARAMETERS)[:5]
+    # the tree entry point forwards every other keyword to statistical_audit
+    assert list(inspect.signature(statistical_tree_audit).parameters)[:3] == list(COMMON_PARAMETERS)[:3]
+
+
+def black_box(draft_tokens, draft_probs, target_probs, generator):
+    raise AssertionError("never run: validation comes first")
+
+
+def test_validate_entry_reads_the_shared_arguments_by_name():
+    arguments = dict(verifier=load_verifier("kseq"), draft_model=DRAFT, target_model=TARGET, num_drafts=2,
+                     draft_len=1, prefix=[1], alpha=0.01, min_detectable_tv=0.05, power=0.9, num_samples=None,
+                     max_samples=100, max_seconds=2, seed=7, device="cpu", chunk_size=64, min_expected=5.0,
+                     num_tokens=3)  # an argument of the entry point's own is not read
+    args = validate_entry(arguments)
+    assert (args.verifier.name, args.prefix, args.max_samples, args.seed, args.chunk_size) == ("kseq", (1,), 100, 7, 64)
+
+    # the options reach validate_common: a verifier without output_probs fails the check that needs its law
+    with pytest.raises(InvalidArgument, match="^verifier: 'black_box' has no output_probs"):
+        validate_entry({**arguments, "verifier": black_box}, needs_exact_law=True)
