@@ -94,11 +94,7 @@ class OptimalAcceptanceResult:
 
     def item(self) -> float:
         """alpha* as a Python float; only for a single row."""
-        if self.value.numel() != 1:
-            raise InvalidArgument(
-                f"item(): defined for a single row only; value has shape {tuple(self.value.shape)}"
-            )
-        return float(self.value.reshape(()).item())
+        return _single_item(self.value)
 
     def argmin_set(self, index: Sequence[int] = ()) -> frozenset[int]:
         """Token ids of the smallest set T minimising ``q(T) + 1 - p(T)^K`` for one row.
@@ -167,11 +163,14 @@ class KSeqAcceptanceResult:
 
     def item(self) -> float:
         """P_A as a Python float; only for a single row."""
-        if self.value.numel() != 1:
-            raise InvalidArgument(
-                f"item(): defined for a single row only; value has shape {tuple(self.value.shape)}"
-            )
-        return float(self.value.reshape(()).item())
+        return _single_item(self.value)
+
+
+def _single_item(value: torch.Tensor) -> float:
+    """The one entry of a result's ``value`` as a Python float."""
+    if value.numel() != 1:
+        raise InvalidArgument(f"item(): defined for a single row only; value has shape {tuple(value.shape)}")
+    return float(value.reshape(()).item())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,6 +308,11 @@ def optimal_acceptance(
 # ---------------------------------------------------------------------------------------------
 # Transport LP (small cases; the closed form's oracle)
 # ---------------------------------------------------------------------------------------------
+
+
+def _check_max_variables(max_variables: object) -> None:
+    if isinstance(max_variables, bool) or not isinstance(max_variables, int) or max_variables < 1:
+        raise InvalidArgument(f"max_variables: expected an integer >= 1, got {max_variables!r}")
 
 
 def _iid_set_probs(draft: np.ndarray, num_drafts: int) -> dict[frozenset[int], float]:
@@ -487,8 +491,7 @@ def optimal_acceptance_lp_from_sets(
         raise InvalidArgument(
             f"set_probs: expected a mapping of frozenset of token ids to probability, got {type(set_probs).__name__}"
         )
-    if isinstance(max_variables, bool) or not isinstance(max_variables, int) or max_variables < 1:
-        raise InvalidArgument(f"max_variables: expected an integer >= 1, got {max_variables!r}")
+    _check_max_variables(max_variables)
     cleaned: dict[frozenset[int], float] = {}
     for key, mass in set_probs.items():
         if not isinstance(key, (frozenset, set)) or not key:
@@ -563,8 +566,7 @@ def optimal_acceptance_lp(
     """
     draft, target = _validated_pair(draft_probs, target_probs, one_dim=True)
     k = _check_num_drafts(num_drafts)
-    if isinstance(max_variables, bool) or not isinstance(max_variables, int) or max_variables < 1:
-        raise InvalidArgument(f"max_variables: expected an integer >= 1, got {max_variables!r}")
+    _check_max_variables(max_variables)
     draft_np = draft.cpu().numpy()
     support_size = int(np.count_nonzero(draft_np > 0))
     num_multisets = math.comb(support_size + k - 1, k)

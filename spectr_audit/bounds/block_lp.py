@@ -32,10 +32,9 @@ import scipy.sparse as sp
 import torch
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.iteration import enumerate_drafts
+from spectr_audit.exact.iteration import _emitted_codes, _target_laws, enumerate_drafts
 from spectr_audit import defaults
 from spectr_audit.drafting.models import Model
-from spectr_audit.exact.multi_iteration import target_string_law
 
 __all__ = ["BlockLPResult", "CLARABEL_FALLBACK_OPTIONS", "CLARABEL_OPTIONS", "block_lp"]
 
@@ -82,28 +81,37 @@ class BlockLPResult:
         return self.unmodified_status in _SOLVED and self.repair_status in _SOLVED
 
 
-def _candidates(draft_tokens: torch.Tensor, target_probs: torch.Tensor, vocab_size: int):
-    """Allowed outputs of every tuple, deduplicated: (tuple, length, code, q(s)) as numpy arrays."""
-    num_tuples, num_drafts, draft_len = draft_tokens.shape
-    target = target_probs.double()
-    path_target = target[:, :, :draft_len].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [T, K, L]
-    prefix_joint = torch.cat([torch.ones_like(path_target[..., :1]), path_target], -1).cumprod(-1)  # [T, K, L + 1]
-    powers = vocab_size ** torch.arange(draft_len - 1, -1, -1, dtype=torch.int64)
+def _distinct_candidates(levels):
+    """Allowed outputs, deduplicated, from ``(codes [T, n, V], q(s) [T, n, V])`` per string length 1, 2, ...
+    (T draft tuples or realisations, n strings of that length offered by each): (tuple, length, code, q(s))
+    as numpy arrays, strings with q(s) = 0 left out."""
     keys, joints = [], []
-    for accepted in range(draft_len + 1):
-        prefix_code = (draft_tokens[:, :, :accepted] * powers[draft_len - accepted:]).sum(-1)  # [T, K]
-        codes = prefix_code.unsqueeze(-1) * vocab_size + torch.arange(vocab_size)  # [T, K, V]
-        tuples = torch.arange(num_tuples).view(-1, 1, 1).expand_as(codes)
-        lengths = torch.full_like(codes, accepted + 1)
+    for length, (codes, joint) in enumerate(levels, start=1):
+        tuples = torch.arange(codes.shape[0]).view(-1, 1, 1).expand_as(codes)
+        lengths = torch.full_like(codes, length)
         keys.append(torch.stack([tuples.reshape(-1), lengths.reshape(-1), codes.reshape(-1)], 1))
-        joints.append((prefix_joint[:, :, accepted, None] * target[:, :, accepted]).reshape(-1))  # q(s)
+        joints.append(joint.reshape(-1))
     keys = torch.cat(keys).numpy()
     joints = torch.cat(joints).numpy()
-    # Drafts sharing a prefix offer the same string once.
+    # Drafts sharing a prefix (tree nodes sharing a token path) offer the same string once.
     keys, first = np.unique(keys, axis=0, return_index=True)
     joints = joints[first]
     keep = joints > 0
     return keys[keep, 0], keys[keep, 1], keys[keep, 2], joints[keep]
+
+
+def _candidates(draft_tokens: torch.Tensor, target_probs: torch.Tensor, vocab_size: int):
+    """Allowed outputs of every tuple, deduplicated: (tuple, length, code, q(s)) as numpy arrays."""
+    draft_len = draft_tokens.shape[-1]
+    target = target_probs.double()
+    path_target = target[:, :, :draft_len].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [T, K, L]
+    prefix_joint = torch.cat([torch.ones_like(path_target[..., :1]), path_target], -1).cumprod(-1)  # [T, K, L + 1]
+    codes = _emitted_codes(draft_tokens, vocab_size)  # by number accepted, each [T, K, V]
+    # q(s) of s = the accepted prefix then a token
+    return _distinct_candidates(
+        (codes[accepted], prefix_joint[:, :, accepted, None] * target[:, :, accepted])
+        for accepted in range(draft_len + 1)
+    )
 
 
 def _solve(problem, solver: str, attempts: Sequence[dict]) -> tuple[float, str]:
@@ -173,6 +181,65 @@ def _cap_rows(string_length: np.ndarray, string_code: np.ndarray, string_q: np.n
     return sp.csr_matrix((string_q[cols] / caps[rows], (rows, cols)), shape=(offsets[-1], len(string_code)))
 
 
+def _solver_attempts(solver: str, solver_options: Optional[dict] = None) -> list[dict]:
+    """The option sets to try in turn (see :func:`block_lp`); refuses a solver cvxpy does not have."""
+    import cvxpy as cp
+
+    if solver not in cp.installed_solvers():
+        raise InvalidArgument(f"solver: {solver!r} is not installed; installed: {cp.installed_solvers()}")
+    if solver_options is not None:
+        return [solver_options]
+    return [CLARABEL_OPTIONS, CLARABEL_FALLBACK_OPTIONS, {}] if solver == "CLARABEL" else [{}]
+
+
+def _string_lps(tuple_of: np.ndarray, length: np.ndarray, code: np.ndarray, string_target: np.ndarray,
+                tuple_weight: np.ndarray, target_model: Model, prefix: Sequence[int], full: int, vocab_size: int,
+                solver: str, attempts: Sequence[dict]) -> dict:
+    """Maximise ``E[len(s)]`` over ``pi(s | tuple)`` for the candidates ``(tuple_of, length, code, q(s))`` of
+    tuples of probability ``tuple_weight``, with strings of up to ``full`` tokens: the unmodified-continuation
+    LP and the repair-allowed one (docs/audit/bounds.md).  Returns the fields of :class:`BlockLPResult` that
+    describe the LPs (the block and tree LPs share them)."""
+    import cvxpy as cp
+
+    num_tuples = tuple_weight.shape[0]
+    num_vars = tuple_of.shape[0]
+    # Variables scaled for the solver: mass[v] = P(tuple) pi(s|tuple) per candidate and ratio[s] = E(s)/q(s)
+    # per distinct string, linked by sum_tuple mass = q(s) ratio(s); the constraints on ratio then have
+    # coefficients in [0, 1] instead of q(w)/q(s), which spans many orders of magnitude.
+    string_length, string_code, string_of_var, string_q = _distinct_strings(length, code, string_target)
+    num_strings = string_q.shape[0]
+    mass = cp.Variable(num_vars, nonneg=True)
+    ratio = cp.Variable(num_strings, nonneg=True)
+    normalise = sp.csr_matrix((np.ones(num_vars), (tuple_of, np.arange(num_vars))), shape=(num_tuples, num_vars))
+    gather = sp.csr_matrix((np.ones(num_vars), (string_of_var, np.arange(num_vars))), shape=(num_strings, num_vars))
+    link = gather @ mass == cp.multiply(string_q, ratio)
+    objective = cp.Maximize(length @ mass)
+    target_laws = [law.numpy() for law in _target_laws(target_model, prefix, full)[1]]  # q(u), u of 1 .. full tokens
+
+    # Unmodified continuation: for every w of `full` tokens with q(w) > 0, sum_{s prefix of w} E(s)/q(s) = 1.
+    exactness = _exactness_rows(string_length, string_code, target_laws[-1], vocab_size, full)
+    # The exactness rows, weighted by q(w), sum to total mass 1, as do the normalisations: drop the last
+    # normalisation so that the equality system has full rank (interior-point solvers stall otherwise).
+    unmodified = cp.Problem(
+        objective, [normalise[:-1] @ mass == tuple_weight[:-1], link, exactness @ ratio == 1]
+    )
+    unmodified_value, unmodified_status = _solve(unmodified, solver, attempts)
+
+    # Repair allowed: B(u) <= q(u) for every u of 1 .. full tokens, as sum_{s extends u} q(s)/q(u) ratio(s) <= 1.
+    cap = _cap_rows(string_length, string_code, string_q, np.concatenate(target_laws), vocab_size, full)
+    repair = cp.Problem(objective, [normalise @ mass == tuple_weight, link, cap @ ratio <= 1])
+    repair_value, repair_status = _solve(repair, solver, attempts)
+    return dict(
+        num_variables=num_vars + num_strings,
+        unmodified_value=unmodified_value,
+        unmodified_status=unmodified_status,
+        unmodified_num_constraints=int(exactness.shape[0]) + num_strings + num_tuples - 1,
+        repair_value=repair_value,
+        repair_status=repair_status,
+        repair_num_constraints=int(cap.shape[0]) + num_strings + num_tuples,
+    )
+
+
 def block_lp(
     draft_model: Model,
     target_model: Model,
@@ -219,63 +286,21 @@ def block_lp(
     >>> round(result.unmodified_value * 9, 4), round(result.repair_value * 9, 4)   # 20/9 and 21/9
     (20.0, 21.0)
     """
-    import cvxpy as cp
-
     if not isinstance(num_drafts, int) or num_drafts < 1:
         raise InvalidArgument(f"num_drafts: expected an integer >= 1, got {num_drafts!r}")
     if not isinstance(draft_len, int) or draft_len < 1:
         raise InvalidArgument(f"draft_len: expected an integer >= 1, got {draft_len!r}")
-    if solver not in cp.installed_solvers():
-        raise InvalidArgument(f"solver: {solver!r} is not installed; installed: {cp.installed_solvers()}")
-    if solver_options is not None:
-        attempts = [solver_options]
-    else:
-        attempts = [CLARABEL_OPTIONS, CLARABEL_FALLBACK_OPTIONS, {}] if solver == "CLARABEL" else [{}]
+    attempts = _solver_attempts(solver, solver_options)
     vocab_size = draft_model.vocab_size
     enumeration = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, "iid", prefix)
-    num_tuples = enumeration.weights.shape[0]
-    tuple_weight = enumeration.weights.double().numpy()
-    tuple_of, length, code, string_target = _candidates(enumeration.draft_tokens, enumeration.target_probs, vocab_size)
-    num_vars = tuple_of.shape[0]
-    # Variables scaled for the solver: mass[v] = P(tuple) pi(s|tuple) per candidate and ratio[s] = E(s)/q(s)
-    # per distinct string, linked by sum_tuple mass = q(s) ratio(s); the constraints on ratio then have
-    # coefficients in [0, 1] instead of q(w)/q(s), which spans many orders of magnitude.
-    string_length, string_code, string_of_var, string_q = _distinct_strings(length, code, string_target)
-    num_strings = string_q.shape[0]
-    mass = cp.Variable(num_vars, nonneg=True)
-    ratio = cp.Variable(num_strings, nonneg=True)
-    normalise = sp.csr_matrix((np.ones(num_vars), (tuple_of, np.arange(num_vars))), shape=(num_tuples, num_vars))
-    gather = sp.csr_matrix((np.ones(num_vars), (string_of_var, np.arange(num_vars))), shape=(num_strings, num_vars))
-    link = gather @ mass == cp.multiply(string_q, ratio)
-    objective = cp.Maximize(length @ mass)
-    full = draft_len + 1
-
-    # Unmodified continuation: for every w of L + 1 tokens with q(w) > 0, sum_{s prefix of w} E(s)/q(s) = 1.
-    exactness = _exactness_rows(string_length, string_code, target_string_law(target_model, full, prefix).numpy(),
-                                vocab_size, full)
-    # The exactness rows, weighted by q(w), sum to total mass 1, as do the normalisations: drop the last
-    # normalisation so that the equality system has full rank (interior-point solvers stall otherwise).
-    unmodified = cp.Problem(
-        objective, [normalise[:-1] @ mass == tuple_weight[:-1], link, exactness @ ratio == 1]
-    )
-    unmodified_value, unmodified_status = _solve(unmodified, solver, attempts)
-
-    # Repair allowed: B(u) <= q(u) for every u of 1 .. L + 1 tokens, as sum_{s extends u} q(s)/q(u) ratio(s) <= 1.
-    caps = np.concatenate([target_string_law(target_model, m, prefix).numpy() for m in range(1, full + 1)])
-    cap = _cap_rows(string_length, string_code, string_q, caps, vocab_size, full)
-    repair = cp.Problem(objective, [normalise @ mass == tuple_weight, link, cap @ ratio <= 1])
-    repair_value, repair_status = _solve(repair, solver, attempts)
+    candidates = _candidates(enumeration.draft_tokens, enumeration.target_probs, vocab_size)
+    lps = _string_lps(*candidates, enumeration.weights.double().numpy(), target_model, prefix, draft_len + 1,
+                      vocab_size, solver, attempts)
     return BlockLPResult(
         num_drafts=num_drafts,
         draft_len=draft_len,
         vocab_size=vocab_size,
-        num_draft_tuples=num_tuples,
-        num_variables=num_vars + num_strings,
+        num_draft_tuples=enumeration.weights.shape[0],
         solver=solver,
-        unmodified_value=unmodified_value,
-        unmodified_status=unmodified_status,
-        unmodified_num_constraints=int(exactness.shape[0]) + num_strings + num_tuples - 1,
-        repair_value=repair_value,
-        repair_status=repair_status,
-        repair_num_constraints=int(cap.shape[0]) + num_strings + num_tuples,
+        **lps,
     )

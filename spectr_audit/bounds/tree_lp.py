@@ -32,24 +32,22 @@ import math
 from typing import Optional, Sequence
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 from spectr_audit import defaults
 from spectr_audit.bounds.acceptance import optimal_acceptance, optimal_acceptance_lp_from_sets
-from spectr_audit.bounds.block_lp import (
-    CLARABEL_FALLBACK_OPTIONS,
-    CLARABEL_OPTIONS,
-    _cap_rows,
-    _distinct_strings,
-    _exactness_rows,
-    _solve,
-)
-from spectr_audit.contract.tree import TREE_DRAFT_SCHEMES, DraftTree
+from spectr_audit.bounds.block_lp import _distinct_candidates, _solver_attempts, _string_lps
+from spectr_audit.contract.tree import DraftTree
 from spectr_audit.drafting.models import Model, contexts_from
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.multi_iteration import target_string_law
-from spectr_audit.exact.tree import TreeDraftEnumeration, enumerate_tree_drafts
+from spectr_audit.exact.iteration import _check_vocab
+from spectr_audit.exact.tree import (
+    TreeDraftEnumeration,
+    _check_scheme,
+    _check_tree,
+    _level_codes,
+    enumerate_tree_drafts,
+)
 
 __all__ = [
     "TreeBound",
@@ -120,15 +118,9 @@ class TreeBound:
 
 
 def _check(tree: DraftTree, draft_scheme: str, draft_model: Model, target_model: Model) -> int:
-    if not isinstance(tree, DraftTree):
-        raise InvalidArgument(f"tree: expected a DraftTree, got {type(tree).__name__}")
-    if draft_scheme not in TREE_DRAFT_SCHEMES:
-        raise InvalidArgument(f"draft_scheme: expected one of {TREE_DRAFT_SCHEMES}, got {draft_scheme!r}")
-    vocab_size = draft_model.vocab_size
-    if target_model.vocab_size != vocab_size:
-        raise InvalidArgument(
-            f"target_model: vocab_size {target_model.vocab_size} differs from draft_model's {vocab_size}")
-    return vocab_size
+    _check_tree(tree)
+    _check_scheme(draft_scheme)
+    return _check_vocab(draft_model, target_model)
 
 
 def _root_laws(draft_model: Model, target_model: Model, prefix: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,25 +250,11 @@ def _path_joints(enumeration: TreeDraftEnumeration) -> torch.Tensor:  # [R, N + 
 
 def _tree_candidates(enumeration: TreeDraftEnumeration):
     """Allowed outputs of every realisation, deduplicated: (realisation, length, code, q(s)) as numpy arrays."""
-    tree, vocab_size = enumeration.tree, enumeration.vocab_size
-    num_realisations = enumeration.num_realisations
     joint = _path_joints(enumeration)
     target = enumeration.path_target_probs[enumeration.node_paths]  # [R, N + 1, V]
-    keys, joints = [], []
-    for depth in range(tree.max_depth + 1):
-        nodes = list(tree.level(depth))
-        codes = enumeration.path_codes[:, nodes].unsqueeze(-1) * vocab_size + torch.arange(vocab_size)  # [R, n, V]
-        rows = torch.arange(num_realisations).view(-1, 1, 1).expand_as(codes)
-        lengths = torch.full_like(codes, depth + 1)
-        keys.append(torch.stack([rows.reshape(-1), lengths.reshape(-1), codes.reshape(-1)], 1))
-        joints.append((joint[:, nodes].unsqueeze(-1) * target[:, nodes]).reshape(-1))
-    keys = torch.cat(keys).numpy()
-    joints = torch.cat(joints).numpy()
-    # nodes of one realisation that share a token path (iid siblings) offer each string once
-    keys, first = np.unique(keys, axis=0, return_index=True)
-    joints = joints[first]
-    keep = joints > 0
-    return keys[keep, 0], keys[keep, 1], keys[keep, 2], joints[keep]
+    by_depth = _level_codes(enumeration.tree, enumeration.path_codes, enumeration.vocab_size)
+    # q(s) of s = a node's path then a token
+    return _distinct_candidates((codes, joint[:, nodes].unsqueeze(-1) * target[:, nodes]) for nodes, codes in by_depth)
 
 
 def _root_set_law(enumeration: TreeDraftEnumeration) -> dict:
@@ -332,41 +310,16 @@ def tree_lp(
     >>> round(lp.accepted_length, 6), round(lp.acceptance, 6), lp.status
     (0.94, 0.94, 'optimal')
     """
-    import cvxpy as cp
-
     vocab_size = _check(tree, draft_scheme, draft_model, target_model)
-    if solver not in cp.installed_solvers():
-        raise InvalidArgument(f"solver: {solver!r} is not installed; installed: {cp.installed_solvers()}")
+    attempts = _solver_attempts(solver)
     enumeration = enumerate_tree_drafts(draft_model, target_model, tree, draft_scheme, prefix)
     estimate = enumeration.num_realisations * tree.num_nodes * vocab_size
     if estimate > max_variables:
         raise InvalidArgument(
             f"max_variables: the tree LP needs up to {estimate} variables ({enumeration.num_realisations} realisations x "
             f"{tree.num_nodes} nodes x V = {vocab_size}), above max_variables={max_variables}")
-    attempts = [CLARABEL_OPTIONS, CLARABEL_FALLBACK_OPTIONS, {}] if solver == "CLARABEL" else [{}]
-    num_realisations = enumeration.num_realisations
-    weight = enumeration.weights.numpy()
-    realisation_of, length, code, string_target = _tree_candidates(enumeration)
-    num_vars = realisation_of.shape[0]
-    string_length, string_code, string_of_var, string_q = _distinct_strings(length, code, string_target)
-    num_strings = string_q.shape[0]
-    # scaled variables as in block_lp: mass = P(r) pi(s | r), ratio = E(s) / q(s)
-    mass = cp.Variable(num_vars, nonneg=True)
-    ratio = cp.Variable(num_strings, nonneg=True)
-    normalise = sp.csr_matrix((np.ones(num_vars), (realisation_of, np.arange(num_vars))), shape=(num_realisations, num_vars))
-    gather = sp.csr_matrix((np.ones(num_vars), (string_of_var, np.arange(num_vars))), shape=(num_strings, num_vars))
-    link = gather @ mass == cp.multiply(string_q, ratio)
-    objective = cp.Maximize(length @ mass)
-    full = tree.max_depth + 1
-    exactness = _exactness_rows(string_length, string_code, target_string_law(target_model, full, prefix).numpy(),
-                                vocab_size, full)
-    # the exactness rows weighted by q(w) and the normalisations both total 1: drop one normalisation (full rank)
-    unmodified = cp.Problem(objective, [normalise[:-1] @ mass == weight[:-1], link, exactness @ ratio == 1])
-    value, status = _solve(unmodified, solver, attempts)
-    caps = np.concatenate([target_string_law(target_model, m, prefix).numpy() for m in range(1, full + 1)])
-    cap = _cap_rows(string_length, string_code, string_q, caps, vocab_size, full)
-    repair = cp.Problem(objective, [normalise @ mass == weight, link, cap @ ratio <= 1])
-    repair_value, repair_status = _solve(repair, solver, attempts)
+    lps = _string_lps(*_tree_candidates(enumeration), enumeration.weights.numpy(), target_model, prefix,
+                      tree.max_depth + 1, vocab_size, solver, attempts)
     _, root_target = _root_laws(draft_model, target_model, prefix)
     try:
         acceptance_lp = optimal_acceptance_lp_from_sets(_root_set_law(enumeration), root_target,
@@ -376,13 +329,13 @@ def tree_lp(
         acceptance, acceptance_status = math.nan, f"skipped: {exc}"
     return TreeLPResult(
         draft_scheme=draft_scheme,
-        num_realisations=num_realisations,
-        num_variables=num_vars + num_strings,
+        num_realisations=enumeration.num_realisations,
+        num_variables=lps["num_variables"],
         solver=solver,
-        accepted_length=value - 1.0,
-        status=status,
-        repair_accepted_length=repair_value - 1.0,
-        repair_status=repair_status,
+        accepted_length=lps["unmodified_value"] - 1.0,
+        status=lps["unmodified_status"],
+        repair_accepted_length=lps["repair_value"] - 1.0,
+        repair_status=lps["repair_status"],
         acceptance=acceptance,
         acceptance_status=acceptance_status,
     )

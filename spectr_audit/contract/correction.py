@@ -110,6 +110,11 @@ def has_carried_correction(verifier) -> bool:
     return callable(getattr(verifier, "carried_correction", None))
 
 
+def _picked(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # [..., vocab_size], [...] -> [...]
+    """The probability of each token under its law, in float64."""
+    return probs.double().gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
 def emitted_path_probs(
     draft_tokens: torch.Tensor,  # [batch_size, num_drafts, draft_len]
     draft_probs: torch.Tensor,  # [batch_size, num_drafts, draft_len, vocab_size]
@@ -128,16 +133,16 @@ def emitted_path_probs(
     batch_size, _, draft_len = draft_tokens.shape
     rows = torch.arange(batch_size, device=draft_tokens.device)
     path = draft_tokens[rows, draft_index]  # [batch_size, draft_len]
-    drafted = draft_probs[rows, draft_index].double().gather(-1, path.unsqueeze(-1)).squeeze(-1)
-    targeted = target_probs[rows, draft_index, :draft_len].double().gather(-1, path.unsqueeze(-1)).squeeze(-1)
+    drafted = _picked(draft_probs[rows, draft_index], path)
+    targeted = _picked(target_probs[rows, draft_index, :draft_len], path)
     accepted = torch.arange(draft_len, device=draft_tokens.device) < num_accepted.unsqueeze(-1)
     one = torch.ones_like(drafted)
     draft_joint = torch.where(accepted, drafted, one).prod(-1)
     target_joint = torch.where(accepted, targeted, one).prod(-1)
     level = num_accepted.clamp(max=draft_len - 1)
-    last_draft = draft_probs[rows, draft_index, level].double().gather(-1, next_token.unsqueeze(-1)).squeeze(-1)
+    last_draft = _picked(draft_probs[rows, draft_index, level], next_token)
     last_draft = torch.where(num_accepted < draft_len, last_draft, torch.ones_like(last_draft))
-    last_target = target_probs[rows, draft_index, num_accepted].double().gather(-1, next_token.unsqueeze(-1)).squeeze(-1)
+    last_target = _picked(target_probs[rows, draft_index, num_accepted], next_token)
     return draft_joint * last_draft, target_joint * last_target
 
 
@@ -148,8 +153,8 @@ def _path_ratios(
 ) -> torch.Tensor:  # [batch_size, num_drafts, draft_len]
     """p(w) / q(w) for every node w = draft_tokens[b, k, :l] of the tree (inf where q(w) = 0 < p(w))."""
     draft_len = draft_tokens.shape[-1]
-    drafted = draft_probs.double().gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
-    targeted = target_probs[:, :, :draft_len].double().gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    drafted = _picked(draft_probs, draft_tokens)
+    targeted = _picked(target_probs[:, :, :draft_len], draft_tokens)
     ones = torch.ones_like(drafted[..., :1])
     draft_joint = torch.cat([ones, drafted[..., :-1]], -1).cumprod(-1)
     target_joint = torch.cat([ones, targeted[..., :-1]], -1).cumprod(-1)

@@ -85,6 +85,21 @@ def _sequence_conditionals(model: Model, prefix: Sequence[int], sequences: torch
     ).double()
 
 
+def _check_vocab(draft_model: Model, target_model: Model) -> int:
+    """The models' common vocabulary size; they must agree."""
+    vocab_size = draft_model.vocab_size
+    if target_model.vocab_size != vocab_size:
+        raise InvalidArgument(
+            f"target_model: vocab_size {target_model.vocab_size} differs from draft_model's {vocab_size}"
+        )
+    return vocab_size
+
+
+def _check_exact_law(verifier: Verifier) -> None:
+    if not verifier.has_exact_law:
+        raise InvalidArgument(f"verifier: {verifier.name!r} has no exact law (output_probs); use the statistical audit")
+
+
 def enumerate_drafts(
     draft_model: Model,
     target_model: Model,
@@ -99,11 +114,7 @@ def enumerate_drafts(
     draft model (weights are products).  ``without_replacement`` (L = 1 only): ordered
     tuples of distinct tokens, ``prod p(x_i) / (1 - sum_{j<i} p(x_j))``.
     """
-    vocab_size = draft_model.vocab_size
-    if target_model.vocab_size != vocab_size:
-        raise InvalidArgument(
-            f"target_model: vocab_size {target_model.vocab_size} differs from draft_model's {vocab_size}"
-        )
+    vocab_size = _check_vocab(draft_model, target_model)
     if num_drafts < 1 or draft_len < 1:
         raise InvalidArgument(f"num_drafts, draft_len: must be >= 1, got {num_drafts}, {draft_len}")
     if draft_scheme == "iid":
@@ -156,10 +167,6 @@ def enumerate_drafts(
     )
 
 
-def _all_strings(vocab_size: int, length: int) -> torch.Tensor:
-    return _product_grid(vocab_size, length)
-
-
 def string_of(code: int, length: int, vocab_size: int) -> tuple[int, ...]:
     """Decode a base-V string code (most significant token first)."""
     out = []
@@ -207,17 +214,45 @@ class ExactIterationResult:
 
     def worst_strings(self, count: int = 5) -> list[dict]:
         """The strings w of length L + 1 with the largest |F(w) - q(w)|."""
-        diff = (self.implied_law - self.target_law[-1]).abs()
-        top = torch.topk(diff, min(count, diff.numel()))
-        return [
-            {
-                "string": list(string_of(int(code), self.draft_len + 1, self.vocab_size)),
-                "implied": float(self.implied_law[code]),
-                "target": float(self.target_law[-1][code]),
-            }
-            for code in top.indices.tolist()
-            if float(diff[code]) > 0
-        ]
+        return _worst_strings(self.implied_law, self.target_law[-1], "implied", self.draft_len + 1, self.vocab_size,
+                              count)
+
+
+def _worst_strings(law: torch.Tensor, target: torch.Tensor, law_key: str, length: int, vocab_size: int,
+                   count: int) -> list[dict]:
+    """The (at most ``count``) strings of ``length`` tokens with the largest ``|law - target|`` > 0, largest first."""
+    diff = (law - target).abs()
+    top = torch.topk(diff, min(count, diff.numel()))
+    return [
+        {
+            "string": list(string_of(int(code), length, vocab_size)),
+            law_key: float(law[code]),
+            "target": float(target[code]),
+        }
+        for code in top.indices.tolist()
+        if float(diff[code]) > 0
+    ]
+
+
+def _emitted_codes(draft_tokens: torch.Tensor, vocab_size: int) -> list:  # each [n, K, V]
+    """Codes of the strings a step may emit, by number accepted: ``draft_tokens[:, k, :accepted]`` then any token."""
+    draft_len = draft_tokens.shape[-1]
+    powers = vocab_size ** torch.arange(draft_len - 1, -1, -1, dtype=torch.int64)
+    return [
+        (draft_tokens[:, :, :accepted] * powers[draft_len - accepted :]).sum(-1).unsqueeze(-1) * vocab_size
+        + torch.arange(vocab_size)
+        for accepted in range(draft_len + 1)
+    ]
+
+
+def _accumulate(emitted: list, levels, first_tokens: torch.Tensor, root_mass: torch.Tensor,
+                deeper_mass: torch.Tensor) -> torch.Tensor:
+    """Add one chunk's ``(codes, mass)`` per emitted length to ``emitted``; return its membership acceptance,
+    from the drafted first tokens ``[n, k]``, the root's emission law ``[n, V]`` and every deeper node's."""
+    for length, (codes, mass) in enumerate(levels):
+        emitted[length].scatter_add_(0, codes.reshape(-1), mass.reshape(-1))
+    first = torch.zeros(root_mass.shape, dtype=torch.bool).scatter(1, first_tokens, True)
+    return deeper_mass.sum() + (root_mass * first).sum()
 
 
 def _emitted_laws(verifier: Verifier, enumeration: DraftEnumeration, num_drafts: int, draft_len: int, vocab_size: int,
@@ -226,7 +261,6 @@ def _emitted_laws(verifier: Verifier, enumeration: DraftEnumeration, num_drafts:
     num_tuples = enumeration.weights.shape[0]
     emitted = [torch.zeros(vocab_size ** (m + 1), dtype=torch.float64) for m in range(draft_len + 1)]
     membership = torch.zeros((), dtype=torch.float64)
-    powers = vocab_size ** torch.arange(draft_len - 1, -1, -1, dtype=torch.int64)
     # Every tuple is made of the enumerated sequences: validate their conditionals once (as one-draft
     # inputs) instead of every tuple's copy of them, where the verifier takes the standard entry point.
     validate_tuples = type(verifier).output_probs is not Verifier.output_probs
@@ -242,28 +276,32 @@ def _emitted_laws(verifier: Verifier, enumeration: DraftEnumeration, num_drafts:
             tokens.shape[0], num_drafts, draft_len, vocab_size, who=verifier.name,
         )
         weighted = law * weights.view(-1, 1, 1, 1)  # [n, K, L + 1, V]
-        for accepted in range(draft_len + 1):
-            # code of the accepted prefix draft_tokens[:, k, :accepted], then append the next token
-            prefix_code = (tokens[:, :, :accepted] * powers[draft_len - accepted :]).sum(-1)  # [n, K]
-            codes = prefix_code.unsqueeze(-1) * vocab_size + torch.arange(vocab_size)
-            emitted[accepted].scatter_add_(0, codes.reshape(-1), weighted[:, :, accepted, :].reshape(-1))
+        levels = zip(_emitted_codes(tokens, vocab_size), weighted.unbind(2))  # by number accepted
         # membership: first emitted token among the drafts' first tokens
-        first_tokens = torch.zeros(tokens.shape[0], vocab_size, dtype=torch.bool).scatter(1, tokens[:, :, 0], True)
-        membership += weighted[:, :, 1:, :].sum() + (weighted[:, :, 0, :].sum(1) * first_tokens).sum()
+        membership += _accumulate(emitted, levels, tokens[:, :, 0], weighted[:, :, 0, :].sum(1), weighted[:, :, 1:, :])
     return emitted, float(membership)
 
 
-def _target_and_implied_laws(target_model: Model, prefix: Sequence[int], emitted: list,
-                             vocab_size: int) -> tuple[list, torch.Tensor]:
-    """Target laws q(w) over strings of length 1 .. L + 1, and the implied law F of the first L + 1 tokens."""
-    target_law, implied = [], None
+def _target_laws(target_model: Model, prefix: Sequence[int], num_tokens: int) -> tuple[list, list]:
+    """The target's conditionals after every string of m tokens (``[V^m, V]``) and its laws of strings of
+    m + 1 tokens (``[V^(m+1)]``), for m = 0 .. ``num_tokens - 1``."""
+    vocab_size = target_model.vocab_size
+    conditionals, laws = [], []
     joint = torch.ones(1, dtype=torch.float64)
-    for m in range(len(emitted)):
-        contexts = _all_strings(vocab_size, m)
-        cond = target_model(contexts_from(prefix, contexts)).double()  # [V^m, V]
-        implied = emitted[0] if m == 0 else (implied.unsqueeze(-1) * cond).reshape(-1) + emitted[m]
+    for m in range(num_tokens):
+        cond = target_model(contexts_from(prefix, _product_grid(vocab_size, m))).double()  # [V^m, V]
         joint = (joint.unsqueeze(-1) * cond).reshape(-1)
-        target_law.append(joint)
+        conditionals.append(cond)
+        laws.append(joint)
+    return conditionals, laws
+
+
+def _target_and_implied_laws(target_model: Model, prefix: Sequence[int], emitted: list) -> tuple[list, torch.Tensor]:
+    """Target laws q(w) over strings of length 1 .. L + 1, and the implied law F of the first L + 1 tokens."""
+    conditionals, target_law = _target_laws(target_model, prefix, len(emitted))
+    implied = emitted[0]
+    for m in range(1, len(emitted)):
+        implied = (implied.unsqueeze(-1) * conditionals[m]).reshape(-1) + emitted[m]
     return target_law, implied
 
 
@@ -284,6 +322,25 @@ def _worst_prefix_cap(prefix_law: list, target_law: list, vocab_size: int) -> tu
         if float(value) > excess:
             excess, worst = float(value), string_of(int(code), m + 1, vocab_size)
     return excess, worst
+
+
+def _law_fields(target_model: Model, prefix: Sequence[int], emitted: list, vocab_size: int) -> dict:
+    """The :class:`ExactIterationResult` fields that follow from the emitted laws ``E_m`` and the target."""
+    target_law, implied = _target_and_implied_laws(target_model, prefix, emitted)
+    prefix_law = _prefix_laws(emitted, vocab_size)
+    excess, worst = _worst_prefix_cap(prefix_law, target_law, vocab_size)
+    diff = implied - target_law[-1]
+    return dict(
+        emitted_law=tuple(emitted),
+        target_law=tuple(target_law),
+        implied_law=implied,
+        prefix_law=tuple(prefix_law),
+        tv_distance=float(diff.abs().sum() / 2),
+        max_abs_error=float(diff.abs().max()),
+        token_tv_distance=float((prefix_law[0] - target_law[0]).abs().sum() / 2),
+        prefix_cap_excess=excess,
+        worst_prefix=worst,
+    )
 
 
 def exact_iteration(
@@ -355,17 +412,12 @@ def exact_iteration(
         from spectr_audit.drafting.processed import bind_params
 
         verifier, draft_model, target_model = bind_params(verifier, draft_model, target_model, params, order, prefix)
-    if not verifier.has_exact_law:
-        raise InvalidArgument(f"verifier: {verifier.name!r} has no exact law (output_probs); use the statistical audit")
+    _check_exact_law(verifier)
     verifier.check_supports(num_drafts, draft_len)
     draft_scheme = draft_scheme or verifier.draft_scheme
     enumeration = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, draft_scheme, prefix)
     vocab_size = draft_model.vocab_size
     emitted, membership = _emitted_laws(verifier, enumeration, num_drafts, draft_len, vocab_size, chunk_size)
-    target_law, implied = _target_and_implied_laws(target_model, prefix, emitted, vocab_size)
-    prefix_law = _prefix_laws(emitted, vocab_size)
-    excess, worst = _worst_prefix_cap(prefix_law, target_law, vocab_size)
-    diff = implied - target_law[-1]
     lengths = torch.arange(1, draft_len + 2, dtype=torch.float64)
     block_efficiency = float(sum(lengths[m] * emitted[m].sum() for m in range(draft_len + 1)))
     return ExactIterationResult(
@@ -373,15 +425,7 @@ def exact_iteration(
         num_drafts=num_drafts,
         draft_len=draft_len,
         num_draft_tuples=enumeration.weights.shape[0],
-        emitted_law=tuple(emitted),
-        target_law=tuple(target_law),
-        implied_law=implied,
-        prefix_law=tuple(prefix_law),
-        tv_distance=float(diff.abs().sum() / 2),
-        max_abs_error=float(diff.abs().max()),
-        token_tv_distance=float((prefix_law[0] - target_law[0]).abs().sum() / 2),
-        prefix_cap_excess=excess,
-        worst_prefix=worst,
+        **_law_fields(target_model, prefix, emitted, vocab_size),
         block_efficiency=block_efficiency,
         acceptance=membership,
     )

@@ -26,7 +26,6 @@ positive no correction of later iterations can repair that iteration.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -35,7 +34,7 @@ from spectr_audit.contract.verifier import Verifier, VerifyOutput, check_output_
 from spectr_audit.contract.correction import CorrectionChain
 from spectr_audit.drafting.decoding import _write, emitted_tokens
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.iteration import enumerate_drafts, string_of
+from spectr_audit.exact.iteration import _check_exact_law, _target_laws, _worst_strings, enumerate_drafts, string_of
 from spectr_audit.drafting.models import PAD, Model, contexts_from
 
 __all__ = ["MultiIterationResult", "exact_multi_iteration", "target_string_law"]
@@ -74,28 +73,13 @@ class MultiIterationResult:
 
     def worst_strings(self, count: int = 5) -> list[dict]:
         """The strings with the largest ``|decoded - target|``."""
-        diff = (self.decoded_law - self.target_law).abs()
-        top = torch.topk(diff, min(count, diff.numel()))
-        return [
-            {
-                "string": list(string_of(int(code), self.num_tokens, self.vocab_size)),
-                "decoded": float(self.decoded_law[code]),
-                "target": float(self.target_law[code]),
-            }
-            for code in top.indices.tolist()
-            if float(diff[code]) > 0
-        ]
+        return _worst_strings(self.decoded_law, self.target_law, "decoded", self.num_tokens, self.vocab_size, count)
 
 
 def target_string_law(target_model: Model, num_tokens: int, prefix: Sequence[int] = ()) -> torch.Tensor:
     """q(w) for every string w of ``num_tokens`` tokens after ``prefix``: ``[V ** num_tokens]``."""
-    vocab_size = target_model.vocab_size
-    joint = torch.ones(1, dtype=torch.float64)
-    for length in range(num_tokens):
-        strings = torch.tensor(list(itertools.product(range(vocab_size), repeat=length)), dtype=torch.int64)
-        cond = target_model(contexts_from(prefix, strings.reshape(vocab_size**length, length))).double()
-        joint = (joint.unsqueeze(-1) * cond).reshape(-1)
-    return joint
+    laws = _target_laws(target_model, prefix, num_tokens)[1]
+    return laws[-1] if laws else torch.ones(1, dtype=torch.float64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +99,10 @@ class _Histories:
     def take(self, index: torch.Tensor) -> "_Histories":
         return _Histories(self.tokens[index], self.lengths[index], self.weight[index], self.iterations[index],
                           self.chain.select(index))
+
+    def contexts(self, prefix: tuple) -> list[tuple]:
+        """Each history's context: ``prefix`` and its committed tokens."""
+        return [prefix + tuple(row[:length]) for row, length in zip(self.tokens.tolist(), self.lengths.tolist())]
 
 
 def _codes(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -181,8 +169,7 @@ def _draft_tuples(live: _Histories, prefix: tuple, enumerations: dict, draft_mod
                   num_drafts: int, draft_len: int, draft_scheme: str) -> _Tuples:
     """Every draft tuple at each live history's context (enumerations cached by context), corrections applied."""
     history_of_row, enum_rows = [], []
-    for h, (row_tokens, length) in enumerate(zip(live.tokens.tolist(), live.lengths.tolist())):
-        context = prefix + tuple(row_tokens[:length])
+    for h, context in enumerate(live.contexts(prefix)):
         if context not in enumerations:
             enumerations[context] = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, draft_scheme,
                                                      context)
@@ -309,8 +296,7 @@ def exact_multi_iteration(
     >>> audit.tv_distance < 1e-12
     True
     """
-    if not verifier.has_exact_law:
-        raise InvalidArgument(f"verifier: {verifier.name!r} has no exact law (output_probs); use the statistical audit")
+    _check_exact_law(verifier)
     if not isinstance(num_tokens, int) or num_tokens < 1:
         raise InvalidArgument(f"num_tokens: expected an integer >= 1, got {num_tokens!r}")
     verifier.check_supports(num_drafts, draft_len)
@@ -390,8 +376,7 @@ def _with_params(verifier, draft_model, target_model, params, order, carries: bo
     def law(live: _Histories, prefix: tuple, enumerations: dict, tuples: _Tuples) -> torch.Tensor:
         # the raw logits of every tuple, in _draft_tuples' row order (histories in turn), cached by context
         draft_rows, target_rows = [], []
-        for row_tokens, length in zip(live.tokens.tolist(), live.lengths.tolist()):
-            context = prefix + tuple(row_tokens[:length])
+        for context in live.contexts(prefix):
             if context not in cache:
                 tokens = enumerations[context].draft_tokens  # [N, K, L]
                 contexts = contexts_from(context, torch.zeros(tokens.shape[0], 0, dtype=torch.int64))

@@ -46,13 +46,7 @@ from spectr_audit.contract.tree import TREE_DRAFT_SCHEMES, DraftTree, topk_order
 from spectr_audit.contract.tree_verifier import TreeVerifier, as_tree_verifier, check_tree_output_probs
 from spectr_audit.drafting.models import Model, contexts_from
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.iteration import (
-    ExactIterationResult,
-    _prefix_laws,
-    _product_grid,
-    _target_and_implied_laws,
-    _worst_prefix_cap,
-)
+from spectr_audit.exact.iteration import ExactIterationResult, _accumulate, _check_vocab, _law_fields, _product_grid
 
 __all__ = [
     "MAX_TREE_REALISATIONS",
@@ -125,6 +119,19 @@ def _check_scheme(draft_scheme: str) -> str:
     if draft_scheme not in TREE_DRAFT_SCHEMES:
         raise InvalidArgument(f"draft_scheme: expected one of {TREE_DRAFT_SCHEMES}, got {draft_scheme!r}")
     return draft_scheme
+
+
+def _check_tree(tree: DraftTree) -> None:
+    if not isinstance(tree, DraftTree):
+        raise InvalidArgument(f"tree: expected a DraftTree, got {type(tree).__name__}")
+
+
+def _level_codes(tree: DraftTree, path_codes: torch.Tensor, vocab_size: int):
+    """``(nodes, codes [n, |level|, V])`` per depth d = 0 .. D: the codes of the strings of d + 1 tokens a step
+    may emit, the path to a node of depth d (``path_codes [n, num_nodes]``) then any token."""
+    for depth in range(tree.max_depth + 1):
+        nodes = list(tree.level(depth))
+        yield nodes, path_codes[:, nodes].unsqueeze(-1) * vocab_size + torch.arange(vocab_size)
 
 
 def tree_enumeration_size(tree: DraftTree, draft_scheme: str, vocab_size: int) -> int:
@@ -209,14 +216,9 @@ def enumerate_tree_drafts(
     >>> enumerate_tree_drafts(draft, target, DraftTree.chains(2, 1), "topk").node_tokens.tolist()
     [[0, 0, 1]]
     """
-    if not isinstance(tree, DraftTree):
-        raise InvalidArgument(f"tree: expected a DraftTree, got {type(tree).__name__}")
+    _check_tree(tree)
     _check_scheme(draft_scheme)
-    vocab_size = draft_model.vocab_size
-    if target_model.vocab_size != vocab_size:
-        raise InvalidArgument(
-            f"target_model: vocab_size {target_model.vocab_size} differs from draft_model's {vocab_size}"
-        )
+    vocab_size = _check_vocab(draft_model, target_model)
     num_strings = vocab_size ** (tree.max_depth + 1)
     if num_strings > MAX_TREE_STRINGS:
         raise InvalidArgument(
@@ -309,14 +311,10 @@ def _tree_emitted_laws(verifier: TreeVerifier, enumeration: TreeDraftEnumeration
             tree, tokens.shape[0], vocab_size, who=verifier.name,
         )
         weighted = law * enumeration.weights[rows].view(-1, 1, 1)  # [n, N + 1, V]
-        codes = enumeration.path_codes[rows]
-        for depth in range(tree.max_depth + 1):
-            nodes = list(tree.level(depth))
-            strings = codes[:, nodes].unsqueeze(-1) * vocab_size + torch.arange(vocab_size)  # [n, |level|, V]
-            emitted[depth].scatter_add_(0, strings.reshape(-1), weighted[:, nodes].reshape(-1))
+        by_depth = _level_codes(tree, enumeration.path_codes[rows], vocab_size)
+        levels = [(strings, weighted[:, nodes]) for nodes, strings in by_depth]  # by depth
         # membership: the first emitted token is among the root's children's tokens
-        first = torch.zeros(tokens.shape[0], vocab_size, dtype=torch.bool).scatter(1, tokens[:, root_children], True)
-        membership += weighted[:, 1:].sum() + (weighted[:, 0] * first).sum()
+        membership += _accumulate(emitted, levels, tokens[:, root_children], weighted[:, 0], weighted[:, 1:])
     return emitted, float(membership)
 
 
@@ -373,8 +371,7 @@ def exact_tree(
         raise InvalidArgument(
             f"verifier: {verifier.name!r} has no exact tree law (tree_output_probs); use the statistical audit"
         )
-    if not isinstance(tree, DraftTree):
-        raise InvalidArgument(f"tree: expected a DraftTree, got {type(tree).__name__}")
+    _check_tree(tree)
     verifier.check_supports_tree(tree)
     draft_scheme = draft_scheme or verifier.draft_schemes[0]
     _check_scheme(draft_scheme)
@@ -388,10 +385,6 @@ def exact_tree(
     enumeration = enumerate_tree_drafts(draft_model, target_model, tree, draft_scheme, prefix)
     vocab_size = enumeration.vocab_size
     emitted, membership = _tree_emitted_laws(verifier, enumeration, chunk_size)
-    target_law, implied = _target_and_implied_laws(target_model, prefix, emitted, vocab_size)
-    prefix_law = _prefix_laws(emitted, vocab_size)
-    excess, worst = _worst_prefix_cap(prefix_law, target_law, vocab_size)
-    diff = implied - target_law[-1]
     length_law = tuple(float(e.sum()) for e in emitted)
     accepted_length = float(sum(m * mass for m, mass in enumerate(length_law)))
     return ExactTreeResult(
@@ -399,15 +392,7 @@ def exact_tree(
         num_drafts=len(tree.children[0]),
         draft_len=tree.max_depth,
         num_draft_tuples=enumeration.num_realisations,
-        emitted_law=tuple(emitted),
-        target_law=tuple(target_law),
-        implied_law=implied,
-        prefix_law=tuple(prefix_law),
-        tv_distance=float(diff.abs().sum() / 2),
-        max_abs_error=float(diff.abs().max()),
-        token_tv_distance=float((prefix_law[0] - target_law[0]).abs().sum() / 2),
-        prefix_cap_excess=excess,
-        worst_prefix=worst,
+        **_law_fields(target_model, prefix, emitted, vocab_size),
         block_efficiency=accepted_length + 1.0,
         acceptance=membership,
         tree=tree,

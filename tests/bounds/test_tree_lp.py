@@ -42,6 +42,13 @@ def _distributions(draw, vocab_size: int, min_support: int = 1):
     return rows
 
 
+def _small_case(data, scheme: str):
+    """A drawn tree of up to 5 nodes and its draft and target models, with a tree LP of at most 20,000 variables."""
+    tree, vocab_size, draft_fn, target_fn = data.draw(tree_cases(scheme, max_nodes=5))
+    assume(tree_enumeration_size(tree, scheme, vocab_size) * tree.num_nodes * vocab_size <= 20_000)
+    return tree, PathFnModel(draft_fn, vocab_size), PathFnModel(target_fn, vocab_size)
+
+
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_without_replacement_min_cut_is_the_transport_lp(data):
@@ -68,9 +75,7 @@ def test_without_replacement_min_cut_is_the_transport_lp(data):
 @given(data=st.data())
 def test_closed_forms_agree_with_the_lp(scheme, data):
     """Depth 1: the best accepted length is alpha*; top-k: sum of q(path); alpha* = the set LP's value."""
-    tree, vocab_size, draft_fn, target_fn = data.draw(tree_cases(scheme, max_nodes=5))
-    assume(tree_enumeration_size(tree, scheme, vocab_size) * tree.num_nodes * vocab_size <= 20_000)
-    draft, target = PathFnModel(draft_fn, vocab_size), PathFnModel(target_fn, vocab_size)
+    tree, draft, target = _small_case(data, scheme)
     lp = tree_lp(draft, target, tree, scheme)
     assert lp.status == "optimal" and lp.repair_status == "optimal"
     bound = tree_bound(draft, target, tree, scheme, lp=False)
@@ -107,9 +112,7 @@ def test_hand_derived_bounds(tree, scheme, draft, target, acceptance, accepted_l
 @settings(max_examples=12, deadline=None)
 @given(data=st.data())
 def test_built_in_tree_verifiers_never_exceed_the_bound(scheme, data):
-    tree, vocab_size, draft_fn, target_fn = data.draw(tree_cases(scheme, max_nodes=5))
-    assume(tree_enumeration_size(tree, scheme, vocab_size) * tree.num_nodes * vocab_size <= 20_000)
-    draft, target = PathFnModel(draft_fn, vocab_size), PathFnModel(target_fn, vocab_size)
+    tree, draft, target = _small_case(data, scheme)
     bound = tree_bound(draft, target, tree, scheme)
     assert bound.accepted_length is not None, bound.accepted_length_source
     for verifier in tree_verifiers():

@@ -10,7 +10,6 @@ single-iteration laws.
 
 from __future__ import annotations
 
-import collections
 import itertools
 from fractions import Fraction
 
@@ -107,11 +106,12 @@ def test_expected_iterations_hand_derived():
 
 
 @st.composite
-def markov_pairs(draw):
+def markov_pairs(draw, temperatures=(0.5, 1.0), target_seed_offset: int = 7):
+    """A first-order Markov draft (at one of ``temperatures``) and target over V = 2 or 3."""
     vocab_size = draw(st.integers(2, 3))
     seed = draw(st.integers(0, 10_000))
-    draft_model = random_markov(vocab_size, 1, seed=seed, temperature=draw(st.sampled_from([0.5, 1.0])))
-    target_model = random_markov(vocab_size, 1, seed=seed + 7, concentration=0.6)
+    draft_model = random_markov(vocab_size, 1, seed=seed, temperature=draw(st.sampled_from(temperatures)))
+    target_model = random_markov(vocab_size, 1, seed=seed + target_seed_offset, concentration=0.6)
     return draft_model, target_model
 
 
