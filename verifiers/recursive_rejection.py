@@ -15,6 +15,7 @@ class RecursiveRejectionRule(NodeRule):
     ``R = q, D = p``; draft s_i is accepted with ``min(1, R(s_i) / D(s_i))``; after a
     rejection ``R = normalise((R - D)_+)``, and without replacement also ``D(s_i) = 0``
     renormalised (the ratio must use the law the token was actually drawn from).
+    The residual update is :meth:`_residual_after_rejection`, so a variant changes it alone.
     """
 
     def __init__(self, without_replacement: bool = False):
@@ -30,11 +31,20 @@ class RecursiveRejectionRule(NodeRule):
             drafted = gather_tokens(drafting, token)
             ratio = gather_tokens(residual, token) / torch.where(drafted > 0, drafted, torch.ones_like(drafted))
             accept.append(torch.where(active & (drafted > 0), ratio.clamp(max=1.0), torch.zeros_like(ratio)))
-            residual = torch.where(active, normalise((residual - drafting).clamp(min=0), residual), residual)
+            residual = torch.where(active, self._residual_after_rejection(residual, drafting, token), residual)
             if self.without_replacement:
                 removed = drafting.scatter(1, token, 0.0)
                 drafting = torch.where(active, normalise(removed, drafting), drafting)
         return torch.cat(accept, dim=1), residual
+
+    def _residual_after_rejection(
+        self,
+        residual: torch.Tensor,  # [n, vocab_size]
+        drafting: torch.Tensor,  # [n, vocab_size], the law the rejected token was drawn from
+        token: torch.Tensor,  # [n, 1], the rejected token
+    ) -> torch.Tensor:  # [n, vocab_size]
+        """The residual after a rejection: ``normalise((R - D)_+)``."""
+        return normalise((residual - drafting).clamp(min=0), residual)
 
 
 class RecursiveRejection(ChainWalkVerifier):

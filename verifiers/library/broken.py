@@ -57,13 +57,17 @@ always-accept             0.5139     72        2.4e-38 (pearson)           < 1e-
 
 from __future__ import annotations
 
-
 import torch
 
+from spectr_audit.contract.randomness import sample_categorical, uniform
+from spectr_audit.contract.verifier import VerifyOutput
 from spectr_audit.verifiers._walk import NodeRule, ChainWalkVerifier, gather_tokens, normalise
 from spectr_audit.verifiers.block import BlockVerification
 from spectr_audit.verifiers.kseq import KSeqRule
-from spectr_audit.verifiers.speculative import MaximalCouplingRule, SpeculativeSampling
+from spectr_audit.verifiers.library._chain import chain_law
+from spectr_audit.verifiers.library._rules import AlwaysAcceptRule, CouplingRule, ResampleTargetRule, first_occurrence
+from spectr_audit.verifiers.recursive_rejection import RecursiveRejectionRule
+from spectr_audit.verifiers.speculative import SpeculativeSampling
 
 __all__ = [
     "AlwaysAccept",
@@ -80,94 +84,44 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------------------------
-# Node rules with one slip each
+# Node rules with one slip each (speculative sampling's parts: verifiers/library/_rules.py)
 # ---------------------------------------------------------------------------------------------
 
 
-def _first_occurrence(tokens: torch.Tensor, survivors: torch.Tensor) -> torch.Tensor:
-    """``[n, K]`` bool: surviving drafts whose token no earlier surviving draft carries."""
-    num_drafts = tokens.shape[1]
-    earlier = torch.ones(num_drafts, num_drafts, dtype=torch.bool, device=tokens.device).tril(-1)  # [i, j]: j < i
-    same = (tokens.unsqueeze(2) == tokens.unsqueeze(1)) & survivors.unsqueeze(1) & earlier
-    return survivors & ~same.any(-1)
-
-
-class _IndependentAcceptRule(NodeRule):
-    """Every draft copy accepted with min(1, q/p); residual (q - p)_+ (the K = 1 rule reused for K > 1)."""
-
-    def __call__(self, tokens, survivors, draft_dist, target_dist):
-        drafted = gather_tokens(draft_dist, tokens)
-        ratio = gather_tokens(target_dist, tokens) / torch.where(drafted > 0, drafted, torch.ones_like(drafted))
-        accept_probs = torch.where(drafted > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
-        return accept_probs, normalise((target_dist - draft_dist).clamp(min=0), target_dist)
-
-
 class _DedupRule(NodeRule):
-    """Run ``inner`` over the distinct surviving tokens only (duplicates get acceptance 0)."""
+    """The slip: run ``inner`` over the distinct surviving tokens only (duplicates get acceptance 0).
+
+    Repeated i.i.d. drafts are neither tried nor allowed to update the residual.
+    """
 
     def __init__(self, inner: NodeRule):
         self.inner = inner
 
     def __call__(self, tokens, survivors, draft_dist, target_dist):
-        distinct = _first_occurrence(tokens, survivors)
+        distinct = first_occurrence(tokens, survivors)
         accept_probs, residual = self.inner(tokens, distinct, draft_dist, target_dist)
         return torch.where(distinct, accept_probs, torch.zeros_like(accept_probs)), residual
 
 
-class _SkipDuplicatesRRSRule(NodeRule):
-    """Recursive rejection over i.i.d. drafts, but a token already tried is skipped (no trial, no update)."""
-
-    def __call__(self, tokens, survivors, draft_dist, target_dist):
-        distinct = _first_occurrence(tokens, survivors)
-        residual = target_dist
-        accept = []
-        for i in range(tokens.shape[1]):
-            token = tokens[:, i : i + 1]
-            active = distinct[:, i : i + 1]
-            drafted = gather_tokens(draft_dist, token)
-            ratio = gather_tokens(residual, token) / torch.where(drafted > 0, drafted, torch.ones_like(drafted))
-            accept.append(torch.where(active & (drafted > 0), ratio.clamp(max=1.0), torch.zeros_like(ratio)))
-            residual = torch.where(active, normalise((residual - draft_dist).clamp(min=0), residual), residual)
-        return torch.cat(accept, dim=1), residual
-
-
-class _ResampleTargetRule(NodeRule):
-    """Accept with min(1, q/p); on rejection draw from q itself instead of (q - p)_+."""
-
-    def __call__(self, tokens, survivors, draft_dist, target_dist):
-        accept_probs, _ = MaximalCouplingRule()(tokens, survivors, draft_dist, target_dist)
-        return accept_probs, target_dist
-
-
-class _InflatedRatioRule(NodeRule):
-    """Accept with min(1, factor * q/p); residual (q - p)_+."""
+class _InflatedRatioRule(CouplingRule):
+    """The slip: accept with ``min(1, factor * q/p)``; the residual stays ``(q - p)_+``."""
 
     def __init__(self, factor: float):
         self.factor = factor
 
-    def __call__(self, tokens, survivors, draft_dist, target_dist):
+    def accept_probs(self, tokens, draft_dist, target_dist):
         drafted = gather_tokens(draft_dist, tokens)
         safe = torch.where(drafted > 0, drafted, torch.ones_like(drafted))
         ratio = self.factor * gather_tokens(target_dist, tokens) / safe
-        accept_probs = torch.where(drafted > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
-        return accept_probs, normalise((target_dist - draft_dist).clamp(min=0), target_dist)
+        return torch.where(drafted > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
 
 
-class _DropRejectedRule(NodeRule):
-    """Accept with min(1, q/p); on rejection draw from q with the rejected token zeroed (EAGLE #20)."""
+class _DropRejectedRule(CouplingRule):
+    """The slip: on rejection draw from q with the rejected token zeroed, not from ``(q - p)_+`` (EAGLE #20)."""
 
-    def __call__(self, tokens, survivors, draft_dist, target_dist):
-        accept_probs, _ = MaximalCouplingRule()(tokens, survivors, draft_dist, target_dist)
+    def residual(self, tokens, draft_dist, target_dist):
         dropped = target_dist.scatter(1, tokens[:, :1], 0.0)
-        return accept_probs, normalise(dropped, target_dist)
-
-
-class _AlwaysAcceptRule(NodeRule):
-    """Every draft token accepted (an acceptance uniform stuck at 0 with a ``<=`` test)."""
-
-    def __call__(self, tokens, survivors, draft_dist, target_dist):
-        drafted = gather_tokens(draft_dist, tokens)
-        return (drafted > 0).to(draft_dist.dtype), target_dist
+        return normalise(dropped, target_dist)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,7 +141,7 @@ class IndependentAccept(ChainWalkVerifier):
     expected = "inexact"
     min_drafts = 2
     max_draft_len = 1
-    rule = _IndependentAcceptRule()
+    rule = CouplingRule()  # the K = 1 rule, correct there: the slip is applying it to each of K >= 2 copies
 
 
 class KSeqLowRho(ChainWalkVerifier):
@@ -212,14 +166,18 @@ class KSeqDedup(ChainWalkVerifier):
 
 
 class RRSSkipDuplicates(ChainWalkVerifier):
-    """Recursive rejection sampling over i.i.d. drafts that skips a token it has already tried."""
+    """Recursive rejection sampling over i.i.d. drafts that skips a token it has already tried.
+
+    A repeated draft is neither tried nor lets the residual shrink again: recursive rejection
+    run over the distinct drafts only (``kseq-dedup``'s slip, applied to ``rrs``'s rule).
+    """
 
     name = "rrs-skip-duplicates"
     description = "BROKEN: recursive rejection skipping duplicate i.i.d. drafts"
     expected = "inexact"
     min_drafts = 2
     max_draft_len = 1
-    rule = _SkipDuplicatesRRSRule()
+    rule = _DedupRule(RecursiveRejectionRule())
 
 
 class ResampleTarget(ChainWalkVerifier):
@@ -229,7 +187,7 @@ class ResampleTarget(ChainWalkVerifier):
     description = "BROKEN: on rejection, resample from the target instead of the residual"
     expected = "inexact"
     max_drafts = 1
-    rule = _ResampleTargetRule()
+    rule = ResampleTargetRule()
 
 
 class InflatedRatio(ChainWalkVerifier):
@@ -258,7 +216,7 @@ class AlwaysAccept(ChainWalkVerifier):
     name = "always-accept"
     description = "BROKEN: acceptance uniform stuck at 0, every draft accepted"
     expected = "inexact"
-    rule = _AlwaysAcceptRule()
+    rule = AlwaysAcceptRule()
 
 
 class BonusFromDraft(SpeculativeSampling):
@@ -294,9 +252,6 @@ class BlockFirstFailure(BlockVerification):
     min_draft_len = 2
 
     def _verify(self, draft_tokens, draft_probs, target_probs, generator):
-        from spectr_audit.contract.verifier import VerifyOutput
-        from spectr_audit.contract.randomness import sample_categorical, uniform
-
         batch_size, _, draft_len = draft_tokens.shape
         pass_probs, residual = self._levels(draft_tokens, draft_probs, target_probs)
         u = uniform(generator, (batch_size, draft_len + 1), draft_tokens.device)
@@ -307,16 +262,13 @@ class BlockFirstFailure(BlockVerification):
         return VerifyOutput(tau, torch.zeros_like(tau), next_token)
 
     def _output_probs(self, draft_tokens, draft_probs, target_probs):
-        batch_size, _, draft_len = draft_tokens.shape
+        draft_len = draft_tokens.shape[-1]
         pass_probs, residual = self._levels(draft_tokens, draft_probs, target_probs)
         target = target_probs[:, 0].double()
-        leading = torch.cat([torch.ones_like(pass_probs[:, :1]), pass_probs.cumprod(-1)], dim=1)  # P(tau >= i)
-        fail_next = torch.cat([1 - pass_probs, torch.ones_like(pass_probs[:, :1])], dim=1)
-        stop = leading * fail_next  # [B, L + 1]
         vocab_size = residual.shape[-1]
         corrections = normalise(residual.reshape(-1, vocab_size), target[:, :draft_len].reshape(-1, vocab_size))
-        laws = torch.cat([corrections.reshape(residual.shape), target[:, draft_len:]], dim=1)
-        return (stop.unsqueeze(-1) * laws).unsqueeze(1)
+        # the forward scan is a first-rejection chain over the level pass probabilities
+        return chain_law(pass_probs, corrections.reshape(residual.shape), target[:, draft_len])
 
 
 class KSeqSamplerDrift(ChainWalkVerifier):

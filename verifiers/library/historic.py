@@ -45,8 +45,10 @@ import torch
 from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.contract.randomness import sample_categorical, uniform
-from spectr_audit.verifiers._walk import NodeRule, ChainWalkVerifier, gather_tokens, normalise
-from spectr_audit.verifiers.speculative import MaximalCouplingRule
+from spectr_audit.verifiers._walk import ChainWalkVerifier, gather_tokens, normalise
+from spectr_audit.verifiers.library._chain import chain_law, chain_sample
+from spectr_audit.verifiers.library._rules import AlwaysAcceptRule, ResampleTargetRule, first_occurrence
+from spectr_audit.verifiers.recursive_rejection import RecursiveRejectionRule
 
 __all__ = [
     "FIXED_COUNTERPART",
@@ -98,10 +100,10 @@ class ChainVerifier(Verifier):
 
     Subclasses implement :meth:`_levels`, returning per-level acceptance probabilities, the
     law of the token emitted after a rejection at each level, and the law of the bonus token.
-    Sampler and exact law are derived from those same numbers.  Randomness: one call to
-    :func:`spectr_audit.contract.randomness.uniform` of shape ``[batch_size, draft_len + 1]``: the
-    ``draft_len`` acceptance uniforms, then the uniform of the emitted (correction or bonus)
-    token, drawn by inverse CDF.
+    Sampler and exact law are derived from those same numbers (``verifiers/library/_chain.py``).
+    Randomness: one call to :func:`spectr_audit.contract.randomness.uniform` of shape
+    ``[batch_size, draft_len + 1]``: the ``draft_len`` acceptance uniforms, then the uniform of
+    the emitted (correction or bonus) token, drawn by inverse CDF.
 
     ``inclusive_accept = True`` tests ``u <= accept_prob`` instead of ``u < accept_prob``:
     identical laws, different behaviour at ``u = 0`` (a coin-boundary bug).
@@ -120,25 +122,11 @@ class ChainVerifier(Verifier):
         raise NotImplementedError
 
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
-        batch_size, _, draft_len = draft_tokens.shape
-        device = draft_tokens.device
-        accept_probs, corrections, bonus = self._levels(draft_tokens, draft_probs, target_probs)
-        u = uniform(generator, (batch_size, draft_len + 1), device)
-        coins = u[:, :draft_len]
-        passed = coins <= accept_probs if self.inclusive_accept else coins < accept_probs
-        # number of leading passes = index of the first failure (draft_len if none)
-        num_accepted = passed.to(torch.int64).cumprod(-1).sum(-1)
-        rows = torch.arange(batch_size, device=device)
-        laws = torch.cat([corrections, bonus.unsqueeze(1)], dim=1)  # [B, L + 1, V]
-        next_token = sample_categorical(laws[rows, num_accepted], u[:, draft_len])
-        return VerifyOutput(num_accepted, torch.zeros_like(num_accepted), next_token)
+        levels = self._levels(draft_tokens, draft_probs, target_probs)
+        return chain_sample(*levels, generator, inclusive=self.inclusive_accept)
 
     def _output_probs(self, draft_tokens, draft_probs, target_probs) -> torch.Tensor:
-        accept_probs, corrections, bonus = self._levels(draft_tokens, draft_probs, target_probs)
-        reach = torch.cat([torch.ones_like(accept_probs[:, :1]), accept_probs.cumprod(-1)], dim=1)  # [B, L + 1]
-        stop = reach * torch.cat([1 - accept_probs, torch.ones_like(accept_probs[:, :1])], dim=1)
-        laws = torch.cat([corrections, bonus.unsqueeze(1)], dim=1)  # [B, L + 1, V]
-        return (stop.unsqueeze(-1) * laws).unsqueeze(1)
+        return chain_law(*self._levels(draft_tokens, draft_probs, target_probs))
 
 
 def _path_probs(draft_tokens, draft_probs, target_probs):
@@ -163,16 +151,17 @@ def _maximal_coupling_levels(draft_tokens, draft_probs, target_probs):
     return accept_probs, residual.reshape(target.shape)
 
 
+class _SpeculativeChain(ChainVerifier):
+    """Speculative sampling as a chain, correct: the bugs below override :meth:`_levels` to change one part."""
+
+    def _levels(self, draft_tokens, draft_probs, target_probs):
+        accept_probs, residual = _maximal_coupling_levels(draft_tokens, draft_probs, target_probs)
+        return accept_probs, residual, target_probs[:, 0, -1].double()
+
+
 # ---------------------------------------------------------------------------------------------
 # EX bugs
 # ---------------------------------------------------------------------------------------------
-
-
-class _AlwaysAcceptRule(NodeRule):
-    """Every drafted token passes: an acceptance coin stuck at 0 tested with ``ratio >= u``."""
-
-    def __call__(self, tokens, survivors, draft_dist, target_dist):
-        return (gather_tokens(draft_dist, tokens) > 0).to(draft_dist.dtype), target_dist
 
 
 class AlwaysAcceptBug(ChainWalkVerifier):
@@ -187,7 +176,7 @@ class AlwaysAcceptBug(ChainWalkVerifier):
     name = "always-accept-npu"
     description = "vllm-ascend #13730: acceptance uniform hard-coded to 0, every draft accepted"
     expected = "inexact"
-    rule = _AlwaysAcceptRule()
+    rule = AlwaysAcceptRule()
 
 
 class GreedyDraftSoftQBug(Verifier):
@@ -234,21 +223,11 @@ class GreedyDraftSoftQBug(Verifier):
         return out
 
 
-class _ZeroRejectedRule(NodeRule):
-    """EAGLE #20: after a rejection, zero the rejected token in the residual instead of subtracting p."""
+class _ZeroRejectedRule(RecursiveRejectionRule):
+    """EAGLE #20: recursive rejection whose residual zeroes the rejected token instead of subtracting p."""
 
-    def __call__(self, tokens, survivors, draft_dist, target_dist):
-        residual = target_dist
-        accept = []
-        for i in range(tokens.shape[1]):
-            token = tokens[:, i : i + 1]
-            active = survivors[:, i : i + 1]
-            drafted = gather_tokens(draft_dist, token)
-            ratio = gather_tokens(residual, token) / torch.where(drafted > 0, drafted, torch.ones_like(drafted))
-            accept.append(torch.where(active & (drafted > 0), ratio.clamp(max=1.0), torch.zeros_like(ratio)))
-            zeroed = normalise(residual.scatter(1, token, 0.0), residual)
-            residual = torch.where(active, zeroed, residual)
-        return torch.cat(accept, dim=1), residual
+    def _residual_after_rejection(self, residual, drafting, token):
+        return normalise(residual.scatter(1, token, 0.0), residual)  # the slip: not (residual - drafting)_+
 
 
 class EagleResidualBug(ChainWalkVerifier):
@@ -267,14 +246,6 @@ class EagleResidualBug(ChainWalkVerifier):
     rule = _ZeroRejectedRule()
 
 
-class _ResampleTargetRule(NodeRule):
-    """Maximal-coupling acceptance, but the residual is the plain target."""
-
-    def __call__(self, tokens, survivors, draft_dist, target_dist):
-        accept_probs, _ = MaximalCouplingRule()(tokens, survivors, draft_dist, target_dist)
-        return accept_probs, target_dist
-
-
 class ResidualIsTargetBug(ChainWalkVerifier):
     """ShopeeLLM/Spec-RL #14: on rejection, resample from the target instead of the residual.
 
@@ -288,7 +259,7 @@ class ResidualIsTargetBug(ChainWalkVerifier):
     description = "Spec-RL #14: residual replaced by the target (declared lossy)"
     expected = "inexact"
     max_drafts = 1
-    rule = _ResampleTargetRule()
+    rule = ResampleTargetRule()
 
 
 class StaleResidualBonusBug(Verifier):
@@ -371,7 +342,7 @@ class StaleResidualBonusBug(Verifier):
         return out
 
 
-class BonusWithoutTemperatureBug(ChainVerifier):
+class BonusWithoutTemperatureBug(_SpeculativeChain):
     """EAGLE commit bf10ac5 (then c892473 "fix bug in top_p sample", c7ef8e5): the bonus ignored temperature.
 
     The fallback/bonus token was sampled from ``softmax(logits)`` without the logits
@@ -396,13 +367,12 @@ class BonusWithoutTemperatureBug(ChainVerifier):
         self.temperature = float(temperature)
 
     def _levels(self, draft_tokens, draft_probs, target_probs):
-        accept_probs, residual = _maximal_coupling_levels(draft_tokens, draft_probs, target_probs)
-        tempered = target_probs[:, 0, -1].double()
+        accept_probs, residual, tempered = super()._levels(draft_tokens, draft_probs, target_probs)
         untempered = normalise(tempered.pow(self.temperature), tempered)  # 0 ** T stays 0
         return accept_probs, residual, untempered
 
 
-class CorrectionFromBonusRowBug(ChainVerifier):
+class CorrectionFromBonusRowBug(_SpeculativeChain):
     """vllm PR #8320 ("Fix verify tokens with the correct bonus token"): bonus and first-unmatched confused.
 
     In the typical-acceptance sampler the token emitted after the first rejected position was
@@ -419,9 +389,8 @@ class CorrectionFromBonusRowBug(ChainVerifier):
     expected = "inexact"
 
     def _levels(self, draft_tokens, draft_probs, target_probs):
-        accept_probs, residual = _maximal_coupling_levels(draft_tokens, draft_probs, target_probs)
-        bonus = target_probs[:, 0, -1].double()
-        return accept_probs, bonus.unsqueeze(1).expand_as(residual), bonus
+        accept_probs, residual, bonus = super()._levels(draft_tokens, draft_probs, target_probs)
+        return accept_probs, bonus.unsqueeze(1).expand_as(residual), bonus  # every correction from the bonus row
 
 
 class MedusaTypicalAcceptance(ChainVerifier):
@@ -558,8 +527,7 @@ class TargetOnlySiblings(Verifier):
         out = torch.zeros(batch_size, num_drafts, 2, vocab_size, dtype=torch.float64, device=target.device)
         out[:, 0, 0] = torch.where(is_candidate, torch.zeros_like(target), target)
         tokens = draft_tokens[:, :, 0]
-        first = ~((tokens.unsqueeze(2) == tokens.unsqueeze(1)) & torch.ones(
-            num_drafts, num_drafts, dtype=torch.bool, device=tokens.device).tril(-1)).any(-1)  # [B, K]
+        first = first_occurrence(tokens, torch.ones_like(tokens, dtype=torch.bool))  # [B, K]
         mass = target.gather(1, tokens) * first  # [B, K]: each distinct candidate once, at its first index
         out[:, :, 1] = mass.unsqueeze(-1) * target_probs[:, :, 1].double()
         return out
@@ -585,7 +553,7 @@ class TargetOnlyInclusiveCoinBug(TargetOnlySiblings):
     inclusive_coin = True
 
 
-class InclusiveCoinBug(ChainVerifier):
+class InclusiveCoinBug(_SpeculativeChain):
     """vLLM v1 rejection sampler comment / pytorch #16706: a coin of exactly 0 accepts a zero-target draft.
 
     The acceptance test ``target(x) / draft(x) >= u`` is inclusive, and float32 ``torch.rand``
@@ -598,11 +566,7 @@ class InclusiveCoinBug(ChainVerifier):
     name = "inclusive-coin"
     description = "vllm v1 / pytorch #16706: inclusive acceptance test, u = 0 accepts target(x) = 0"
     expected = None
-    inclusive_accept = True
-
-    def _levels(self, draft_tokens, draft_probs, target_probs):
-        accept_probs, residual = _maximal_coupling_levels(draft_tokens, draft_probs, target_probs)
-        return accept_probs, residual, target_probs[:, 0, -1].double()
+    inclusive_accept = True  # the slip; the levels are speculative sampling's
 
 
 # ---------------------------------------------------------------------------------------------
@@ -646,12 +610,7 @@ class DraftProbsMutatedBug(Verifier):
             mutated.append(torch.where(row > 0, row / exp_noise, torch.zeros_like(row)))
         mutated_probs = torch.stack(mutated, 1).unsqueeze(1)  # [B, 1, L, V]: no longer sums to 1
         accept_probs, residual = _maximal_coupling_levels(draft_tokens, mutated_probs, target_probs)
-        u = uniform(generator, (batch_size, draft_len + 1), device)
-        num_accepted = (u[:, :draft_len] < accept_probs).to(torch.int64).cumprod(-1).sum(-1)
-        rows = torch.arange(batch_size, device=device)
-        laws = torch.cat([residual, target_probs[:, 0, -1:].double()], dim=1)
-        next_token = sample_categorical(laws[rows, num_accepted], u[:, draft_len])
-        return VerifyOutput(num_accepted, torch.zeros_like(num_accepted), next_token)
+        return chain_sample(accept_probs, residual, target_probs[:, 0, -1].double(), generator)
 
 
 # ---------------------------------------------------------------------------------------------

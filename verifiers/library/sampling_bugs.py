@@ -52,10 +52,10 @@ from typing import Optional, Sequence, Union
 import torch
 
 from spectr_audit.contract.logits import LogitsVerifier
-from spectr_audit.contract.randomness import sample_categorical, uniform
 from spectr_audit.contract.sampling import ProcessingOrder, SamplingParams, process_logits, processing_order
-from spectr_audit.contract.verifier import VerifyOutput
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.verifiers._walk import normalise
+from spectr_audit.verifiers.library._chain import chain_law, chain_sample
 
 __all__ = [
     "SAMPLING_BUG_VERIFIERS",
@@ -97,20 +97,15 @@ def load_sampling_bug(name: str, **kwargs) -> LogitsVerifier:
     return getattr(importlib.import_module(module), attr)(**kwargs)
 
 
-def _normalise_rows(values: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    """Rows of ``values`` normalised; rows with no mass take ``fallback`` normalised."""
-    totals = values.sum(-1, keepdim=True)
-    fallback = fallback / fallback.sum(-1, keepdim=True)
-    return torch.where(totals > 0, values / torch.where(totals > 0, totals, torch.ones_like(totals)), fallback)
-
-
 class LogitsSpeculativeSampling(LogitsVerifier):
     """Single-draft speculative sampling from raw logits and sampling parameters (K = 1, any L).
 
     Processes draft and target logits with ``order`` (:func:`process_logits`), then runs the
     maximal coupling token by token: accept ``x`` with ``min(1, q(x) / p(x))``; at the first
     rejection draw from ``(q - p)_+`` normalised; after a full accept draw the bonus from ``q``.
-    Subclasses change what feeds :meth:`_laws`, one slip each.
+    Subclasses change what feeds the coupling, one slip each: the draft law
+    (:meth:`_draft_law`), the target law (:meth:`_target_law`), or one of the five laws of
+    :meth:`_laws`.
 
     Examples
     --------
@@ -141,9 +136,16 @@ class LogitsSpeculativeSampling(LogitsVerifier):
     def _raw(self, logits: torch.Tensor) -> torch.Tensor:
         return process_logits(logits, None, self.order)  # neutral parameters: the plain softmax
 
+    def _draft_law(self, draft_logits, params):  # [B, L, V]: the law the verifier takes the drafts from
+        return self._process(draft_logits, params)
+
+    def _target_law(self, target_logits, params):  # [B, L + 1, V]
+        return self._process(target_logits, params)
+
     def _laws(self, draft_logits, target_logits, params):
-        draft = self._process(draft_logits, params)
-        target = self._process(target_logits, params)
+        """Draft and target laws of the acceptance, of the residual, and the bonus law."""
+        draft = self._draft_law(draft_logits, params)
+        target = self._target_law(target_logits, params)
         draft_len = draft.shape[1]
         return draft, target[:, :draft_len], draft, target[:, :draft_len], target[:, draft_len]
 
@@ -157,114 +159,86 @@ class LogitsSpeculativeSampling(LogitsVerifier):
         ratio = targeted / torch.where(drafted > 0, drafted, torch.ones_like(drafted))
         # a drafted token the rule itself gives no draft mass: accepted when the target has mass
         accept = torch.where(drafted > 0, ratio.clamp(max=1.0), (targeted > 0).to(ratio.dtype))
-        residual = _normalise_rows((residual_target - residual_draft).clamp(min=0), residual_target)
+        fallback = residual_target / residual_target.sum(-1, keepdim=True)
+        residual = normalise((residual_target - residual_draft).clamp(min=0), fallback)
         bonus = bonus / bonus.sum(-1, keepdim=True)
         return accept, residual, bonus  # [B, L], [B, L, V], [B, V]
 
     def _output_probs_logits(self, draft_tokens, draft_logits, target_logits, params):
-        accept, residual, bonus = self._acceptance(draft_tokens, draft_logits, target_logits, params)
-        batch_size, draft_len = accept.shape
-        reach = torch.cat([torch.ones_like(accept[:, :1]), accept.cumprod(-1)], dim=1)  # P(first n accepted)
-        stop = reach[:, :draft_len] * (1 - accept)  # [B, L]: rejected at position n
-        law = torch.cat([stop.unsqueeze(-1) * residual, (reach[:, draft_len:] * bonus).unsqueeze(1)], dim=1)
-        return law.unsqueeze(1)  # [B, 1, L + 1, V]
+        return chain_law(*self._acceptance(draft_tokens, draft_logits, target_logits, params))
 
     def _verify_logits(self, draft_tokens, draft_logits, target_logits, params, generator):
-        accept, residual, bonus = self._acceptance(draft_tokens, draft_logits, target_logits, params)
-        batch_size, draft_len = accept.shape
-        u = uniform(generator, (batch_size, draft_len + 1), draft_tokens.device)
-        num_accepted = (u[:, :draft_len] < accept).to(torch.int64).cumprod(-1).sum(-1)  # [B]
-        laws = torch.cat([residual, bonus.unsqueeze(1)], dim=1)  # [B, L + 1, V]
-        chosen = laws.gather(1, num_accepted.view(-1, 1, 1).expand(-1, 1, laws.shape[-1])).squeeze(1)
-        next_token = sample_categorical(chosen, u[:, draft_len])
-        return VerifyOutput(num_accepted, torch.zeros_like(num_accepted), next_token)
+        return chain_sample(*self._acceptance(draft_tokens, draft_logits, target_logits, params), generator)
 
 
-class ParamsDraftOnly(LogitsSpeculativeSampling):
+class _ProcessingSlip(LogitsSpeculativeSampling):
+    """A slip in the processing: declared inexact, with no optimality claim."""
+
+    expected = "inexact"
+    guarantees = frozenset()
+
+
+class ParamsDraftOnly(_ProcessingSlip):
     """The sampling parameters are applied to the draft only: the target side uses the raw softmax."""
 
     name = "params-draft-only"
     description = "BROKEN: sampling parameters applied to the draft but not the target"
-    expected = "inexact"
-    guarantees = frozenset()
 
-    def _laws(self, draft_logits, target_logits, params):
-        draft = self._process(draft_logits, params)
-        target = self._raw(target_logits)
-        draft_len = draft.shape[1]
-        return draft, target[:, :draft_len], draft, target[:, :draft_len], target[:, draft_len]
+    def _target_law(self, target_logits, params):
+        return self._raw(target_logits)  # the slip: no sampling parameters
 
 
-class ParamsTargetOnly(LogitsSpeculativeSampling):
+class ParamsTargetOnly(_ProcessingSlip):
     """The verifier's draft probabilities are the raw softmax, though the drafts were drawn with the parameters."""
 
     name = "params-target-only"
     description = "BROKEN: draft probabilities computed without the sampling parameters"
-    expected = "inexact"
-    guarantees = frozenset()
 
-    def _laws(self, draft_logits, target_logits, params):
-        draft = self._raw(draft_logits)
-        target = self._process(target_logits, params)
-        draft_len = draft.shape[1]
-        return draft, target[:, :draft_len], draft, target[:, :draft_len], target[:, draft_len]
+    def _draft_law(self, draft_logits, params):
+        return self._raw(draft_logits)  # the slip: no sampling parameters
 
 
-class TopPBeforeTemperature(LogitsSpeculativeSampling):
+class TopPBeforeTemperature(_ProcessingSlip):
     """The target is processed with top-p first, on the unscaled logits, then temperature and the rest."""
 
     name = "top-p-before-temperature"
     description = "BROKEN: target top-p applied before temperature"
-    expected = "inexact"
-    guarantees = frozenset()
 
-    def _laws(self, draft_logits, target_logits, params):
-        draft = self._process(draft_logits, params)
-        steps = ("top_p",) + tuple(s for s in self.order.steps if s != "top_p")
-        target = self._process(target_logits, params, steps)
-        draft_len = draft.shape[1]
-        return draft, target[:, :draft_len], draft, target[:, :draft_len], target[:, draft_len]
+    def _target_law(self, target_logits, params):
+        steps = ("top_p",) + tuple(s for s in self.order.steps if s != "top_p")  # the slip: top-p moved first
+        return self._process(target_logits, params, steps)
 
 
-class BonusUnprocessed(LogitsSpeculativeSampling):
+class BonusUnprocessed(_ProcessingSlip):
     """The bonus token is drawn from the raw target softmax, without the sampling parameters."""
 
     name = "bonus-unprocessed"
     description = "BROKEN: bonus token drawn without the sampling parameters"
-    expected = "inexact"
-    guarantees = frozenset()
 
     def _laws(self, draft_logits, target_logits, params):
         draft, accept_target, residual_draft, residual_target, _ = super()._laws(draft_logits, target_logits, params)
-        return draft, accept_target, residual_draft, residual_target, self._raw(target_logits[:, -1])
+        return draft, accept_target, residual_draft, residual_target, self._raw(target_logits[:, -1])  # the slip
 
 
-class ResidualUnprocessed(LogitsSpeculativeSampling):
+class ResidualUnprocessed(_ProcessingSlip):
     """The residual is built from the raw target, ``(softmax(target) - draft)_+``; the acceptance is right."""
 
     name = "residual-unprocessed"
     description = "BROKEN: residual built from the target without the sampling parameters"
-    expected = "inexact"
-    guarantees = frozenset()
 
     def _laws(self, draft_logits, target_logits, params):
         draft, accept_target, residual_draft, _, bonus = super()._laws(draft_logits, target_logits, params)
-        raw = self._raw(target_logits[:, : draft.shape[1]])
+        raw = self._raw(target_logits[:, : draft.shape[1]])  # the slip: the residual's target unprocessed
         return draft, accept_target, residual_draft, raw, bonus
 
 
-class TopPUnrenormalisedTarget(LogitsSpeculativeSampling):
+class TopPUnrenormalisedTarget(_ProcessingSlip):
     """Top-p masks the target without renormalising it; the draft side is renormalised."""
 
     name = "top-p-unrenormalised-target"
     description = "BROKEN: target top-p mask without renormalisation"
-    expected = "inexact"
-    guarantees = frozenset()
 
-    def _laws(self, draft_logits, target_logits, params):
-        draft = self._process(draft_logits, params)
+    def _target_law(self, target_logits, params):
         processed = self._process(target_logits, params)
         before = self._process(target_logits, dataclasses.replace(params, top_p=1.0))  # every step but top-p
-        masked = torch.where(processed > 0, before, torch.zeros_like(before))
-        draft_len = draft.shape[1]
-        return draft, masked[:, :draft_len], draft, masked[:, :draft_len], masked[:, draft_len]
+        return torch.where(processed > 0, before, torch.zeros_like(before))  # the slip: masked, not renormalised
