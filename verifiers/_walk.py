@@ -170,14 +170,12 @@ class ChainWalkVerifier(Verifier):
             # copy of every row
             draft_dist, target_dist = draft_probs[:, 0, level], target_probs[:, 0, level]
         else:
-            rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
-            draft_dist, target_dist = draft_probs[rows, canon, level], target_probs[rows, canon, level]
+            draft_dist, target_dist = _rows_of(draft_probs[:, :, level], canon), _rows_of(target_probs[:, :, level], canon)
         return draft_tokens[:, :, level], _sampler_dtype(draft_dist), _sampler_dtype(target_dist)
 
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
         batch_size, num_drafts, draft_len = draft_tokens.shape
         device = draft_tokens.device
-        rows = torch.arange(batch_size, device=device)
         survivors = torch.ones(batch_size, num_drafts, dtype=torch.bool, device=device)
         alive = torch.ones(batch_size, dtype=torch.bool, device=device)
         num_accepted = torch.zeros(batch_size, dtype=torch.int64, device=device)
