@@ -13,10 +13,9 @@ import sys
 import pytest
 import torch
 from hypothesis import HealthCheck, find, given, settings
-from hypothesis import strategies as st
 
 from spectr_audit.contract.logits import check_logits_inputs
-from spectr_audit.contract.sampling import SamplingParams, process_logits
+from spectr_audit.contract.sampling import process_logits
 from spectr_audit.contract.verifier import FunctionVerifier, VerifyOutput, check_verify_inputs
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.strategies import (

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 
-import torch
-
-from spectr_audit.contract.verifier import VerifyOutput
 from spectr_audit.verifiers.speculative import SpeculativeSampling
 
 

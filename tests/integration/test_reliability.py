@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from spectr_audit.cli import main
-from spectr_audit.contract.verifier import FunctionVerifier, Verifier, VerifyOutput, check_verify_output
+from spectr_audit.contract.verifier import FunctionVerifier, Verifier, check_verify_output
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.exact.iteration import exact_iteration
 from spectr_audit.drafting.models import ContextFreeModel
