@@ -96,7 +96,7 @@ def _verdict(result: AuditResult) -> tuple[str, str]:
 
 _COLUMNS = (
     ("tv_distance", "TV"),
-    ("tv_estimate", "TV estimate [interval]"),
+    ("tv_estimate", "TV >= lower (estimate, <= upper)"),
     ("min_detectable_tv", "min detectable TV"),
     ("max_abs_error", "max abs err"),
     ("prefix_cap_excess", "prefix-cap excess"),
@@ -131,6 +131,8 @@ def _metric_cell(metrics: dict, key: str) -> str:
     interval = _interval_of(metrics, key)
     if value is None or interval is None:
         return _fmt(value)
+    if key == "tv_estimate":  # the lower confidence bound is the headline; the estimate sits within the interval
+        return f"&ge; {_fmt(interval[0])} ({_fmt(value)}, &le; {_fmt(interval[1])})"
     return f"{_fmt(value)} [{_fmt(interval[0])}, {_fmt(interval[1])}]"
 
 
@@ -142,7 +144,7 @@ def _inconclusive(report: AuditReport) -> list[str]:
     out = ['<h3 id="inconclusive">Inconclusive</h3>',
            '<p class="note">Nothing was rejected, but without the power planned (a budget cut the sample short, '
            "or a certificate was not reached): these results are not a PASS.</p>",
-           '<table><thead><tr><th class="text">verifier</th><th class="text">case</th><th>TV estimate [interval]</th>'
+           '<table><thead><tr><th class="text">verifier</th><th class="text">case</th><th>TV &ge; lower (estimate, &le; upper)</th>'
            '<th>min detectable TV</th><th>planned</th><th>power at planned</th><th class="text">why</th></tr></thead><tbody>']
     for r in results:
         m = r.metrics

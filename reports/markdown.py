@@ -244,10 +244,11 @@ def _incomplete_line(report: AuditReport) -> str:
 
 
 def _tv_text(m: dict) -> str:
-    """The exact TV, or a sampled estimate on the audited partition with its confidence interval."""
+    """The exact TV, or what a sample says of it on the audited partition: its lower confidence bound first,
+    then the held-out estimate and the upper bound (the plug-in, inflated by noise, is not shown)."""
     if m.get("tv_distance") is not None or m.get("tv_upper") is None:
         return _fmt(m.get("tv_distance"))
-    return f"~{_fmt(m.get('tv_estimate'))} [{_fmt(m.get('tv_lower'))}, {_fmt(m.get('tv_upper'))}]"
+    return f">= {_fmt(m.get('tv_lower'))} (est. {_fmt(m.get('tv_estimate'))}, <= {_fmt(m.get('tv_upper'))})"
 
 
 def _ratio_text(m: dict) -> str:
@@ -274,7 +275,7 @@ def _inconclusive_lines(report: AuditReport) -> list[str]:
     lines = ["", "## Inconclusive", "",
              "Nothing was rejected, but without the power planned (a budget cut the sample short, or a certificate "
              "was not reached): these results are not a PASS.", "",
-             "| verifier | case | TV estimate [interval] | min detectable TV | planned | power at planned | why |",
+             "| verifier | case | TV >= lower (estimate, <= upper) | min detectable TV | planned | power at planned | why |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
         m = r.metrics

@@ -497,7 +497,7 @@ def pytest_runtest_call(item: pytest.Item):
 def _numbers(m: dict) -> str:
     """A result's numbers: the exact TV, or the sampled TV estimate with its interval and the power reached."""
     if m.get("tv_estimate") is not None or m.get("tv_upper") is not None:
-        tv = (f"tv~{_fmt(m.get('tv_estimate'))} [{_fmt(m.get('tv_lower'))}, {_fmt(m.get('tv_upper'))}] "
+        tv = (f"tv>={_fmt(m.get('tv_lower'))} (est {_fmt(m.get('tv_estimate'))}, <={_fmt(m.get('tv_upper'))}) "
               f"mdtv={_fmt(m.get('min_detectable_tv'))}/{_fmt(m.get('requested_tv'))}")
     else:
         tv = f"tv={_fmt(m.get('tv_distance'))}"

@@ -204,3 +204,35 @@ def test_certify_tv_of_a_verifier_with_an_exact_law_uses_its_exact_tv(capsys):
     assert code == 0 and result["verdict"] == "CERTIFIED"
     check = next(c for c in result["checks"] if c["name"] == "certified-tv")
     assert check["value"] == result["metrics"]["tv_distance"] <= 1e-12
+
+
+_COUNTING = '''
+import torch
+from spectr_audit.registry import load_verifier
+
+_rules = {1: load_verifier("speculative"), 2: load_verifier("kseq")}
+ROWS = []
+
+
+def verify(draft_tokens, draft_probs, target_probs, generator):
+    ROWS.append(draft_tokens.shape[0])
+    return _rules[draft_tokens.shape[1]].verify(draft_tokens, draft_probs, target_probs, generator)
+'''
+
+
+@pytest.mark.parametrize("num_drafts,budget", [(1, 20_000), (2, 100_000), (1, 300)])
+def test_max_samples_bounds_every_verification_of_the_audit(capsys, tmp_path, num_drafts, budget):
+    # counted inside the verifier: the contract probe, every test and the acceptance all share one budget
+    import sys
+
+    path = tmp_path / f"counting_{num_drafts}_{budget}.py"
+    path.write_text(_COUNTING)
+    code, out, _ = run_cli(capsys, "audit", "--verifier", f"{path}:verify", "--draft", "0.6,0.4", "--target", "0.3,0.7",
+                           "--num-drafts", str(num_drafts), "--max-samples", str(budget), "--json")
+    assert code == 0
+    module = next(m for m in list(sys.modules.values()) if getattr(m, "__file__", None) == str(path))
+    verified = sum(module.ROWS)
+    metrics = json.loads(out)["results"][0]["metrics"]
+    assert verified <= budget and verified >= 0.99 * budget
+    assert metrics["num_samples"] + 4 * min(16, max(1, budget // 32)) == verified
+    assert "acceptance" in metrics

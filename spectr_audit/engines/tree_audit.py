@@ -25,8 +25,9 @@ Two methods:
     difference is reported as a :class:`~spectr_audit.errors.VerifierError`.
 ``statistical``
     otherwise: ``num_samples`` independent steps, counted on the prefix partition of
-    :func:`~spectr_audit.statistical.sampling.build_partition`; Pearson's chi-square, the G-test
-    and the support test (a string of target probability 0), Holm-adjusted: the audit rejects
+    :func:`~spectr_audit.statistical.sampling.build_partition`; a G-test of every prefix depth
+    and of the whole partition, and the support test (a string of target probability 0),
+    Holm-adjusted: the audit rejects
     exactness when the smallest adjusted p-value is at most ``alpha`` (its false-alarm rate).
     The plug-in TV with its interval at level ``1 - alpha`` is reported too.
 
@@ -64,7 +65,8 @@ from spectr_audit.drafting.tree import draft_tree
 from spectr_audit.engines._tree import EngineTreeVerifier
 from spectr_audit.errors import InvalidArgument, VerifierError
 from spectr_audit.statistical.confidence import tv_interval
-from spectr_audit.statistical.gof import TestResult, g_test, holm, pearson_test
+from spectr_audit.statistical.depths import depth_truncations
+from spectr_audit.statistical.gof import TestResult, g_test, holm
 from spectr_audit.statistical.sampling import build_partition, complete_with_target
 
 __all__ = ["ProcessedModel", "TreeEngineAuditResult", "node_logits", "tree_engine_audit"]
@@ -390,7 +392,10 @@ def _statistical(verifier, draft_model, target_model, drafter, target, tree, par
     violations = float(counts[cell_probs == 0].sum())
     support = TestResult("support", violations, 0.0 if violations > 0 else 1.0, num_samples=num_samples,
                          detail="strings of target probability 0")
-    tests = [pearson_test(counts, cell_probs), g_test(counts, cell_probs), support]
+    # a G-test per prefix depth (where a slip first shows) and on the whole partition (docs/audit/statistical.md)
+    tests = [dataclasses.replace(g_test(t.counts(counts), t.cell_probs), name=f"g-test@{t.depth}")
+             for t in depth_truncations(partition)]
+    tests += [g_test(counts, cell_probs), support]
     adjusted = holm([t.pvalue for t in tests])
     tests = tuple(dataclasses.replace(t, pvalue_adjusted=a) for t, a in zip(tests, adjusted))
     interval = tv_interval(counts, cell_probs, confidence=1 - alpha)

@@ -292,8 +292,10 @@ def _statistical_check(verifier, case, options, checks, metrics, details, draft_
 def add_statistical_result(result, checks: list, metrics: dict, details: dict) -> None:
     """A :class:`~spectr_audit.statistical.results.StatisticalAuditResult` as a result's checks, metrics and details.
 
-    Metrics: the p-value, the TV estimate on the partition with its interval (``tv_estimate``,
-    ``tv_lower``, ``tv_upper`` at ``tv_confidence``), the achieved and requested minimum detectable
+    Metrics: the p-value, the bounds on the TV on the partition (``tv_lower``, ``tv_upper`` at
+    ``tv_confidence``), the held-out estimate within them (``tv_estimate``), the plug-in with the
+    noise floor of an exact verifier (``tv_plug_in``, ``tv_noise_floor``), the depths tested and
+    each one's minimum detectable TV (``depths``, ``min_detectable_tv_by_depth``), the achieved and requested minimum detectable
     TV and the power left at the requested one, the samples run and planned, acceptance and
     block efficiency with their intervals.  Checks: ``statistical`` (fails when exactness is
     rejected, inconclusive when not rejected but under-powered; :func:`statistical_detail`) and, when certifying, ``certified-tv`` (fails when TV
@@ -304,7 +306,10 @@ def add_statistical_result(result, checks: list, metrics: dict, details: dict) -
                    min_detectable_tv=result.min_detectable_tv, alpha=result.alpha,
                    requested_tv=result.requested_tv, power_at_requested_tv=result.power_at_requested_tv,
                    planned_samples=result.planned_samples, tv_estimate=result.tv_estimate, tv_lower=result.tv_lower,
-                   tv_upper=result.tv_upper, tv_confidence=result.tv_confidence, stop_reason=result.stop_reason)
+                   tv_upper=result.tv_upper, tv_plug_in=result.tv_plug_in, tv_noise_floor=result.tv_noise_floor,
+                   tv_confidence=result.tv_confidence, stop_reason=result.stop_reason,
+                   depths=[d.depth for d in result.depths],
+                   min_detectable_tv_by_depth=[d.min_detectable_tv for d in result.depths])
     if result.acceptance_samples:
         metrics.update(acceptance=result.acceptance, acceptance_samples=result.acceptance_samples,
                        block_efficiency=result.block_efficiency, acceptance_ci=list(result.acceptance_ci()),
@@ -356,9 +361,28 @@ def statistical_detail(result) -> str:
                    f"{result.power_at_requested_tv:.2f} at TV {result.requested_tv:g})")
     else:
         outcome = f"exactness not rejected: p = {result.pvalue:.3g} > alpha = {result.alpha:g}; {power}"
-    return (f"{result.test}: {outcome}; {result.num_samples} samples, stopped: {result.stop_reason}; TV on the "
-            f"partition {result.tv_estimate:.3g}, {100 * result.tv_confidence:g}% interval "
-            f"[{result.tv_lower:.3g}, {result.tv_upper:.3g}] ({result.partition})")
+    return (f"{result.test}: {outcome}; {result.num_samples} samples, stopped: {result.stop_reason}; "
+            f"{tv_text(result)} ({result.partition})")
+
+
+def tv_text(result) -> str:
+    """What the sample says of the TV on the audited partition, lower bound first: the bound holds at the
+    audit's confidence, the held-out estimate is not inflated by noise, and the plug-in is labelled as such.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> tv_text(NS(tv_lower=0.012, tv_upper=0.31, tv_estimate=0.02, tv_plug_in=0.14, tv_noise_floor=0.13,
+    ...            tv_confidence=0.999))
+    'TV on the partition >= 0.012 (99.9% lower bound), <= 0.31; held-out estimate 0.02; plug-in 0.14 (0.13 from sampling noise alone for an exact verifier)'
+    """
+    floor = getattr(result, "tv_noise_floor", math.nan)
+    plug_in = getattr(result, "tv_plug_in", math.nan)
+    noise = (f"; plug-in {plug_in:.3g} ({floor:.3g} from sampling noise alone for an exact verifier)"
+             if math.isfinite(plug_in) and math.isfinite(floor) else "")
+    estimate = f"; held-out estimate {result.tv_estimate:.3g}" if math.isfinite(result.tv_estimate) else ""
+    return (f"TV on the partition >= {result.tv_lower:.3g} ({100 * result.tv_confidence:g}% lower bound), "
+            f"<= {result.tv_upper:.3g}{estimate}{noise}")
 
 
 def _sampling_args(case) -> dict:
@@ -436,6 +460,24 @@ def _sampler_check(verifier, case, options, checks, metrics, details) -> None:
     checks.append(Check("sampler-law", follows, result.pvalue, result.alpha, detail, inconclusive=underpowered))
 
 
+#: The contract probe verifies this many batches (two draft sets, each verified twice)...
+PROBE_CALLS = 4
+
+
+def probe_rows(max_samples: Optional[int]) -> int:
+    """...of this many rows: 16, or fewer when a sample budget is so small that 64 would be an eighth of it."""
+    return 16 if max_samples is None else max(1, min(16, max_samples // (8 * PROBE_CALLS)))
+
+
+def _after_probe(options: AuditOptions, probe_verifications: int) -> AuditOptions:
+    """The options of the audits after the probe: a sample budget counts every verification, the probe's too."""
+    if options.max_samples is None:
+        return options
+    left = max(1, options.max_samples - probe_verifications)
+    sampler = left if options.sampler_max_samples is None else min(left, options.sampler_max_samples)
+    return dataclasses.replace(options, max_samples=left, sampler_max_samples=sampler)
+
+
 def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOptions()) -> AuditResult:
     """Audit ``verifier`` on ``case``; never raises for a verifier's own failure.
 
@@ -476,7 +518,9 @@ def _audit_case(verifier: Verifier, case: Case, options: AuditOptions) -> AuditR
     _record_sampling(verifier, case, metrics, details)
     start = time.perf_counter()
     try:
-        checks.extend(guard_probe(_probed(verifier, case), laws, options.seed))
+        rows = probe_rows(options.max_samples)
+        checks.extend(guard_probe(_probed(verifier, case), laws, options.seed, rows))
+        options = _after_probe(options, PROBE_CALLS * rows)
         alpha_star = _optimality(laws, verifier.draft_scheme, metrics, details) if "optimality" in case.checks else None
         carries = has_carried_correction(verifier)
         if verifier.has_exact_law:

@@ -1,9 +1,12 @@
 """The statistical audit of black-box verifiers.
 
-Stages: validate (:mod:`._checks`), plan (:mod:`.power`), sample (:mod:`.sampling`, chunk
-streams and sharding over processes in :mod:`.sharding`), test (:mod:`.gof`; the TV interval and
-certification in :mod:`.confidence`); results in :mod:`.results`; a sampler against its own exact
-law in :mod:`.agreement`.
+Stages: validate (:mod:`._checks`), plan (:mod:`.power`; the prefix partition in
+:mod:`.partition`, the draft-tuple strata in :mod:`.poststrata`), sample (:mod:`.sampling`,
+chunk streams and sharding over processes in :mod:`.sharding`), test (:mod:`.gof`, the G
+statistic's null in :mod:`.nulls`, the per-depth tests, e-process and TV bounds in
+:mod:`.depths`; the TV interval and certification in :mod:`.confidence`); results in
+:mod:`.results`; a sampler against its own exact law in :mod:`.agreement`; the auditor's own
+calibration by construction in :mod:`.calibration`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from .gof import (
     PlugInEProcess,
     binomial_above,
     binomial_below,
+    conditional_g_test,
     conditional_pearson_test,
     g_test,
     holm,
@@ -51,7 +55,6 @@ from .sampling import (
     draw_drafts,
     emitted_strings,
     sample_chunk,
-    sample_stratified_chunk,
     verify_batch,
 )
 from .confidence import (
@@ -90,6 +93,7 @@ __all__ = [
     "PlugInEProcess",
     "binomial_above",
     "binomial_below",
+    "conditional_g_test",
     "conditional_pearson_test",
     "g_test",
     "holm",
@@ -117,7 +121,6 @@ __all__ = [
     "draw_drafts",
     "emitted_strings",
     "sample_chunk",
-    "sample_stratified_chunk",
     "verify_batch",
     "plan_sample_size",
     "sampler_law_agreement",

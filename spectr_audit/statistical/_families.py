@@ -1,15 +1,16 @@
 """The statistical audit's test stage (private): the two families of sub-tests, and the result.
 
-The exactness family (Pearson, G, acceptance against alpha*, block efficiency against its
-bound, the e-process, the stratified Pearson test) is Holm-adjusted and joined by the support
-check; the sub-test that decides gives the audit's p-value.  The optimality family (acceptance
-and block efficiency against what is claimed) is reported apart, Holm within it.
+The exactness family (a G-test per depth, acceptance against alpha*, block efficiency against
+its bound, the e-process, the stratified Pearson test) is Holm-adjusted and joined by the
+support check; the sub-test that decides gives the audit's p-value.  The optimality family
+(acceptance and block efficiency against what is claimed) is reported apart, Holm within it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -26,20 +27,23 @@ from spectr_audit.statistical.gof import (
     g_test,
     mean_above,
     mean_below,
-    pearson_test,
     stratified_pearson_test,
 )
-from spectr_audit.statistical.results import StatisticalAuditResult, worst_cells
-from spectr_audit.statistical.sampling import PrefixPartition
+from spectr_audit.statistical.partition import PrefixPartition
+from spectr_audit.statistical.results import DepthResult, StatisticalAuditResult, worst_cells
 
 
 def _exactness_tests(args: AuditArgs, plan: Plan, samples: Samples) -> list[TestResult]:
     """The exactness family's sub-tests, in the order of ``plan.names``."""
-    main, probs = samples.main, plan.partition.cell_probs
+    main = samples.main
     results: dict[str, TestResult] = {}
-    for name, test in (("pearson", pearson_test), ("g-test", g_test)):
-        results[name] = with_min_detectable_tv(test(main.counts, probs, args.min_expected), main.num_samples,
-                                               plan.test_alpha, args.power)
+    views = [(t.counts(main.counts), t.cell_probs, t.depth) for t in plan.truncations]
+    views.append((main.counts, plan.partition.cell_probs, plan.partition.num_tokens))
+    for name, (counts, probs, depth) in zip(plan.depth_names, views):
+        result = g_test(counts, probs, args.min_expected)
+        what = "completed strings" if depth == plan.partition.num_tokens else f"the first {depth} tokens"
+        result = dataclasses.replace(result, name=name, detail=f"G-test (likelihood ratio) of {what} vs the target law")
+        results[name] = with_min_detectable_tv(result, main.num_samples, plan.test_alpha, args.power)
     if plan.alpha_star is not None:
         results["acceptance<=optimal"] = binomial_above(
             main.acceptance_count, main.num_samples, plan.alpha_star, "acceptance<=optimal",
@@ -51,26 +55,40 @@ def _exactness_tests(args: AuditArgs, plan: Plan, samples: Samples) -> list[Test
             f"mean emitted length vs 1 + sum_i alpha*(p^i, q^i, K) = {plan.block_efficiency_bound:.6g} (z statistic)")
     if samples.eprocess is not None:
         results["e-process"] = samples.eprocess.result()
-    strat_counts = samples.strat_counts
-    if plan.enumeration is not None:
-        if strat_counts is not None and bool((strat_counts.sum(1) >= 2).all()):
+    if plan.strata is not None:
+        strat_counts = samples.strat_counts
+        if main.unstratified == 0 and bool((strat_counts.sum(1) >= 2).all()):
             results["stratified-pearson"] = stratified_pearson_test(
-                strat_counts, plan.enumeration.weights, probs, args.min_expected,
+                strat_counts, plan.strata.group_probs, plan.partition.cell_probs, args.min_expected,
                 max_cells=max(MAX_STRATIFIED_CELLS, plan.partition.num_cells))
         else:
-            results["stratified-pearson"] = TestResult(
-                "stratified-pearson", math.nan, 1.0, None, samples.strat_samples,
-                detail="not run: stopped before every draft tuple had 2 samples")
+            why = ("drafts outside the enumerated tuples" if main.unstratified
+                   else "a draft-tuple stratum had fewer than 2 samples")
+            results["stratified-pearson"] = TestResult("stratified-pearson", math.nan, 1.0, None, main.num_samples,
+                                                       detail=f"not run: {why}")
     return [results[name] for name in plan.names]
 
 
 def _support_violations(partition: PrefixPartition, samples: Samples) -> float:
-    """Completed strings, of both designs, in cells of target probability 0."""
-    impossible = partition.cell_probs == 0
-    violations = float(samples.main.counts[impossible].sum())
-    if samples.strat_counts is not None:
-        violations += float(samples.strat_counts.sum(0)[impossible].sum())
-    return violations
+    """Completed strings in cells of target probability 0."""
+    return float(samples.main.counts[partition.cell_probs == 0].sum())
+
+
+def _depth_results(plan: Plan, family: Sequence[TestResult], samples: Samples) -> tuple[DepthResult, ...]:
+    """Per depth: its G-test and its TV bounds."""
+    tests = {t.name: t for t in family}
+    bounds = {} if samples.tv is None else {b.depth: b for b in samples.tv.depths()}
+    depths = [t.depth for t in plan.truncations] + [plan.partition.num_tokens]
+    out = []
+    for depth, name in zip(depths, plan.depth_names):
+        test, bound = tests[name], bounds.get(depth)
+        out.append(DepthResult(
+            depth=depth, test=name, num_cells=int(test.num_cells or 0), pvalue=test.pvalue,
+            pvalue_adjusted=test.pvalue_adjusted, min_detectable_tv=test.min_detectable_tv,
+            tv_plug_in=math.nan if bound is None else bound.plug_in,
+            tv_noise_floor=math.nan if bound is None else bound.noise_floor,
+            tv_lower=0.0 if bound is None else bound.lower, tv_upper=1.0 if bound is None else bound.upper))
+    return tuple(out)
 
 
 def _optimality_tests(args: AuditArgs, plan: Plan, main: MainTally) -> tuple[tuple, Optional[float]]:
@@ -109,17 +127,18 @@ def judge_audit(args: AuditArgs, plan: Plan, samples: Samples) -> StatisticalAud
     stop_reason = samples.stop_reason
     if violations:
         stop_reason = "support" if stop_reason in ("planned", "support") else stop_reason
-    support = support_test(violations, main.num_samples + samples.strat_samples,
+    support = support_test(violations, main.num_samples,
                            "completed strings of target probability 0 (any one proves inexactness)")
     optimality, claimed_acceptance = _optimality_tests(args, plan, main)
-    pearson = family[plan.names.index("pearson")]
+    full = family[plan.names.index("g-test")]
     power_left = (sizing.chi2_power(main.num_samples * sizing.effect_size_for_tv(args.min_detectable_tv) ** 2,
-                                    pearson.num_cells, plan.test_alpha) if pearson.num_cells >= 2 else 0.0)
+                                    full.num_cells, plan.test_alpha) if full.num_cells >= 2 else 0.0)
     one_iteration = args.one_iteration
+    tv = samples.tv
     return family_result(
         StatisticalAuditResult, args, family, support,
-        num_samples=main.num_samples + samples.strat_samples,
-        min_detectable_tv=pearson.min_detectable_tv,
+        num_samples=main.num_samples,
+        min_detectable_tv=full.min_detectable_tv,
         worst_cells=worst_cells(main.counts, main.num_samples * partition.cell_probs, partition.describe),
         seconds=samples.seconds,
         requested_tv=float(args.min_detectable_tv),
@@ -127,7 +146,7 @@ def judge_audit(args: AuditArgs, plan: Plan, samples: Samples) -> StatisticalAud
         num_tests=len(plan.names),
         num_tokens=args.num_tokens,
         num_cells=partition.num_cells,
-        pooled_mass=pearson.pooled_mass,
+        pooled_mass=full.pooled_mass,
         full_partition=partition.is_full,
         optimality=optimality,
         acceptance_count=main.acceptance_count if one_iteration else 0,
@@ -138,9 +157,11 @@ def judge_audit(args: AuditArgs, plan: Plan, samples: Samples) -> StatisticalAud
         length_sq_sum=main.length_sq_sum if one_iteration else 0.0,
         block_efficiency_bound=plan.block_efficiency_bound,
         stop_reason=stop_reason,
-        tv_estimate=math.nan if samples.tv is None else samples.tv.estimate,
-        tv_lower=0.0 if samples.tv is None else samples.tv.lower,
-        tv_upper=1.0 if samples.tv is None else samples.tv.upper,
+        tv_estimate=math.nan if tv is None else tv.estimate,
+        tv_lower=0.0 if tv is None else tv.lower,
+        tv_upper=1.0 if tv is None else tv.upper,
+        tv_plug_in=math.nan if tv is None else tv.plug_in,
+        tv_noise_floor=math.nan if tv is None else tv.floor,
         tv_confidence=args.tv_confidence,
         partition=partition.summary(),
         planned_samples=plan.planned,
@@ -148,4 +169,6 @@ def judge_audit(args: AuditArgs, plan: Plan, samples: Samples) -> StatisticalAud
         certification=samples.certification,
         num_processes=1 if args.shards is None else args.shards.world_size,
         counts_digest=_digest(main.counts, samples.strat_counts),
+        depths=_depth_results(plan, family, samples),
+        num_strata=0 if plan.strata is None else plan.strata.num_groups,
     )

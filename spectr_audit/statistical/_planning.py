@@ -1,10 +1,12 @@
 """The statistical audit's plan stage (private): what the sub-tests test against, and how many samples.
 
 Before any sample is drawn the plan fixes the bounds of the exactness sub-tests (alpha* and the
-block-efficiency bound, :mod:`spectr_audit.bounds`), the draft tuples of the stratified design,
-the family of sub-tests in Holm order, and the sample size with the partition it is counted on:
-planned for power (:func:`plan_sample_size`) or for a certificate (docs/audit/statistical.md),
-then cut to the budget.
+block-efficiency bound, :mod:`spectr_audit.bounds`), the draft-tuple strata the main sample is
+post-stratified by (:mod:`spectr_audit.statistical.poststrata`), the depths tested beside the
+full partition (:mod:`spectr_audit.statistical.depths`), the family of sub-tests in Holm order,
+and the sample size with the partition it is counted on: planned for power
+(:func:`plan_sample_size`) or for a certificate (docs/audit/statistical.md), then cut to the
+budget.
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ from spectr_audit.statistical._audit_args import AuditArgs
 from spectr_audit.statistical._checks import chunk_schedule, root_laws
 from spectr_audit.statistical._stages import budgeted
 from spectr_audit.statistical.confidence import certification_samples
+from spectr_audit.statistical.depths import depth_truncations
 from spectr_audit.statistical.gof import MIN_EXPECTED
+from spectr_audit.statistical.partition import PrefixPartition, build_partition
+from spectr_audit.statistical.poststrata import PostStrata, post_strata
 from spectr_audit.statistical.power import DEFAULT_ALPHA, DEFAULT_MIN_DETECTABLE_TV, DEFAULT_POWER
-from spectr_audit.statistical.sampling import PrefixPartition, build_partition
 
 #: The stratified test runs (with ``stratify="auto"``) only when strata average this many samples...
 MIN_PER_STRATUM = 32
-#: ...and the partition has at most this many cells (its null needs an eigen-decomposition).
+#: ...and the partition has at most this many cells (its null needs an eigen-decomposition)...
 MAX_STRATIFIED_CELLS = 2048
+#: ...and the stratified counts (strata x cells) stay this small (they travel with every chunk).
+MAX_STRATIFIED_ENTRIES = 1 << 20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +240,9 @@ def _certification_plan(args: AuditArgs) -> tuple[int, PrefixPartition]:
     """
 
     def samples_for(partition: PrefixPartition, num_samples: int) -> int:
-        needed = certification_samples(args.certify_tv, partition.cell_probs, args.tv_confidence, args.power,
+        # P's interval gets its share of the error budget (docs/audit/statistical.md: TVBounds)
+        share = (1.0 - args.tv_confidence) / (len(depth_truncations(partition)) + 2)
+        needed = certification_samples(args.certify_tv, partition.cell_probs, 1.0 - share, args.power,
                                        chunk_schedule(1 << 62, args.chunk_size))
         if needed is None:
             raise InvalidArgument(f"certify_tv: {args.certify_tv:g} cannot be certified within 2^40 samples on "
@@ -260,14 +268,40 @@ class Plan:
     test_alpha: float
     alpha_star: Optional[float]
     block_efficiency_bound: Optional[float]
-    #: the draft tuples of the stratified design (None when it does not run)
-    enumeration: Optional[DraftEnumeration]
+    #: the draft-tuple strata of the main sample (None when the stratified test does not run)
+    strata: Optional[PostStrata]
     partition: PrefixPartition
     #: samples of the main design
     total: int
     stop_reason: str
     #: samples planned before any budget (for exactness: the power analysis; to certify: the certification plan)
     planned: int = 0
+    #: the shallower depths tested beside the full partition (``g-test@d``), shallowest first
+    truncations: tuple = ()
+
+    @property
+    def depth_names(self) -> tuple:
+        """The G-tests' names, shallowest depth first (the full partition's is ``"g-test"``)."""
+        return tuple(f"g-test@{t.depth}" for t in self.truncations) + ("g-test",)
+
+
+def _strata(args: AuditArgs, enumeration: Optional[DraftEnumeration], total: int,
+            partition: PrefixPartition) -> Optional[PostStrata]:
+    """The main sample's draft-tuple strata, when the stratified test applies to this plan."""
+    if enumeration is None:
+        return None
+    strata = post_strata(enumeration, args.vocab_size, total, MIN_PER_STRATUM)
+    if strata is None:
+        return None
+    if args.stratify == "auto" and (total < MIN_PER_STRATUM * enumeration.weights.numel()
+                                    or partition.num_cells > MAX_STRATIFIED_CELLS):
+        return None
+    if strata.num_groups * partition.num_cells > MAX_STRATIFIED_ENTRIES:
+        if args.stratify is True:
+            raise InvalidArgument(f"stratify: {strata.num_groups} draft-tuple strata over {partition.num_cells} cells "
+                                  f"exceed {MAX_STRATIFIED_ENTRIES} counts")
+        return None
+    return strata
 
 
 def plan_audit(args: AuditArgs) -> Plan:
@@ -289,29 +323,30 @@ def plan_audit(args: AuditArgs) -> Plan:
             if one_iteration and draft_len >= 2 and draft_scheme == "iid" else None)
         enumeration = (_draft_enumeration(draft_model, target_model, num_drafts, draft_len, draft_scheme, prefix,
                                           draft_root, args.stratify, args.max_strata) if one_iteration else None)
-    names = ["pearson", "g-test"]
-    names += ["acceptance<=optimal"] if alpha_star is not None else []
-    names += ["block-efficiency<=bound"] if block_efficiency_bound is not None else []
-    names += ["e-process"] if args.sequential else []
+    others = ["acceptance<=optimal"] if alpha_star is not None else []
+    others += ["block-efficiency<=bound"] if block_efficiency_bound is not None else []
+    others += ["e-process"] if args.sequential else []
     if args.certify_tv is not None:
-        # Certifying: the sample is planned for the certificate, and the stratified design (a test
+        # Certifying: the sample is planned for the certificate, and the stratified test (a test
         # of exactness with no interval) does not run.
         enumeration = None
         planned, partition = _certification_plan(args)
     else:
+        # planned for the largest family this case can have: one G-test per depth, the others, the
+        # stratified test; the family the partition ends up with is no larger, so the power holds
+        most = args.num_tokens + len(others) + (enumeration is not None)
         planned, partition = plan_sample_size(
             target_model, args.num_tokens, prefix=prefix, alpha=args.alpha, min_detectable_tv=args.min_detectable_tv,
-            power=args.power, num_tests=len(names) + (enumeration is not None), min_expected=args.min_expected,
-            max_cells=args.max_cells, device=args.device,
+            power=args.power, num_tests=most, min_expected=args.min_expected, max_cells=args.max_cells,
+            device=args.device,
         )
     total, stop_reason = budgeted(planned, args.num_samples, args.max_samples)
     if total != planned:
         partition = build_partition(target_model, args.num_tokens, total, prefix=prefix,
                                     min_expected=args.min_expected, max_cells=args.max_cells, device=args.device)
-    if args.stratify == "auto" and enumeration is not None and (
-        total < MIN_PER_STRATUM * enumeration.weights.numel() or partition.num_cells > MAX_STRATIFIED_CELLS
-    ):
-        enumeration = None
-    names += ["stratified-pearson"] if enumeration is not None else []
-    return Plan(tuple(names), args.alpha / len(names), alpha_star, block_efficiency_bound, enumeration, partition,
-                total, stop_reason, planned)
+    truncations = depth_truncations(partition)
+    strata = _strata(args, enumeration, total, partition)
+    names = [f"g-test@{t.depth}" for t in truncations] + ["g-test"] + others
+    names += ["stratified-pearson"] if strata is not None else []
+    return Plan(tuple(names), args.alpha / len(names), alpha_star, block_efficiency_bound, strata, partition,
+                total, stop_reason, planned, truncations)

@@ -15,7 +15,7 @@ from scipy import stats
 
 from spectr_audit.errors import InvalidArgument
 
-__all__ = ["FamilyResult", "LawAgreementResult", "StatisticalAuditResult", "WorstCell", "worst_cells"]
+__all__ = ["DepthResult", "FamilyResult", "LawAgreementResult", "StatisticalAuditResult", "WorstCell", "worst_cells"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +30,45 @@ class WorstCell:
     def to_dict(self) -> dict:
         """Plain JSON values."""
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthResult:
+    """What a statistical audit measured at one prefix depth: the law of the first ``depth`` tokens.
+
+    Attributes
+    ----------
+    depth : int
+        d; the deepest is N, the audited partition itself.
+    test : str
+        The depth's G-test in the family (``"g-test@d"``, ``"g-test"`` at depth N).
+    num_cells : int
+        Cells after pooling.
+    pvalue, pvalue_adjusted : float
+        The G-test's p-value, and Holm-adjusted within the family.
+    min_detectable_tv : float
+        Smallest TV of the first ``depth`` tokens' law (on the depth's cells) detected with the
+        audit's power at the samples run.
+    tv_plug_in, tv_noise_floor : float
+        The plug-in TV on the depth's cells, and about what it averages for an exact verifier.
+    tv_lower, tv_upper : float
+        The depth's anytime-valid interval.
+    """
+
+    depth: int
+    test: str
+    num_cells: int
+    pvalue: float
+    pvalue_adjusted: Optional[float]
+    min_detectable_tv: float
+    tv_plug_in: float
+    tv_noise_floor: float
+    tv_lower: float
+    tv_upper: float
+
+    def to_dict(self) -> dict:
+        """Plain JSON values."""
+        return {k: _finite(v) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,11 +139,12 @@ class StatisticalAuditResult(FamilyResult):
     alpha : float
         The false-alarm rate the sample size was planned for.
     num_samples : int
-        Verifications run in total (main and stratified samples).
+        Verifications run (one sample serves every sub-test).
     seed : int
     min_detectable_tv : float
-        Smallest TV (on the audited partition) that the Pearson test detects with probability
-        ``power`` at the samples actually run, at level ``alpha / num_tests``.
+        Smallest TV (on the audited partition) that its G-test detects with probability
+        ``power`` at the samples actually run, at level ``alpha / num_tests`` (``depths`` has
+        it for every depth).
     power : float
         The planned power.
     requested_tv : float
@@ -140,11 +180,20 @@ class StatisticalAuditResult(FamilyResult):
     seconds : float
         Wall time of the sampling.
     tv_estimate : float
-        Plug-in estimate of TV(F, q) between the emitted law F (completed to N tokens) and the
-        target q, both coarsened to the audited partition (``partition``), from the main design.
+        The held-out excess: an unbiased estimate of ``F(A) - q(A) <= TV_P(F, q)`` for a set A of
+        cells chosen on the other half of the sample (zero in expectation for an exact verifier,
+        whatever the number of cells; :class:`~spectr_audit.statistical.depths.TVBounds`), held
+        within ``[tv_lower, tv_upper]``.  F is the emitted law completed to N tokens, q the
+        target, both on the audited partition P.
     tv_lower, tv_upper : float
-        Its confidence interval at level ``tv_confidence`` (``1 - alpha``), valid at the audit's
-        stopping time (:mod:`spectr_audit.statistical.confidence`).
+        Confidence bounds on ``TV_P(F, q)`` at level ``tv_confidence`` (``1 - alpha``), valid at
+        the audit's stopping time.  ``tv_lower`` is the headline: the verifier's law is at least
+        this far from the target's.
+    tv_plug_in : float
+        The plug-in ``TV(F_hat, q)`` on P: biased up by sampling noise, by about ``tv_noise_floor``
+        for an exact verifier (large on partitions of many sparse cells).
+    tv_noise_floor : float
+        About what ``tv_plug_in`` averages for an exact verifier, ``sum_c sqrt(q_c (1 - q_c) / (2 pi n))``.
     tv_confidence : float
     partition : str
         The partition the counts, the tests and the interval are on, in words.
@@ -158,7 +207,11 @@ class StatisticalAuditResult(FamilyResult):
     num_processes : int
         Processes the sampling was spread over (the counts do not depend on it).
     counts_digest : str
-        SHA-256 of the cell counts of both designs: runs with equal digests counted the same.
+        SHA-256 of the cell counts (and the stratified counts): runs with equal digests counted the same.
+    depths : tuple of DepthResult
+        Every depth tested, shallowest first; the last is the partition itself.
+    num_strata : int
+        Draft-tuple strata the main sample was post-stratified by (0: no stratified test).
     """
 
     requested_tv: float
@@ -180,6 +233,8 @@ class StatisticalAuditResult(FamilyResult):
     tv_estimate: float = math.nan
     tv_lower: float = 0.0
     tv_upper: float = 1.0
+    tv_plug_in: float = math.nan
+    tv_noise_floor: float = math.nan
     tv_confidence: float = math.nan
     partition: str = ""
     planned_samples: int = 0
@@ -187,6 +242,8 @@ class StatisticalAuditResult(FamilyResult):
     certification: Optional[str] = None
     num_processes: int = 1
     counts_digest: str = ""
+    depths: tuple = ()
+    num_strata: int = 0
 
     @property
     def underpowered(self) -> bool:
@@ -280,6 +337,8 @@ class StatisticalAuditResult(FamilyResult):
             "inconclusive": self.inconclusive,
             "tv_estimate": _finite(self.tv_estimate),
             "tv_interval": [self.tv_lower, self.tv_upper],
+            "tv_plug_in": _finite(self.tv_plug_in),
+            "tv_noise_floor": _finite(self.tv_noise_floor),
             "tv_confidence": _finite(self.tv_confidence),
             "partition": self.partition,
             "planned_samples": self.planned_samples,
@@ -292,6 +351,8 @@ class StatisticalAuditResult(FamilyResult):
             "subtests": [t.to_dict() for t in self.subtests],
             "optimality": [t.to_dict() for t in self.optimality],
             "worst_cells": [c.to_dict() for c in self.worst_cells],
+            "depths": [d.to_dict() for d in self.depths],
+            "num_strata": self.num_strata,
         }
         if self.acceptance_samples:
             out.update(

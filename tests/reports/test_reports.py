@@ -288,12 +288,12 @@ def test_inconclusive_and_certified_verdicts_in_every_report(sampled_report):
     assert sampled_report.passed and sampled_report.exit_status() == 0 and sampled_report.exit_status(True) == 3
     text = render_markdown(sampled_report)
     assert "**Overall: INCONCLUSIVE** (3/3 results as expected, 1 inconclusive)" in text
-    assert "| box | seed/K=1 | INCONCLUSIVE | ~0.0120 [0.0000, 0.0310] |" in text
+    assert "| box | seed/K=1 | INCONCLUSIVE | >= 0.0000 (est. 0.0120, <= 0.0310) |" in text
     assert "| box | seed/K=2 | CERTIFIED |" in text and "0.6100 [0.5800, 0.6400]" in text
     assert "## Inconclusive" in text and "above the 0.005 planned" in text
     page = render_html(sampled_report, figures=False)
     assert '<span class="badge warn">INCONCLUSIVE</span>' in page and 'id="inconclusive"' in page
-    assert "0.0120 [0.0000, 0.0310]" in page and ">CERTIFIED<" in page
+    assert "&ge; 0.0000 (0.0120, &le; 0.0310)" in page and ">CERTIFIED<" in page
     suite = ET.fromstring(render_junit(sampled_report)).find("testsuite")
     assert suite.get("skipped") == "1" and suite.get("failures") == "0"
     cases = {c.get("name") + c.get("classname"): c for c in suite.findall("testcase")}

@@ -88,7 +88,9 @@ def test_pearson_and_g_match_scipy_without_pooling():
     assert pearson_test(observed, probs).statistic == pytest.approx(chi.statistic)
     assert pearson_test(observed, probs).pvalue == pytest.approx(chi.pvalue)
     assert g_test(observed, probs).statistic == pytest.approx(g.statistic)
-    assert g_test(observed, probs).pvalue == pytest.approx(g.pvalue)
+    # the G-test's null is its exact-moment scaled chi-square: at 5,000 samples over 10 cells, within
+    # 1% of the plain chi-square's p-value (it differs by design on sparse partitions)
+    assert g_test(observed, probs).pvalue == pytest.approx(g.pvalue, rel=1e-2)
 
 
 def test_weighted_chi2_equal_weights_is_scaled_chi2():
@@ -348,9 +350,12 @@ def test_result_json_carries_the_contract_fields():
                 "power_at_requested_tv", "subtests", "acceptance", "acceptance_ci", "worst_cells"):
         assert key in data
     assert data["seed"] == 4 and data["num_samples"] == result.num_samples
-    assert {t["name"] for t in data["subtests"]} >= {"pearson", "g-test", "acceptance<=optimal", "e-process", "support"}
-    stratified = next(t for t in result.subtests if t.name == "stratified-pearson")  # 64 draft tuples
-    assert result.num_samples == 20_000 + stratified.num_samples and abs(stratified.num_samples - 20_000) <= 64
+    assert {t["name"] for t in data["subtests"]} >= {"g-test@1", "g-test", "acceptance<=optimal", "e-process", "support"}
+    stratified = next(t for t in result.subtests if t.name == "stratified-pearson")  # 64 draft tuples, grouped
+    # one sample serves every sub-test: the stratified test post-stratifies the main sample
+    assert result.num_samples == stratified.num_samples == 20_000
+    assert 2 <= data["num_strata"] == result.num_strata <= 64
+    assert [d["depth"] for d in data["depths"]] == [1, 2] and data["depths"][-1]["test"] == "g-test"
     assert result.optimality and result.optimality[0].name == "acceptance>=claimed"  # K-SEQ's SpecTr guarantee
     assert result.optimality_pvalue > ALPHA
 
