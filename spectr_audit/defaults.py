@@ -96,3 +96,9 @@ MAX_MEMORY_FALLBACK = 4 * 2**30
 #: ``check_verifier``'s ``verifier_timeout``; ``None`` or 0: no limit).  Generous: the exact audit calls
 #: ``output_probs`` on 8192 draft tuples at a time.
 VERIFIER_TIMEOUT = 300.0
+
+#: The generation audit: the TV of the pooled PIT law its PASS verdict requires the power to detect
+#: (docs/generation.md), and the logit margin below which a zero-mass token or a greedy divergence is
+#: numerics (a near-tie), not a finding.
+GENERATION_MIN_DETECTABLE_TV = 0.02
+GENERATION_LOGIT_TOLERANCE = 1e-3

@@ -35,13 +35,10 @@ instead of the one it is given fails it).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
-import signal
-import threading
-import time
 from typing import Any, Iterator, Optional
 
+from spectr_audit import _deadline
 from spectr_audit.errors import InvalidArgument, VerifierError
 
 __all__ = ["VerifierTimeout", "call_limit", "check_timeout", "dense_mutations", "probe_checks", "time_limited"]
@@ -63,74 +60,13 @@ def check_timeout(seconds: Any, argument: str = "verifier_timeout") -> Optional[
     return float(seconds) or None
 
 
-_state = threading.local()
-
-
-def _alarm_usable() -> bool:
-    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-
-
-@contextlib.contextmanager
-def _alarm(seconds: float, message: str) -> Iterator[None]:
-    def on_alarm(signum, frame):
-        raise VerifierTimeout(message)
-
-    previous_handler = signal.signal(signal.SIGALRM, on_alarm)
-    previous_delay, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
-    start = time.monotonic()
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous_handler)
-        if previous_delay:  # someone else's timer: re-arm it with what is left (at least a tick)
-            signal.setitimer(signal.ITIMER_REAL, max(1e-3, previous_delay - (time.monotonic() - start)))
-
-
-@contextlib.contextmanager
-def _watchdog(seconds: float, message: str) -> Iterator[None]:
-    target = threading.get_ident()
-    lock = threading.Lock()
-    state = {"inside": True, "fired": False}
-    # SetAsyncExc raises a class, instantiated without arguments: one that carries the message.
-    exception = type("VerifierTimeout", (VerifierTimeout,),
-                     {"__init__": lambda self: VerifierTimeout.__init__(self, message)})
-
-    def fire():
-        with lock:
-            if state["inside"]:
-                state["fired"] = True
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), ctypes.py_object(exception))
-
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-        with lock:
-            state["inside"] = False
-        # An exception injected but not yet delivered must not escape later, elsewhere.
-        if state["fired"]:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), None)
-
-
-@contextlib.contextmanager
-def call_limit(seconds: Optional[float], message: str) -> Iterator[None]:
+def call_limit(seconds: Optional[float], message: str):
     """Raise :class:`VerifierTimeout` (with ``message``) in the block when it runs past ``seconds``.
 
-    Nested limits: the outermost one holds (an inner call runs within the outer's time).
+    Nested limits: the outermost one holds (an inner call runs within the outer's time).  The
+    mechanism is :func:`spectr_audit._deadline.call_limit`'s.
     """
-    if not seconds or getattr(_state, "depth", 0):
-        yield
-        return
-    _state.depth = 1
-    try:
-        with (_alarm if _alarm_usable() else _watchdog)(seconds, message):
-            yield
-    finally:
-        _state.depth = 0
+    return _deadline.call_limit(seconds, message, VerifierTimeout)
 
 
 def _limited(method, seconds: float, who: str, name: str):

@@ -1,0 +1,274 @@
+"""The generation contract: a generator (the engine under audit), a scorer (the truth), and what they return.
+
+A **generator** is ``generate(prompts, max_new_tokens, seed) -> continuations``: ``prompts`` a list
+of token-id lists (a batch; the same prompt may repeat), ``max_new_tokens`` an int (or one per
+row, where the engine takes per-request limits), ``seed`` an int; it returns one token-id list
+per prompt, at most ``max_new_tokens`` long (shorter when the engine stopped at an end of
+sequence).  It may return a :class:`GenerationOutput` instead, with the engine's own counters
+(accepted draft tokens, target calls).  It is a black box: an engine with speculation on, at
+some sampling setting.
+
+A **scorer** is ``score(prompts, continuations) -> laws``: for each continuation a
+``[len_i, vocab_size]`` tensor, row t the target model's law of token t given the prompt and the
+continuation's first t tokens (teacher-forced), after the same sampling parameters the engine
+used.  It runs the target without speculation and is the truth.  A scorer may instead return
+raw logits, wrapped as :class:`ScoredLogits` with the :class:`~spectr_audit.contract.sampling.SamplingParams`
+and processing order; the audit then processes them with
+:func:`~spectr_audit.contract.sampling.process_logits` (and keeps the logits for greedy margins).
+
+Optionally a **reference generator** (the same engine with speculation off) and a **draft
+scorer** (the draft model's law at the same positions).  docs/generation.md states the contract
+and what the audit concludes from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+
+from spectr_audit.contract.sampling import ProcessingOrder, SamplingParams, process_logits
+from spectr_audit.errors import InvalidArgument, SpectrAuditError
+
+__all__ = [
+    "GenerationContractError",
+    "GenerationOutput",
+    "ScoredLogits",
+    "Generator",
+    "Scorer",
+    "as_generator",
+    "as_scorer",
+    "check_prompts",
+]
+
+
+class GenerationContractError(SpectrAuditError):
+    """A generator or scorer under audit raised, or returned something that breaks the contract.
+
+    The message names the component (``generator``, ``reference``, ``scorer``, ``draft scorer``),
+    the case (arm and batch) and what was wrong.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationOutput:
+    """What a generator may return instead of a bare list of continuations.
+
+    Attributes
+    ----------
+    continuations : list of list of int
+    accepted : list of int, optional
+        Draft tokens the engine accepted, per continuation (its own counter).
+    target_calls : list of int, optional
+        Target forward passes (verification steps), per continuation.
+    """
+
+    continuations: list
+    accepted: Optional[list] = None
+    target_calls: Optional[list] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredLogits:
+    """Raw target logits per continuation ``[len_i, vocab_size]``, processed by the audit.
+
+    Attributes
+    ----------
+    logits : list of torch.Tensor
+    params : SamplingParams
+        The engine's sampling setting (one setting for the batch, or one value per continuation).
+    order : str or ProcessingOrder
+        Whose processing conventions apply (default ``"vllm"``).
+    """
+
+    logits: list
+    params: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    order: Union[str, ProcessingOrder] = "vllm"
+
+
+def check_prompts(prompts: Any, vocab_size: Optional[int] = None, argument: str = "prompts") -> list:
+    """A non-empty list of non-empty token-id lists (ids in ``[0, vocab_size)`` when it is known)."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise InvalidArgument(f"{argument}: expected a non-empty list of token-id lists, got {type(prompts).__name__}")
+    out = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, torch.Tensor):
+            prompt = prompt.tolist()
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence) or len(prompt) == 0:
+            raise InvalidArgument(f"{argument}[{i}]: expected a non-empty list of token ids, got {prompt!r:.80}")
+        ids = []
+        for token in prompt:
+            if isinstance(token, bool) or not isinstance(token, int) and not (
+                    isinstance(token, float) and token.is_integer()):
+                raise InvalidArgument(f"{argument}[{i}]: token ids must be integers, found {token!r}")
+            token = int(token)
+            if token < 0 or (vocab_size is not None and token >= vocab_size):
+                raise InvalidArgument(f"{argument}[{i}]: token id {token} outside [0, {vocab_size})")
+            ids.append(token)
+        out.append(ids)
+    return out
+
+
+def _call(component: str, case: str, fn: Callable, *args):
+    try:
+        return fn(*args)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except GenerationContractError:
+        raise
+    except Exception as exc:  # a third party's failure becomes a named error; the audit keeps other arms
+        raise GenerationContractError(f"{component} raised on {case}: {type(exc).__name__}: {exc}") from exc
+
+
+class Generator:
+    """A generator under audit, wrapped: its calls checked against the contract.
+
+    Parameters
+    ----------
+    fn : callable
+        ``fn(prompts, max_new_tokens, seed)``; or an object with a ``generate`` method.
+    name : str, optional
+    per_row_max_new_tokens : bool
+        Whether ``max_new_tokens`` may be a list (one per row); the audit's ragged arm then lets
+        rows finish at different times by their own limits, not only by end of sequence.
+    """
+
+    def __init__(self, fn: Any, name: Optional[str] = None, per_row_max_new_tokens: Optional[bool] = None,
+                 component: str = "generator"):
+        method = getattr(fn, "generate", None)
+        self._fn = method if callable(method) else fn
+        if not callable(self._fn):
+            raise InvalidArgument(f"{component}: expected a callable generate(prompts, max_new_tokens, seed) or an "
+                                  f"object with a generate method, got {type(fn).__name__}")
+        self.name = name or getattr(fn, "name", None) or getattr(fn, "__name__", None) or type(fn).__name__
+        self.per_row_max_new_tokens = bool(per_row_max_new_tokens if per_row_max_new_tokens is not None
+                                           else getattr(fn, "per_row_max_new_tokens", False))
+        self.component = component
+
+    def __call__(self, prompts: list, max_new_tokens, seed: int, *, vocab_size: int, case: str) -> GenerationOutput:
+        raw = _call(self.component, case, self._fn, prompts, max_new_tokens, seed)
+        output = raw if isinstance(raw, GenerationOutput) else GenerationOutput(raw)
+        continuations = output.continuations
+        if isinstance(continuations, torch.Tensor):
+            continuations = continuations.tolist()
+        if not isinstance(continuations, Sequence) or len(continuations) != len(prompts):
+            got = len(continuations) if isinstance(continuations, Sequence) else type(continuations).__name__
+            raise GenerationContractError(f"{self.component} on {case}: expected {len(prompts)} continuations (one per "
+                                          f"prompt), got {got}")
+        limits = max_new_tokens if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * len(prompts)
+        checked = []
+        for i, (row, limit) in enumerate(zip(continuations, limits)):
+            if isinstance(row, torch.Tensor):
+                row = row.tolist()
+            if not isinstance(row, Sequence) or isinstance(row, (str, bytes)):
+                raise GenerationContractError(f"{self.component} on {case}, row {i}: expected a list of token ids, got "
+                                              f"{type(row).__name__}")
+            if len(row) > limit:
+                raise GenerationContractError(f"{self.component} on {case}, row {i}: {len(row)} tokens, more than "
+                                              f"max_new_tokens = {limit}")
+            ids = []
+            for token in row:
+                if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+                    raise GenerationContractError(f"{self.component} on {case}, row {i}: token {token!r} is not an id "
+                                                  f"in [0, {vocab_size})")
+                ids.append(int(token))
+            checked.append(ids)
+        for field in ("accepted", "target_calls"):
+            values = getattr(output, field)
+            if values is not None and len(values) != len(prompts):
+                raise GenerationContractError(f"{self.component} on {case}: {field} has {len(values)} entries for "
+                                              f"{len(prompts)} prompts")
+        return dataclasses.replace(output, continuations=checked)
+
+
+class Scorer:
+    """A scorer, wrapped: its laws checked (shapes, finite, each row a distribution) and processed when logits.
+
+    Parameters
+    ----------
+    fn : callable
+        ``fn(prompts, continuations)`` returning a list of ``[len_i, vocab_size]`` tensors of
+        probabilities, or :class:`ScoredLogits`; or an object with a ``score`` method.
+    vocab_size : int
+    """
+
+    def __init__(self, fn: Any, vocab_size: int, name: Optional[str] = None, component: str = "scorer"):
+        method = getattr(fn, "score", None)
+        self._fn = method if callable(method) else fn
+        if not callable(self._fn):
+            raise InvalidArgument(f"{component}: expected a callable score(prompts, continuations) or an object with a "
+                                  f"score method, got {type(fn).__name__}")
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+            raise InvalidArgument(f"vocab_size: expected an integer >= 2, got {vocab_size!r}")
+        self.vocab_size = vocab_size
+        self.name = name or getattr(fn, "name", None) or getattr(fn, "__name__", None) or type(fn).__name__
+        self.component = component
+
+    def __call__(self, prompts: list, continuations: list, *, case: str) -> tuple[list, Optional[list]]:
+        """``(laws, logits)``: per continuation its float64 laws ``[len_i, V]`` and, for a logits scorer, its raw
+        logits (None otherwise)."""
+        raw = _call(self.component, case, self._fn, prompts, continuations)
+        logits = None
+        if isinstance(raw, ScoredLogits):
+            logits = [torch.as_tensor(x) for x in raw.logits]
+            self._check_shapes(logits, continuations, case, "logits")
+            laws = []
+            for i, row in enumerate(logits):
+                params = _row_params(raw.params, i, len(continuations))
+                laws.append(process_logits(row.double().unsqueeze(0), params, raw.order)[0] if row.numel()
+                            else row.double())
+        else:
+            laws = [torch.as_tensor(x) for x in raw] if isinstance(raw, Sequence) else raw
+            self._check_shapes(laws, continuations, case, "laws")
+            laws = [law.double() for law in laws]
+            for i, law in enumerate(laws):
+                if law.numel() == 0:
+                    continue
+                if not bool(torch.isfinite(law).all()) or bool((law < 0).any()):
+                    raise GenerationContractError(f"{self.component} on {case}, row {i}: laws must be finite and "
+                                                  f"non-negative")
+                sums = law.sum(-1)
+                worst = float((sums - 1).abs().max())
+                if worst > 1e-4:
+                    raise GenerationContractError(f"{self.component} on {case}, row {i}: a law sums to "
+                                                  f"{float(sums[(sums - 1).abs().argmax()]):.6g}, not 1")
+        return [law.cpu() for law in laws], None if logits is None else [x.cpu() for x in logits]
+
+    def _check_shapes(self, tensors, continuations, case, what):
+        if not isinstance(tensors, Sequence) or len(tensors) != len(continuations):
+            raise GenerationContractError(f"{self.component} on {case}: expected {len(continuations)} {what} tensors "
+                                          f"(one per continuation)")
+        for i, (tensor, row) in enumerate(zip(tensors, continuations)):
+            if tensor.dim() != 2 or tensor.shape[0] != len(row) or (len(row) and tensor.shape[1] != self.vocab_size):
+                raise GenerationContractError(f"{self.component} on {case}, row {i}: expected {what} of shape "
+                                              f"[{len(row)}, {self.vocab_size}], got {list(tensor.shape)}")
+
+
+def _row_params(params: SamplingParams, row: int, batch: int) -> SamplingParams:
+    """The scalar parameters of one continuation (a batch's per-row tensors indexed at ``row``)."""
+    fields = {}
+    for name in ("temperature", "top_k", "top_p", "min_p"):
+        value = getattr(params, name)
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            if value.numel() != batch:
+                raise InvalidArgument(f"params.{name}: {value.numel()} values for {batch} continuations")
+            value = value[row].item()
+        elif isinstance(value, torch.Tensor):
+            value = value.item()
+        fields[name] = value
+    return SamplingParams(**fields)
+
+
+def as_generator(obj: Any, name: Optional[str] = None, component: str = "generator",
+                 per_row_max_new_tokens: Optional[bool] = None) -> Generator:
+    """A :class:`Generator` from a callable or an object with ``generate`` (a :class:`Generator` as it is)."""
+    if isinstance(obj, Generator):
+        return obj
+    return Generator(obj, name=name, per_row_max_new_tokens=per_row_max_new_tokens, component=component)
+
+
+def as_scorer(obj: Any, vocab_size: int, name: Optional[str] = None, component: str = "scorer") -> Scorer:
+    """A :class:`Scorer` from a callable or an object with ``score`` (a :class:`Scorer` as it is)."""
+    return obj if isinstance(obj, Scorer) else Scorer(obj, vocab_size, name=name, component=component)
+

@@ -1,0 +1,141 @@
+"""The batch designs the generation audit runs the engine under, as separate arms, and their jobs.
+
+An engine's generation-loop bugs depend on how requests are batched: a rejected tail left in the
+KV cache of the rows that accepted less, rows permuted when one finishes, requests sharing one
+random stream.  The audit therefore decides the batches itself:
+
+``single``
+    every prompt alone (batch 1);
+``equal``
+    ``batch_size`` prompts at a time, each cut to the shortest of them (equal lengths);
+``ragged``
+    ``batch_size`` prompts of different lengths at a time, and, where the engine takes one limit
+    per row, different ``max_new_tokens`` so that rows finish at different times;
+``repeated``
+    ``batch_size`` copies of one prompt in one batch (independence across requests).
+
+A job is one generator call: its arm, round, prompts, limits and seed.  Seeds are functions of
+the audit's seed and the job's index, so a resumed or sharded audit runs the very same jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence, Union
+
+from spectr_audit.errors import InvalidArgument
+from spectr_audit.statistical.sharding import chunk_seed
+
+__all__ = ["ARMS", "Job", "plan_jobs"]
+
+#: Every batch design, in the order the audit runs them.
+ARMS = ("single", "equal", "ragged", "repeated")
+
+#: The stream of job seeds (apart from the statistical audit's chunk streams).
+_JOB_STREAM = 11
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One generator call of the audit.
+
+    Attributes
+    ----------
+    index : int
+        Position in the audit's schedule (seeds and resumption key on it).
+    arm : str
+    round : int
+    prompt_ids : tuple of int
+        Which of the audit's prompts each row is (a prompt id may repeat).
+    prompts : tuple of tuple of int
+        The token ids each row gets (a prompt, or its prefix in the ``equal`` arm).
+    max_new_tokens : int or tuple of int
+    seed : int
+    """
+
+    index: int
+    arm: str
+    round: int
+    prompt_ids: tuple
+    prompts: tuple
+    max_new_tokens: Union[int, tuple]
+    seed: int
+
+    @property
+    def case(self) -> str:
+        """The job in words, for error messages."""
+        return f"arm {self.arm}, round {self.round}, job {self.index} ({len(self.prompts)} rows)"
+
+    @property
+    def limits(self) -> tuple:
+        """``max_new_tokens`` per row."""
+        if isinstance(self.max_new_tokens, tuple):
+            return self.max_new_tokens
+        return (self.max_new_tokens,) * len(self.prompts)
+
+
+def _groups(count: int, size: int, offset: int) -> list:
+    """Consecutive groups of ``size`` prompt ids, cycling, starting at ``offset``."""
+    if count <= 0:
+        return []
+    ids = [(offset + i) % count for i in range(count)]
+    return [tuple(ids[i : i + size]) for i in range(0, count, size)]
+
+
+def plan_jobs(prompts: Sequence[Sequence[int]], *, arms: Sequence[str] = ARMS, batch_size: int = 4,
+              rounds: int = 1, max_new_tokens: int = 32, seed: int = 0,
+              per_row_max_new_tokens: bool = False, max_jobs: Optional[int] = None) -> list[Job]:
+    """Every job of the audit, arm by arm within each round, rounds in order.
+
+    Examples
+    --------
+    >>> jobs = plan_jobs([[1, 2, 3], [4, 5], [6]], batch_size=2, max_new_tokens=8)
+    >>> [(j.arm, j.prompt_ids) for j in jobs]          # doctest: +NORMALIZE_WHITESPACE
+    [('single', (0,)), ('single', (1,)), ('single', (2,)), ('equal', (0, 1)), ('equal', (2,)),
+     ('ragged', (0, 1)), ('ragged', (2,)), ('repeated', (0, 0)), ('repeated', (1, 1)), ('repeated', (2, 2))]
+    >>> jobs[3].prompts                                 # cut to the shorter prompt
+    ((1, 2), (4, 5))
+    """
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or not arms:
+        raise InvalidArgument(f"arms: expected some of {ARMS}, got {list(arms)!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 2:
+        raise InvalidArgument(f"batch_size: expected an integer >= 2, got {batch_size!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise InvalidArgument(f"rounds: expected a positive integer, got {rounds!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise InvalidArgument(f"max_new_tokens: expected a positive integer, got {max_new_tokens!r}")
+    prompts = [tuple(p) for p in prompts]
+    jobs: list[Job] = []
+
+    def add(arm, round_, ids, rows, limit):
+        index = len(jobs)
+        jobs.append(Job(index, arm, round_, tuple(ids), tuple(rows), limit, chunk_seed(seed, _JOB_STREAM, index)))
+
+    for round_ in range(rounds):
+        for arm in ARMS:
+            if arm not in arms:
+                continue
+            if arm == "single":
+                for i in range(len(prompts)):
+                    add(arm, round_, (i,), (prompts[i],), max_new_tokens)
+            elif arm == "equal":
+                for ids in _groups(len(prompts), batch_size, round_):
+                    shortest = min(len(prompts[i]) for i in ids)
+                    add(arm, round_, ids, [prompts[i][:shortest] for i in ids], max_new_tokens)
+            elif arm == "ragged":
+                # longest and shortest together: sort by length, then interleave the two ends
+                order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+                mixed = [order[(k // 2) if k % 2 == 0 else len(order) - 1 - k // 2] for k in range(len(order))]
+                mixed = mixed[round_ % len(mixed):] + mixed[: round_ % len(mixed)]
+                for start in range(0, len(mixed), batch_size):
+                    ids = mixed[start : start + batch_size]
+                    limit = (tuple(max(1, max_new_tokens * (len(ids) - r) // len(ids)) for r in range(len(ids)))
+                             if per_row_max_new_tokens else max_new_tokens)
+                    add(arm, round_, ids, [prompts[i] for i in ids], limit)
+            else:
+                for i in range(len(prompts)):
+                    add(arm, round_, (i,) * batch_size, (prompts[i],) * batch_size, max_new_tokens)
+            if max_jobs is not None and len(jobs) >= max_jobs:
+                return jobs[:max_jobs]
+    return jobs

@@ -1,0 +1,28 @@
+"""Generation loops to audit: a correct one over a small model pair, and planted slips with their ground truth.
+
+* :mod:`.toy`: :class:`ToyLM` (context-, cache- and position-dependent), :class:`ToyPair` (target,
+  draft, sampling parameters, scorers, reference) and :class:`SpecEngine`, a correct batched
+  speculative loop;
+* :mod:`.slips`: one override of the correct loop per slip real engines shipped (:data:`SLIPS`).
+"""
+
+from __future__ import annotations
+
+from spectr_audit.generation.library.slips import SLIPS, Slip
+from spectr_audit.generation.library.toy import SpecEngine, ToyLM, ToyPair, ToyState
+
+__all__ = ["SLIPS", "Slip", "SpecEngine", "ToyLM", "ToyPair", "ToyState", "correct_engine", "slip_engine"]
+
+
+def correct_engine(pair: ToyPair, draft_len: int = 3) -> SpecEngine:
+    """The correct speculative loop over ``pair``."""
+    return SpecEngine(pair, draft_len)
+
+
+def slip_engine(name: str, pair: ToyPair, draft_len: int = 3) -> SpecEngine:
+    """The loop with the planted slip ``name`` (a key of :data:`SLIPS`)."""
+    from spectr_audit.errors import InvalidArgument
+
+    if name not in SLIPS:
+        raise InvalidArgument(f"name: expected one of {sorted(SLIPS)}, got {name!r}")
+    return SLIPS[name].engine(pair, draft_len)

@@ -1,0 +1,234 @@
+"""What a generation audit measured: frozen dataclasses of numbers; the verdict follows from them.
+
+Reports read :meth:`GenerationAuditResult.to_dict` (docs/report-schema.md, "Generation audits").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+__all__ = ["Divergence", "GenerationAuditResult", "StratumRow", "ZeroMassToken"]
+
+
+def _plain(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroMassToken:
+    """An emitted token the scorer gives no mass: decisive unless within the numerics tolerance.
+
+    Attributes
+    ----------
+    arm, job, row, prompt, position : int or str
+        Where: the arm, the job, the row of its batch, the prompt id, the position in the continuation.
+    token : int
+    margin : float or None
+        With a logits scorer: how far (in logits) the token is below the least likely token the
+        sampling parameters keep; None without logits.
+    numerics : bool
+        Whether the margin is within the tolerance (reported, not a finding).
+    """
+
+    arm: str
+    job: int
+    row: int
+    prompt: int
+    position: int
+    token: int
+    margin: Optional[float]
+    numerics: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """The first token where a greedy engine and its reference disagree.
+
+    Attributes
+    ----------
+    arm, job, row, prompt, position : where
+    engine_token, reference_token : int
+    margin : float or None
+        The scorer's logit gap between the two tokens at that context (None without logits).
+    numerics : bool
+        A near-tie (margin within the tolerance): reported as numerics, not a finding.
+    engine_tail, reference_tail : list of int
+        The two continuations from the divergence on (at most 16 tokens each).
+    """
+
+    arm: str
+    job: int
+    row: int
+    prompt: int
+    position: int
+    engine_token: int
+    reference_token: int
+    margin: Optional[float]
+    numerics: bool
+    engine_tail: tuple
+    reference_tail: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class StratumRow:
+    """One stratum's numbers for the per-stratum table.
+
+    Attributes
+    ----------
+    stratum : str
+        ``"all"``, ``"arm single"``, ``"positions 16-63"``, ``"prompt 3"``, ...
+    ordering : str
+    num_tokens : int
+    pvalue, pvalue_adjusted : float
+    min_detectable_tv : float
+    histogram : tuple of float
+        The stratum's PIT counts per bin.
+    band : tuple of float
+        ``(low, high)``: the 99% range of one bin's count under uniformity (Binomial(n, 1/bins)),
+        the acceptance band the reports draw.
+    """
+
+    stratum: str
+    ordering: str
+    num_tokens: int
+    pvalue: float
+    pvalue_adjusted: Optional[float]
+    min_detectable_tv: float
+    histogram: tuple
+    band: tuple = (0.0, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationAuditResult:
+    """What a generation audit measured.  Numbers only; :attr:`verdict` follows from them.
+
+    Attributes
+    ----------
+    generator, scorer : str
+    verdict : str
+        ``"PASS"`` (nothing rejected, at the planned power), ``"FINDING"``, ``"INCONCLUSIVE"``
+        (nothing rejected, power short of the plan), ``"ERROR"`` (no job could be scored).
+    pvalue : float
+        Holm's familywise p-value over the deciding tests (0 on a decisive violation).
+    test : str
+        The deciding test.
+    alpha, power : float
+    min_detectable_tv, requested_tv : float
+        The smallest TV of the pooled PIT law (probability order, all tokens) detected with
+        ``power``, and the one asked for.
+    num_tokens, num_continuations, num_jobs : int
+        Engine tokens scored, continuations, generator calls.
+    tokens_by_arm : dict of str -> int
+    subtests : tuple of TestResult
+        The whole family (Holm-adjusted), deciding or not.
+    deciding : tuple of str
+        The names of the tests that decide.
+    decided_by : str
+        ``"one-sample"`` (against the scorer), ``"two-sample"`` (against the reference, when the
+        reference itself differs from the scorer beyond its noise: the numerics floor), ``"greedy"``.
+    held_out_tv : tuple of HeldOutTV
+        Lower confidence bounds on the engine's mean per-token TV to the scorer, per order.
+    numerics_floor : tuple of HeldOutTV
+        The same for the reference generator (empty without one): how far the scorer's numerics
+        alone put a speculation-free engine.
+    reference_rejected : bool or None
+        Whether the reference's own one-sample tests rejected (None without a reference).
+    zero_mass : tuple of ZeroMassToken
+    divergences : tuple of Divergence
+    strata : tuple of StratumRow
+    surprisal_z : float
+        The surprisal martingale's Z over all engine tokens.
+    agreement : dict
+        Repeated requests: pairs, agreeing pairs, expected, identical continuations.
+    acceptance : dict
+        The engine's counters where it reported them (tokens per target call), and the expected
+        value for single-draft speculative sampling at the visited contexts where a draft scorer
+        was given.
+    greedy : bool
+    stop_reason : str
+        ``"planned"``, ``"e-process"``, ``"support"``, ``"max_tokens"``, ``"max_seconds"``, ``"interrupted"``.
+    failures : tuple of str
+        Jobs whose generator or scorer call failed (their arm's other jobs were kept).
+    seconds : dict of str -> float
+        Wall time of generation, reference generation, scoring and the tests.
+    num_bins : int
+    incomplete : bool
+        The audit was interrupted: the result covers the jobs that finished.
+    num_processes : int
+    logit_tolerance : float
+        The logit margin below which a zero-mass token or a greedy divergence counts as numerics.
+    after_eos : tuple of dict
+        Continuations that went on after the end-of-sequence token (job, row, where it was).
+    """
+
+    generator: str
+    scorer: str
+    verdict: str
+    pvalue: float
+    test: str
+    alpha: float
+    power: float
+    min_detectable_tv: float
+    requested_tv: float
+    num_tokens: int
+    num_continuations: int
+    num_jobs: int
+    tokens_by_arm: dict
+    subtests: tuple
+    deciding: tuple
+    decided_by: str
+    held_out_tv: tuple
+    numerics_floor: tuple
+    reference_rejected: Optional[bool]
+    zero_mass: tuple
+    divergences: tuple
+    strata: tuple
+    surprisal_z: float
+    agreement: dict
+    acceptance: dict
+    greedy: bool
+    stop_reason: str
+    failures: tuple
+    seconds: dict
+    num_bins: int
+    incomplete: bool = False
+    num_processes: int = 1
+    logit_tolerance: float = 0.0
+    after_eos: tuple = ()
+
+    @property
+    def passed(self) -> bool:
+        """Whether the verdict is PASS."""
+        return self.verdict == "PASS"
+
+    @property
+    def inconclusive(self) -> bool:
+        """Whether nothing was rejected but the power fell short of the plan."""
+        return self.verdict == "INCONCLUSIVE"
+
+    @property
+    def tv_lower(self) -> float:
+        """The best lower bound on the engine's mean per-token TV over the orders."""
+        return max((h.lower for h in self.held_out_tv), default=0.0)
+
+    def to_dict(self) -> dict:
+        """Plain JSON values: every field, the tests as dicts, and ``passed``."""
+        out = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "subtests":
+                value = [t.to_dict() for t in value]
+            out[field.name] = _plain(value)
+        out["passed"] = self.passed
+        out["tv_lower"] = self.tv_lower
+        return out
