@@ -11,6 +11,9 @@ plugin must not pull torch, scipy or cvxpy at load time):
 * optimal-transport bounds: :func:`optimal_acceptance`, :func:`optimal_acceptance_lp`;
 * running suites: :func:`audit` (one call: a verifier on a suite, the report back),
   :func:`assert_passed`, :func:`load_suite`, :func:`run_suite`, :func:`audit_case`;
+* the generation audit of a whole engine: :func:`audit_generation` (its result,
+  :class:`GenerationAuditResult`), :func:`check_generation` (audit and fail unless PASS) and
+  :func:`assert_generation_passed`;
 * errors: :class:`SpectrAuditError`, :class:`InvalidArgument`, :class:`VerifierError`.
 """
 
@@ -47,6 +50,10 @@ _LAZY = {
     "assert_passed": "spectr_audit.run.api",
     "statistical_audit": "spectr_audit.statistical.audit",
     "sampler_law_agreement": "spectr_audit.statistical.agreement",
+    "audit_generation": "spectr_audit.generation",
+    "GenerationAuditResult": "spectr_audit.generation",
+    "check_generation": "spectr_audit.run.generation",
+    "assert_generation_passed": "spectr_audit.run.generation",
 }
 
 __all__ = ["__version__", "SpectrAuditError", "InvalidArgument", "VerifierError", *_LAZY]

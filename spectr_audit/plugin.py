@@ -21,6 +21,19 @@ worst cells.  ``spectr_audit.audit(verifier, suite="default")`` runs a whole sui
 the :class:`~spectr_audit.results.AuditReport` without asserting; ``spectr_audit.assert_passed``
 asserts on it.
 
+The ``spectr_generation`` fixture audits a whole generation engine (:mod:`spectr_audit.generation`)::
+
+    def test_my_engine_generates_from_the_target(spectr_generation):
+        spectr_generation(engine.generate, engine.score, prompts, vocab_size=engine.vocab_size,
+                          max_new_tokens=32)
+
+runs :func:`spectr_audit.check_generation` with the session's seed, alpha and
+``--spectr-max-seconds`` (keyword arguments are the audit's options), records the result for
+the terminal summary (and ``--spectr-report``: a ``<name>.generation.json`` beside it) and
+fails the test on FINDING or ERROR, and on INCONCLUSIVE with ``--spectr-fail-on-inconclusive``;
+``spectr_generation.audit(...)`` records without asserting.  ``spectr_audit.check_generation``
+is the same call on the verifier fixture.
+
 The ``spectr_audit`` marker either supplies defaults to the fixture
 (``@pytest.mark.spectr_audit(num_drafts=2)``) or, given a verifier, audits it after the test
 body (``@pytest.mark.spectr_audit(verifier=my_verify, num_drafts=2)``): the test fails if the
@@ -57,7 +70,7 @@ import pytest
 from spectr_audit import defaults
 from spectr_audit.run.gate import add_gate_arguments, evaluate_gate, parse_threshold
 
-__all__ = ["SpectrAuditFixture", "spectr_audit"]
+__all__ = ["SpectrAuditFixture", "SpectrGenerationFixture", "spectr_audit", "spectr_generation"]
 
 _MARKER = "spectr_audit"
 #: Keyword arguments the marker (and the fixture's ``check``) accept.
@@ -86,10 +99,20 @@ class _Record:
     gate_violations: tuple = ()
 
 
+@dataclasses.dataclass
+class _GenerationRecord:
+    nodeid: str
+    #: ``GenerationAuditResult.to_dict()`` (plain JSON: it crosses pytest-xdist's channel as it is)
+    result: dict
+    line: str
+
+
 _SETTINGS = pytest.StashKey[_Settings]()
 _RECORDS = pytest.StashKey[list]()
+_GENERATION_RECORDS = pytest.StashKey[list]()
 #: The key of a worker's records in pytest-xdist's ``workeroutput``.
 _WORKER_KEY = "spectr_audit_records"
+_WORKER_GENERATION_KEY = "spectr_audit_generation_records"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,6 +278,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SETTINGS] = _Settings(seed, samples, alpha, report, tuple(thresholds), max_seconds, certify_tv,
                                         fail_on_inconclusive)
     config.stash[_RECORDS] = []
+    config.stash[_GENERATION_RECORDS] = []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,6 +374,12 @@ class SpectrAuditFixture:
             raise AssertionError("spectr-audit: INCONCLUSIVE: " + _inconclusive_text(report.inconclusive))
         return report
 
+    def check_generation(self, generate: Any, score: Any, prompts: Any, **kwargs: Any) -> Any:
+        """Audit a generation engine and fail unless it passed: :class:`SpectrGenerationFixture` (the
+        ``spectr_generation`` fixture) with this session's settings."""
+        __tracebackhide__ = _hide_for_findings
+        return _generation_fixture_for(self._node)(generate, score, prompts, **kwargs)
+
     def audit(self, verifier: Any, suite: Any = "default", *, params: Any = None, order: Optional[str] = None) -> Any:
         """Audit ``verifier`` on every case of ``suite`` it supports; record and return the report.
 
@@ -408,6 +438,83 @@ class SpectrAuditFixture:
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._node.user_properties.append((f"{prefix}.{key}", value))
         return gate
+
+
+class SpectrGenerationFixture:
+    """What the ``spectr_generation`` fixture returns: generation audits with the session's settings, recorded.
+
+    Call it as :func:`spectr_audit.check_generation`:
+    ``spectr_generation(generate, score, prompts, vocab_size=..., **options)`` runs
+    :func:`~spectr_audit.generation.audit_generation` (the session's ``seed``, ``alpha`` and
+    ``--spectr-max-seconds`` unless given), records the result and fails the test on FINDING or
+    ERROR, and on INCONCLUSIVE with ``--spectr-fail-on-inconclusive`` (or
+    ``fail_on_inconclusive=True``).  Returns the :class:`~spectr_audit.generation.GenerationAuditResult`.
+
+    Attributes
+    ----------
+    seed : int
+    alpha : float
+    max_seconds : float or None
+    fail_on_inconclusive : bool
+    """
+
+    def __init__(self, node: Any, settings: _Settings, records: list):
+        self._node = node
+        self._records = records
+        self.seed = settings.seed
+        self.alpha = settings.alpha
+        self.max_seconds = settings.max_seconds
+        self.fail_on_inconclusive = settings.fail_on_inconclusive
+
+    def _options(self, kwargs: dict) -> dict:
+        options = dict(kwargs)
+        options.setdefault("seed", self.seed)
+        options.setdefault("alpha", self.alpha)
+        if self.max_seconds is not None:
+            options.setdefault("max_seconds", self.max_seconds)
+        options.setdefault("progress", False)
+        return options
+
+    def audit(self, generate: Any, score: Any, prompts: Any, **kwargs: Any) -> Any:
+        """Run the audit and record its result, without asserting (Ctrl-C records the finished jobs' result)."""
+        from spectr_audit.generation import GenerationInterrupted, audit_generation
+
+        try:
+            result = audit_generation(generate, score, prompts, **self._options(kwargs))
+        except GenerationInterrupted as exc:
+            if exc.result is not None:
+                self._record(exc.result)
+            raise
+        self._record(result)
+        return result
+
+    def __call__(self, generate: Any, score: Any, prompts: Any, *, fail_on_inconclusive: Optional[bool] = None,
+                 **kwargs: Any) -> Any:
+        __tracebackhide__ = _hide_for_findings
+        from spectr_audit.run.generation import failure_text
+
+        result = self.audit(generate, score, prompts, **kwargs)
+        strict = self.fail_on_inconclusive if fail_on_inconclusive is None else bool(fail_on_inconclusive)
+        message = failure_text(result, strict)
+        if message is not None:
+            raise AssertionError(message)
+        return result
+
+    def _record(self, result: Any) -> None:
+        from spectr_audit.run.generation import verdict_line
+
+        self._records.append(_GenerationRecord(self._node.nodeid, result.to_dict(), verdict_line(result)))
+        prefix = f"spectr_generation.{result.generator}"
+        self._node.user_properties.append((f"{prefix}.verdict", result.verdict))
+        for key in ("pvalue", "num_tokens", "min_detectable_tv", "tv_lower"):
+            value = getattr(result, key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                self._node.user_properties.append((f"{prefix}.{key}", value))
+
+
+def _generation_fixture_for(node: Any) -> SpectrGenerationFixture:
+    config = node.config
+    return SpectrGenerationFixture(node, config.stash[_SETTINGS], config.stash.setdefault(_GENERATION_RECORDS, []))
 
 
 def _with_params(kwargs: dict) -> dict:
@@ -474,6 +581,16 @@ def spectr_audit(request: pytest.FixtureRequest) -> SpectrAuditFixture:
     JUnit properties and written to ``--spectr-report``.
     """
     return _fixture_for(request.node)
+
+
+@pytest.fixture
+def spectr_generation(request: pytest.FixtureRequest) -> SpectrGenerationFixture:
+    """Audit a generation engine inside a test: ``spectr_generation(generate, score, prompts, vocab_size=...)``.
+
+    See :class:`SpectrGenerationFixture`; results are listed in the terminal summary and recorded
+    as JUnit properties.
+    """
+    return _generation_fixture_for(request.node)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -556,12 +673,34 @@ def _fmt(value: Any) -> str:
     return f"{value:.3g}"
 
 
+def _generation_summary(terminalreporter: Any, settings: _Settings, records: list) -> None:
+    """The generation audits' lines: verdict, engine, deciding test, p-value, tokens, power, TV bound."""
+    terminalreporter.write_line(f"generation audits (seed {settings.seed} unless a test set its own):")
+    counts: dict = {}
+    for record in records:
+        r = record.result
+        verdict = r["verdict"] + ("/INCOMPLETE" if r.get("incomplete") else "")
+        counts[verdict] = counts.get(verdict, 0) + 1
+        terminalreporter.write_line(
+            f"{verdict:<12} {r['generator']} against {r['scorer']}: test {r['test']!r} p={_fmt(r.get('pvalue'))} "
+            f"(alpha {_fmt(r.get('alpha'))}) n={r.get('num_tokens')} tokens mdtv={_fmt(r.get('min_detectable_tv'))}/"
+            f"{_fmt(r.get('requested_tv'))} tv>={_fmt(r.get('tv_lower'))}  [{record.nodeid}]",
+            **_markup("ERROR" if r.get("incomplete") else r["verdict"], settings))
+    terminalreporter.write_line("generation verdicts: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     records = config.stash.get(_RECORDS, [])
-    if not records:
+    generation = config.stash.get(_GENERATION_RECORDS, [])
+    if not records and not generation:
         return
     settings = config.stash[_SETTINGS]
     terminalreporter.section("spectr-audit")
+    if not records:
+        _generation_summary(terminalreporter, settings, generation)
+        if settings.report is not None:
+            terminalreporter.write_line(f"spectr-audit generation report: {_generation_report_path(settings.report)}")
+        return
     for line in _session_header(settings, [r.result for r in records]):
         terminalreporter.write_line(line)
     counts: dict = {}
@@ -590,8 +729,17 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             terminalreporter.write_line(
                 f"GATE     {threshold.source or threshold}: no audit of this session measured {threshold.metric!r}, "
                 "so the threshold checked nothing (the session fails)", red=True)
+    if generation:
+        _generation_summary(terminalreporter, settings, generation)
     if settings.report is not None:
         terminalreporter.write_line(f"spectr-audit report: {settings.report}")
+        if generation:
+            terminalreporter.write_line(f"spectr-audit generation report: {_generation_report_path(settings.report)}")
+
+
+def _generation_report_path(report: Path) -> Path:
+    """Where the session's generation audits go: ``<report stem>.generation.json`` beside ``--spectr-report``."""
+    return report.with_name(f"{report.stem}.generation.json")
 
 
 def _session_gate(config: pytest.Config) -> Any:
@@ -607,7 +755,12 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     """pytest-xdist, on the controller: collect a finished worker's audits."""
     config = node.config
     settings = config.stash.get(_SETTINGS, None)
-    sent = (getattr(node, "workeroutput", None) or {}).get(_WORKER_KEY)
+    output = getattr(node, "workeroutput", None) or {}
+    sent = output.get(_WORKER_KEY)
+    if settings is not None:
+        config.stash.setdefault(_GENERATION_RECORDS, []).extend(
+            _GenerationRecord(item["nodeid"], item["result"], item["line"]) for item in output.get(_WORKER_GENERATION_KEY)
+            or [])
     if settings is None or not sent:
         return
     from spectr_audit.results import AuditResult
@@ -627,7 +780,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if workeroutput is not None:
         # An xdist worker: the controller prints the summary, runs the session gate and writes the report.
         workeroutput[_WORKER_KEY] = [{"nodeid": r.nodeid, "result": r.result.to_dict()} for r in records]
+        workeroutput[_WORKER_GENERATION_KEY] = [dataclasses.asdict(r) for r in config.stash.get(_GENERATION_RECORDS, [])]
         return
+    generation = config.stash.get(_GENERATION_RECORDS, [])
+    if settings is not None and settings.report is not None and generation:
+        import json
+
+        from spectr_audit import __version__
+        from spectr_audit._files import write_text_atomic
+
+        data = {"spectr_audit_version": __version__, "kind": "generation-audits", "seed": settings.seed,
+                "results": [{"nodeid": r.nodeid, "line": r.line, **r.result} for r in generation]}
+        write_text_atomic(_generation_report_path(settings.report), json.dumps(data, indent=2) + "\n")
     gate = _session_gate(config)
     if gate is not None and gate.unmeasured and session.exitstatus == pytest.ExitCode.OK:
         # Like coverage's --fail-under: a gate that checked nothing must not pass silently.

@@ -21,6 +21,11 @@ Each figure reads result objects only and uses whatever metrics are present:
 
 :func:`report_figures` groups a report's results into these figures.
 
+A generation audit (``GenerationAuditResult.to_dict()``) has its own figures (``generation``):
+:func:`pit_figure` (the PIT histograms of each order's strata with their 99% acceptance bands),
+:func:`held_out_tv_figure` (the held-out TV lower bounds per order, the engine's beside the
+numerics floor's); :func:`generation_figures` draws both.
+
 The real-LM suite's tables (``meta["real_lm"]``) have their own two figures, drawn from the
 table rows rather than from results: :func:`real_lm_acceptance_figure` (acceptance against
 K with the bounds, measured K-SEQ and RRS with whiskers) and
@@ -30,6 +35,7 @@ K with the bounds, measured K-SEQ and RRS with whiskers) and
 One module per concept, every name re-exported here: ``reading`` (what the figures read
 from results and table rows), ``chain`` (the chain audit's figures and
 :func:`report_figures`), ``tree`` (draft trees), ``real_lm`` (the real-LM suite's tables),
+``generation`` (the generation audit's figures),
 ``_plot`` (the canvas, colours and legends they share).
 """
 
@@ -44,6 +50,8 @@ from spectr_audit.reports.figures.tree import tree_cases, tree_text, tree_figure
 from spectr_audit.reports.figures.real_lm import (real_lm_block_grid, real_lm_power, real_lm_power_summary,
                                                   real_lm_acceptance_figure, real_lm_block_efficiency_figure,
                                                   real_lm_figures)
+from spectr_audit.reports.figures.generation import (generation_strata, outside_band, pit_figure, held_out_tv_figure,
+                                                     generation_figures)
 
 # the table-row reader the HTML and Markdown writers use for the real-LM tables
 from spectr_audit.reports.figures.reading import _row  # noqa: F401
@@ -70,4 +78,9 @@ __all__ = [
     "real_lm_acceptance_figure",
     "real_lm_block_efficiency_figure",
     "real_lm_figures",
+    "generation_strata",
+    "outside_band",
+    "pit_figure",
+    "held_out_tv_figure",
+    "generation_figures",
 ]

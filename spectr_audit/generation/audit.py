@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 import time
 from typing import Any, Optional, Sequence
@@ -45,7 +46,7 @@ from spectr_audit.generation.tests import (
     two_sample_test,
 )
 from spectr_audit.statistical.gof import TestResult, holm
-from spectr_audit.statistical.sharding import chunk_generator
+from spectr_audit.statistical.sharding import WorkerFailed, chunk_generator, current_shards
 
 __all__ = ["GenerationInterrupted", "audit_generation"]
 
@@ -86,13 +87,13 @@ class _Options:
     timeout: Optional[float]
     eos_token_id: Optional[int]
 
-    def config(self, prompts: list, reference: bool, draft: bool) -> dict:
-        """What must match for a stored audit to be resumed."""
+    def config(self, prompts: list, reference: bool, draft: bool, per_row_max_new_tokens: bool) -> dict:
+        """What must match for a stored audit to be resumed (the jobs, their seeds and what is scored)."""
         fields = dataclasses.asdict(self)
         fields.pop("max_seconds")
         fields.pop("timeout")
         return {**{k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}, "prompts": prompts,
-                "reference": reference, "draft_scorer": draft}
+                "reference": reference, "draft_scorer": draft, "per_row_max_new_tokens": per_row_max_new_tokens}
 
 
 def _bucket_names(buckets: tuple) -> list:
@@ -101,23 +102,45 @@ def _bucket_names(buckets: tuple) -> list:
     return names + [f"positions {edges[-1]}+"]
 
 
-def _margins(logits: torch.Tensor, laws: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor) -> np.ndarray:
-    """For tokens of zero mass: the logit gap below the least likely token the parameters keep."""
+#: A zero-mass token is numerics when a top-p / min-p this much looser keeps it (probability units).
+PROBABILITY_TOLERANCE = 1e-3
+
+
+def _margins(logits: torch.Tensor, laws: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor,
+             params: Optional[list], order, row_of: np.ndarray) -> np.ndarray:
+    """For tokens of zero mass: 0 when a slightly looser top-p / min-p keeps them (a boundary decided by
+    numerics), else the logit gap below the least likely token the parameters keep."""
+    from spectr_audit.contract.sampling import SamplingParams, process_logits
+
     out = np.full(tokens.shape[0], np.nan)
     for i in rows.tolist():
         kept = laws[i] > 0
-        if bool(kept.any()):
-            out[i] = float(logits[i][kept].min() - logits[i, tokens[i]])
+        if not bool(kept.any()):
+            continue
+        if params is not None:
+            p = params[int(row_of[i])]
+            relaxed = SamplingParams(temperature=float(p.temperature), top_k=int(p.top_k),
+                                     top_p=min(1.0, float(p.top_p) + PROBABILITY_TOLERANCE),
+                                     min_p=max(0.0, float(p.min_p) - PROBABILITY_TOLERANCE))
+            if float(p.temperature) > 0 and float(process_logits(logits[i].unsqueeze(0), relaxed, order)[0,
+                                                                                                       tokens[i]]) > 0:
+                out[i] = 0.0
+                continue
+        out[i] = float(logits[i][kept].min() - logits[i, tokens[i]])
     return out
 
 
 def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_scorer, options: _Options,
                   prefix: str) -> dict:
     """Score one set of continuations: per-token statistics, per-continuation facts, prefixed by ``prefix``."""
-    laws, logits = scorer(prompts, continuations, case=job.case)
+    with call_limit(options.timeout, f"{scorer.component} did not return within {options.timeout} s on {job.case}",
+                    GenerationContractError):
+        laws, logits = scorer(prompts, continuations, case=job.case)
     draft = None
     if draft_scorer is not None:
-        draft, _ = draft_scorer(prompts, continuations, case=job.case)
+        with call_limit(options.timeout, f"{draft_scorer.component} did not return within {options.timeout} s on "
+                                         f"{job.case}", GenerationContractError):
+            draft, _ = draft_scorer(prompts, continuations, case=job.case)
     lengths = [len(c) for c in continuations]
     rows = np.repeat(np.arange(len(continuations)), lengths)
     positions = np.concatenate([np.arange(n) for n in lengths]) if rows.size else np.zeros(0, dtype=np.int64)
@@ -141,7 +164,8 @@ def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_sc
     draft_laws = None if draft is None else torch.cat([d for d in draft if len(d)])
     stat = token_stats(all_laws, tokens, uniforms, draft_laws, options.orderings)
     zero = (stat.mass <= options.zero_mass_tol).nonzero().squeeze(1)
-    margin = (_margins(torch.cat([x for x in logits if len(x)]).double(), all_laws, tokens, zero)
+    margin = (_margins(torch.cat([x for x in logits if len(x)]).double(), all_laws, tokens, zero,
+                       getattr(scorer, "last_params", None), getattr(scorer, "last_order", None), rows)
               if logits is not None and zero.numel() else np.full(tokens.shape[0], np.nan))
     out.update({f"{prefix}tok_row": rows, f"{prefix}tok_pos": positions, f"{prefix}tok_token": tokens.numpy(),
                 f"{prefix}tok_mass": stat.mass.numpy(), f"{prefix}tok_surprisal": stat.surprisal.numpy(),
@@ -203,7 +227,8 @@ def _run_job(job: Job, generator, scorer, reference, draft_scorer, options: _Opt
             ref = reference(prompts, limit, job.seed, vocab_size=options.vocab_size, case=job.case)
         timings["reference"] = time.perf_counter() - start
         start = time.perf_counter()
-        records.update(_score_tokens(job, prompts, ref.continuations, scorer, None, options, "ref_"))
+        # with the draft scorer too: the ratio order needs the draft's law at the reference's positions
+        records.update(_score_tokens(job, prompts, ref.continuations, scorer, draft_scorer, options, "ref_"))
         records["ref_cont_tokens"] = np.array([t for c in ref.continuations for t in c] or [], dtype=np.int64)
         records.update(_divergences(job, output.continuations, ref.continuations, records.get("_logits"), options))
         timings["scoring"] += time.perf_counter() - start
@@ -380,9 +405,11 @@ def _decide(family: list, deciding: set, alpha: float) -> tuple:
 
 
 def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompts: list, names: tuple,
-             has_reference: bool, greedy: bool, stop_reason: str, eprocess_p: float, seconds: dict,
+             has_reference: bool, greedy: Optional[bool], stop_reason: str, eprocess_p: float, seconds: dict,
              incomplete: bool, num_processes: int) -> GenerationAuditResult:
     tokens = _collect(jobs, stored, options, "")
+    if greedy is None:  # detected: every scored law one-hot (on every job, whichever ran first)
+        greedy = bool(tokens.size) and bool(np.all((tokens.var <= 1e-12) & (tokens.entropy <= 1e-12)))
     reference = _collect(jobs, stored, options, "ref_") if has_reference else None
     confidence = 1.0 - options.alpha
     # the family's size fixes the level each test's minimum detectable TV is quoted at (its Bonferroni share)
@@ -424,12 +451,19 @@ def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompt
                 decided_by = "two-sample"
                 deciding -= {t.name for t in one} | {"e-process"}
     # decisive violations: tokens of zero target mass; greedy divergences at a margin
+    # the numerics floor in logits: the largest margin at which the reference (no speculation) itself
+    # emits tokens the scorer gives no mass; an engine token within it is the engines' numerics too
+    tolerance = options.logit_tol
+    if reference is not None and reference.size:
+        ref_zero = reference.margin[reference.mass <= options.zero_mass_tol]
+        if ref_zero.size:
+            tolerance = max(tolerance, float(np.nanmax(np.where(np.isfinite(ref_zero), ref_zero, np.inf))))
     zero = []
     for i in np.flatnonzero(tokens.mass <= options.zero_mass_tol)[:1000]:
         margin = None if not np.isfinite(tokens.margin[i]) else float(tokens.margin[i])
         zero.append(ZeroMassToken(ARMS[tokens.arm[i]], int(tokens.job[i]), int(tokens.row[i]), int(tokens.prompt[i]),
                                   int(tokens.position[i]), int(tokens.token[i]), margin,
-                                  margin is not None and margin <= options.logit_tol))
+                                  margin is not None and margin <= tolerance))
     violations = [z for z in zero if not z.numerics]
     after_eos = [(index, r, int(pos)) for index, _, rec in stored
                  for r, pos in enumerate(rec.get("cont_after_eos", np.zeros(0))) if pos >= 0]
@@ -490,7 +524,7 @@ def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompt
         acceptance=_acceptance(tokens, stored), greedy=greedy, stop_reason=stop_reason,
         after_eos=tuple({"job": j, "row": r, "position": p} for j, r, p in after_eos[:50]),
         failures=tuple(f"job {j} ({arm}): {m}" for j, arm, m in failures), seconds=seconds, num_bins=NUM_BINS,
-        incomplete=incomplete, num_processes=num_processes, logit_tolerance=options.logit_tol)
+        incomplete=incomplete, num_processes=num_processes, logit_tolerance=tolerance)
 
 
 def _mask(tokens: _Tokens, options: _Options, prompts: list, name: str) -> np.ndarray:
@@ -538,50 +572,129 @@ def _divergence_rows(jobs: dict, stored: list, options: _Options) -> list:
 def _check_options(vocab_size, max_new_tokens, batch_size, rounds, arms, seed, alpha, power, min_detectable_tv,
                    orderings, position_buckets, zero_mass_tol, logit_tol, max_tokens, max_seconds, timeout,
                    eos_token_id, draft_score) -> _Options:
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
-        raise InvalidArgument(f"vocab_size: expected an integer >= 2, got {vocab_size!r}")
+    def integer(name, value, low):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InvalidArgument(f"{name}: expected an integer >= {low}, got {value!r}")
+        return int(value)
+
+    def number(name, value, low, high, closed=True):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                low <= value < high if closed else low < value < high):
+            where = f"[{low}, {high})" if closed else f"({low}, {high})"
+            raise InvalidArgument(f"{name}: expected a number in {where}, got {value!r}")
+        return float(value)
+
+    vocab_size = integer("vocab_size", vocab_size, 2)
+    max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
+    batch_size = integer("batch_size", batch_size, 2)
+    rounds = integer("rounds", rounds, 1)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
     alpha, power = check_prob("alpha", alpha), check_prob("power", power)
-    if not isinstance(min_detectable_tv, (int, float)) or not 0 < min_detectable_tv < 1:
-        raise InvalidArgument(f"min_detectable_tv: expected a number in (0, 1), got {min_detectable_tv!r}")
+    min_detectable_tv = number("min_detectable_tv", min_detectable_tv, 0.0, 1.0, closed=False)
     if orderings is None:
         orderings = ("probability", "ratio", "token-id") if draft_score is not None else ("probability", "token-id")
+    if isinstance(orderings, str):
+        orderings = (orderings,)
     orderings = tuple(orderings)
-    if not orderings or any(o not in ORDERINGS for o in orderings):
-        raise InvalidArgument(f"orderings: expected some of {ORDERINGS}, got {list(orderings)!r}")
+    if not orderings or any(o not in ORDERINGS for o in orderings) or len(set(orderings)) != len(orderings):
+        raise InvalidArgument(f"orderings: expected distinct ones of {ORDERINGS}, got {list(orderings)!r}")
     if "ratio" in orderings and draft_score is None:
         raise InvalidArgument("orderings: 'ratio' needs draft_score (the draft model's law at each position)")
+    if isinstance(position_buckets, (str, bytes)) or not isinstance(position_buckets, Sequence):
+        raise InvalidArgument(f"position_buckets: expected increasing positive integers, got {position_buckets!r}")
     buckets = tuple(position_buckets)
-    if any(not isinstance(b, int) or b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
+    if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets) or \
+            list(buckets) != sorted(set(buckets)):
         raise InvalidArgument(f"position_buckets: expected increasing positive integers, got {list(buckets)!r}")
-    for name, value in (("max_tokens", max_tokens),):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InvalidArgument(f"{name}: expected a positive integer, got {value!r}")
+    if max_tokens is not None:
+        max_tokens = integer("max_tokens", max_tokens, 1)
     for name, value in (("max_seconds", max_seconds), ("timeout", timeout)):
-        if value is not None and (not isinstance(value, (int, float)) or not 0 < value < math.inf):
-            raise InvalidArgument(f"{name}: expected a positive number of seconds, got {value!r}")
-    if not 0 <= zero_mass_tol < 1 or not 0 <= logit_tol < math.inf:
-        raise InvalidArgument(f"zero_mass_tol, logit_tol: expected numbers >= 0, got {zero_mass_tol!r}, {logit_tol!r}")
+        if value is not None:
+            number(name, value, 0.0, math.inf, closed=False)
+    zero_mass_tol = number("zero_mass_tol", zero_mass_tol, 0.0, 1.0)
+    logit_tol = number("logit_tol", logit_tol, 0.0, math.inf)
+    if isinstance(arms, str):
+        arms = (arms,)
+    if not isinstance(arms, Sequence):
+        raise InvalidArgument(f"arms: expected some of {ARMS}, got {arms!r}")
     arms = tuple(arms)
-    if not arms or any(a not in ARMS for a in arms):
-        raise InvalidArgument(f"arms: expected some of {ARMS}, got {list(arms)!r}")
-    return _Options(vocab_size, int(max_new_tokens), int(batch_size), int(rounds), arms, seed, alpha, power,
-                    float(min_detectable_tv), orderings, buckets, float(zero_mass_tol), float(logit_tol), max_tokens,
+    if not arms or any(a not in ARMS for a in arms) or len(set(arms)) != len(arms):
+        raise InvalidArgument(f"arms: expected distinct ones of {ARMS}, got {list(arms)!r}")
+    if eos_token_id is not None:
+        if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int) or not 0 <= eos_token_id < vocab_size:
+            raise InvalidArgument(f"eos_token_id: expected a token id in [0, {vocab_size}), got {eos_token_id!r}")
+    return _Options(vocab_size, max_new_tokens, batch_size, rounds, arms, seed, alpha, power,
+                    min_detectable_tv, orderings, buckets, zero_mass_tol, logit_tol, max_tokens,
                     None if max_seconds is None else float(max_seconds), None if timeout is None else float(timeout),
                     eos_token_id)
 
 
-def _shards(distributed):
-    if distributed is False:
-        return 0, 1
-    try:
+def _check_flags(**flags) -> None:
+    """The switches of :func:`audit_generation`: each None or a bool (``resume`` a bool)."""
+    for name, value in flags.items():
+        if (value is None and name != "resume") or isinstance(value, bool):
+            continue
+        raise InvalidArgument(f"{name}: expected {'True or False' if name == 'resume' else 'None, True or False'}, "
+                              f"got {value!r}")
+
+
+def _max_family_size(options: _Options, num_prompts: int, has_reference: bool) -> int:
+    """The largest Holm family the analysis can build (every stratum filled), known before any job runs."""
+    plain = 1 + len(options.arms) + len(options.position_buckets) + 1
+    strata = plain + (num_prompts if num_prompts > 1 else 0)
+    two = (1 + len(options.arms)) * len(options.orderings) if has_reference else 0
+    return strata * len(options.orderings) + plain + two + 3  # + agreement within, across, e-process
+
+
+class _Collective:
+    """This process's exchanges with the others of its ``torch.distributed`` group (none without shards)."""
+
+    def __init__(self, shards):
+        self.shards = shards
+        self.rank, self.world_size = (0, 1) if shards is None else (shards.rank, shards.world_size)
+
+    def gather(self, payload: Any) -> list:
+        """Every process's payload, in rank order."""
+        if self.shards is None:
+            return [payload]
         import torch.distributed as dist
-    except ImportError:  # pragma: no cover - a torch without distributed
-        return 0, 1
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, payload, group=self.shards.group)
+        return gathered
+
+    def broadcast(self, payload: Any) -> Any:
+        """Rank 0's payload, in every process."""
+        if self.shards is None:
+            return payload
+        import torch.distributed as dist
+
+        box = [payload if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.shards.group)
+        return box[0]
+
+
+def _collective(distributed) -> _Collective:
+    return _Collective(current_shards(distributed))
+
+
+def _open_store(path, config: dict, resume: bool, group: _Collective) -> tuple:
+    """``(sink, records)``: the store (rank 0's only: the others write nothing) and the records it holds.
+
+    Every process gets rank 0's stored records (or its error: a refused resumption is refused everywhere).
+    """
+    sink, payload = None, None
+    if group.rank == 0:
+        try:
+            sink = SampleStore(path, config, resume=resume)
+            payload = ("ok", {index: rec for index, _, rec in sink.records()})
+        except InvalidArgument as exc:
+            payload = ("error", str(exc))
+    payload = group.broadcast(payload)
+    if payload[0] == "error":
+        raise InvalidArgument(payload[1])
+    return sink, payload[1]
 
 
 def _progress(enabled: Optional[bool], total: int):
@@ -705,106 +818,167 @@ def audit_generation(
     >>> result.verdict in ("PASS", "INCONCLUSIVE"), result.num_tokens > 0
     (True, True)
     """
-    prompts = check_prompts(prompts, vocab_size if isinstance(vocab_size, int) else None)
     options = _check_options(vocab_size, max_new_tokens, batch_size, rounds, arms, seed, alpha, power,
                              min_detectable_tv, orderings, position_buckets, zero_mass_tol, logit_tol, max_tokens,
                              max_seconds, timeout, eos_token_id, draft_score)
-    generator = as_generator(generate, name=name, per_row_max_new_tokens=per_row_max_new_tokens)
-    scorer = as_scorer(score, vocab_size)
-    draft_scorer = None if draft_score is None else as_scorer(draft_score, vocab_size, component="draft scorer")
-    reference_gen = None if reference is None else as_generator(reference, component="reference")
+    prompts = check_prompts(prompts, options.vocab_size)
+    _check_flags(greedy=greedy, resume=resume, progress=progress, per_row_max_new_tokens=per_row_max_new_tokens)
+    if store is not None and not isinstance(store, (str, os.PathLike)):
+        raise InvalidArgument(f"store: expected a file path or None, got {type(store).__name__}")
+    if isinstance(distributed, str) and distributed != "auto":
+        raise InvalidArgument(f"distributed: expected 'auto', True, False or a process group, got {distributed!r}")
+    if name is not None and not isinstance(name, str):
+        raise InvalidArgument(f"name: expected a string, got {name!r}")
+    generator = as_generator(generate, name=name, per_row_max_new_tokens=per_row_max_new_tokens, argument="generate")
+    scorer = as_scorer(score, options.vocab_size, argument="score")
+    draft_scorer = (None if draft_score is None else
+                    as_scorer(draft_score, options.vocab_size, component="draft scorer", argument="draft_score"))
+    reference_gen = None if reference is None else as_generator(reference, component="reference", argument="reference")
     jobs = plan_jobs(prompts, arms=options.arms, batch_size=options.batch_size, rounds=options.rounds,
                      max_new_tokens=options.max_new_tokens, seed=options.seed,
                      per_row_max_new_tokens=generator.per_row_max_new_tokens)
     by_index = {job.index: job for job in jobs}
-    sink = SampleStore(store, options.config(prompts, reference is not None, draft_score is not None), resume=resume)
-    rank, world = _shards(distributed)
-    done = sink.finished()
-    is_greedy = greedy
+    group = _collective(distributed)
+    rank, world = group.rank, group.world_size
+    config = options.config(prompts, reference is not None, draft_score is not None, generator.per_row_max_new_tokens)
+    sink, stored = _open_store(store, config, resume, group)
+    records: dict = {}  # job index -> records, every job consumed so far (in job order)
+    failures: dict = {}  # job index -> (arm, message), every job that failed in this run
     eprocesses = {o: PITEProcess() for o in options.orderings}
     mixture = {"max": 0.0}
-    planned_tests = 4 * len(options.orderings) * (1 + len(options.arms) + len(options.position_buckets) + 1)
+    # The e-process may stop the audit once it alone would reject in the largest family the analysis
+    # can build; the stopped audit's verdict is then a FINDING that the planned one would reach too,
+    # so stopping adds no false alarm.  Not with a reference: there the one-sample tests may be set
+    # aside (a numerics floor), and a sample stopped on them would bias the two-sample tests.
+    stop_level = None if reference_gen is not None else options.alpha / _max_family_size(options, len(prompts), False)
     stop_reason, start = "planned", time.perf_counter()
     totals = {"generation": 0.0, "reference": 0.0, "scoring": 0.0}
     emitted = 0
-    bar = _progress(progress, len(jobs))
+    bar = _progress(progress if rank == 0 else False, len(jobs))
     interrupted = False
-
-    def account(records: dict) -> None:
-        nonlocal emitted
-        emitted += int(records["tok_token"].size)
-        for key, value in zip(("generation", "reference", "scoring"), records["seconds"]):
-            totals[key] += float(value)
-        logs = [eprocesses[o].update(torch.from_numpy(records[f"tok_pit_{o}"])) for o in options.orderings]
-        # the average of the orders' e-processes is one too (each a martingale of mean 1 under the null)
-        mixed = float(torch.logsumexp(torch.tensor(logs, dtype=torch.float64), 0)) - math.log(len(logs))
-        mixture["max"] = max(mixture["max"], mixed)
 
     def mixture_p() -> float:
         return float(math.exp(-mixture["max"])) if mixture["max"] > 0 else 1.0
 
-    for _, _, records in sink.records():  # a resumed audit replays what it stored, in job order
-        account(records)
+    def consume(job: Job, rec: dict) -> Optional[str]:
+        """Add one job's records, in job order; return a stop reason (None: go on)."""
+        nonlocal emitted
+        records[job.index] = rec
+        emitted += int(rec["tok_token"].size)
+        for key, value in zip(("generation", "reference", "scoring"), rec["seconds"]):
+            totals[key] += float(value)
+        logs = [eprocesses[o].update(torch.from_numpy(rec[f"tok_pit_{o}"])) for o in options.orderings]
+        # the average of the orders' e-processes is one too (each a martingale of mean 1 under the null,
+        # all on the same tokens in the same order)
+        mixed = float(torch.logsumexp(torch.tensor(logs, dtype=torch.float64), 0)) - math.log(len(logs))
+        mixture["max"] = max(mixture["max"], mixed)
+        if bar is not None:
+            bar.update(bar.task_ids[0], advance=1,
+                       description=f"{job.arm}: {emitted} tokens, evidence log E {mixture['max']:.1f}")
+        zero = rec["tok_mass"] <= options.zero_mass_tol
+        margin = rec["tok_margin"][zero]
+        if bool((~np.isfinite(margin) | (margin > options.logit_tol)).any()) or bool((rec["cont_after_eos"] >= 0).any()):
+            return "support"
+        if stop_level is not None and mixture_p() <= stop_level:
+            return "e-process"
+        return None
+
+    def attempt(job: Optional[Job]) -> tuple:
+        """Run one job here: ``("ok", records)``, ``("fail", message)``, ``("interrupt",)``, ``("error", text)``."""
+        if job is None:
+            return ("none",)
+        try:
+            return ("ok", _run_job(job, generator, scorer, reference_gen, draft_scorer, options))
+        except GenerationContractError as exc:
+            return ("fail", str(exc))
+        except KeyboardInterrupt:
+            return ("interrupt",)
+        except Exception as exc:  # with shards every process must reach the exchange, or the others hang
+            if world == 1:
+                raise
+            errors[job.index] = exc
+            return ("error", f"{type(exc).__name__}: {exc}")
+
+    errors: dict = {}
     try:
-        for job in jobs:
-            if job.index in done or job.index % world != rank:
-                continue
+        i = 0
+        while i < len(jobs):
             if options.max_tokens is not None and emitted >= options.max_tokens:
                 stop_reason = "max_tokens"
                 break
-            if options.max_seconds is not None and time.perf_counter() - start >= options.max_seconds:
+            job = jobs[i]
+            if job.index in stored:  # finished by an earlier run of this audit: replayed, in job order
+                i += 1
+                reason = consume(job, stored[job.index])
+                if reason is not None:
+                    stop_reason = reason
+                    break
+                continue
+            # a round: the next `world` jobs not stored yet, one per process (the stored ones between
+            # them are replayed in their place)
+            batch, end = [], i
+            while end < len(jobs) and len(batch) < world:
+                if jobs[end].index not in stored:
+                    batch.append(jobs[end])
+                end += 1
+            if options.max_seconds is not None and group.broadcast(time.perf_counter() - start >= options.max_seconds):
                 stop_reason = "max_seconds"
                 break
-            try:
-                records = _run_job(job, generator, scorer, reference_gen, draft_scorer, options)
-            except GenerationContractError as exc:
-                sink.fail(job.index, job.arm, str(exc))
-                continue
-            if is_greedy is None:
-                is_greedy = bool(records["tok_mass"].size) and bool(np.all(
-                    (records["tok_var"] <= 1e-12) & (records["tok_entropy"] <= 1e-12)))
-            sink.put(job.index, job.arm, records)
-            account(records)
-            if bar is not None:
-                bar.update(bar.task_ids[0], advance=1,
-                           description=f"{job.arm}: {emitted} tokens, evidence log E {max(e.log_e for e in eprocesses.values()):.1f}")
-            if world == 1:
-                zero = records["tok_mass"] <= options.zero_mass_tol
-                margin = records["tok_margin"][zero]
-                if bool((~np.isfinite(margin) | (margin > options.logit_tol)).any()) or bool(
-                        (records["cont_after_eos"] >= 0).any()):
-                    stop_reason = "support"
+            outcomes = group.gather(attempt(batch[rank] if rank < len(batch) else None))
+            broken = [w for w, outcome in enumerate(outcomes) if outcome[0] == "error"]
+            if broken:
+                mine = errors.get(batch[rank].index) if rank < len(batch) else None
+                if mine is not None:
+                    raise mine
+                raise WorkerFailed(f"process {broken[0]} of {world} failed on {batch[broken[0]].case}: "
+                                   f"{outcomes[broken[0]][1]}")
+            outcome_of = {job.index: outcome for job, outcome in zip(batch, outcomes)}
+            reason = None
+            for k in range(i, end):
+                job = jobs[k]
+                if options.max_tokens is not None and emitted >= options.max_tokens:
+                    reason = "max_tokens"
                     break
-                if mixture_p() <= options.alpha / planned_tests:
-                    stop_reason = "e-process"
+                if job.index in stored:
+                    reason = consume(job, stored[job.index])
+                else:
+                    outcome = outcome_of[job.index]
+                    if outcome[0] == "interrupt":
+                        interrupted, reason = True, "interrupted"
+                        break
+                    if outcome[0] == "fail":
+                        failures[job.index] = (job.arm, outcome[1])
+                        if sink is not None:
+                            sink.fail(job.index, job.arm, outcome[1])
+                        continue
+                    if sink is not None:
+                        sink.put(job.index, job.arm, outcome[1])
+                    reason = consume(job, outcome[1])
+                if reason is not None:
                     break
+            i = end
+            if reason is not None:
+                stop_reason = reason
+                break
     except KeyboardInterrupt:
         interrupted = True
         stop_reason = "interrupted"
+    except BaseException:
+        if sink is not None:
+            sink.close()
+        raise
     finally:
         if bar is not None:
             bar.stop()
-    stored = list(sink.records())
-    failures = sink.failures()
-    if world > 1 and not interrupted:
-        import torch.distributed as dist
-
-        gathered = [None] * world
-        dist.all_gather_object(gathered, (stored, failures))
-        merged = {}
-        for part, _ in gathered:
-            for item in part:
-                merged[item[0]] = item
-        stored = [merged[k] for k in sorted(merged)]
-        failures = sorted({f for _, fails in gathered for f in fails})
-    if is_greedy is None:
-        is_greedy = False
+    consumed = [(index, by_index[index].arm, records[index]) for index in sorted(records)]
+    failed = [(index, arm, message) for index, (arm, message) in sorted(failures.items())]
     totals["tests"] = 0.0
     test_start = time.perf_counter()
-    result = _analyse(by_index, stored, failures, options, prompts, (generator.name, scorer.name),
-                      reference_gen is not None, bool(is_greedy), stop_reason, mixture_p(), totals, interrupted, world)
+    result = _analyse(by_index, consumed, failed, options, prompts, (generator.name, scorer.name),
+                      reference_gen is not None, greedy, stop_reason, mixture_p(), totals, interrupted, world)
     totals["tests"] = time.perf_counter() - test_start
-    sink.close()
+    if sink is not None:
+        sink.close()
     if interrupted:
         raise GenerationInterrupted(result)
     return result

@@ -24,8 +24,10 @@ and what the audit concludes from it.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Callable, Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from spectr_audit.contract.sampling import ProcessingOrder, SamplingParams, process_logits
@@ -135,12 +137,12 @@ class Generator:
     """
 
     def __init__(self, fn: Any, name: Optional[str] = None, per_row_max_new_tokens: Optional[bool] = None,
-                 component: str = "generator"):
+                 component: str = "generator", argument: Optional[str] = None):
         method = getattr(fn, "generate", None)
         self._fn = method if callable(method) else fn
         if not callable(self._fn):
-            raise InvalidArgument(f"{component}: expected a callable generate(prompts, max_new_tokens, seed) or an "
-                                  f"object with a generate method, got {type(fn).__name__}")
+            raise InvalidArgument(f"{argument or component}: expected a callable generate(prompts, max_new_tokens, "
+                                  f"seed) or an object with a generate method, got {type(fn).__name__}")
         self.name = name or getattr(fn, "name", None) or getattr(fn, "__name__", None) or type(fn).__name__
         self.per_row_max_new_tokens = bool(per_row_max_new_tokens if per_row_max_new_tokens is not None
                                            else getattr(fn, "per_row_max_new_tokens", False))
@@ -150,7 +152,7 @@ class Generator:
         raw = _call(self.component, case, self._fn, prompts, max_new_tokens, seed)
         output = raw if isinstance(raw, GenerationOutput) else GenerationOutput(raw)
         continuations = output.continuations
-        if isinstance(continuations, torch.Tensor):
+        if isinstance(continuations, (torch.Tensor, np.ndarray)):
             continuations = continuations.tolist()
         if not isinstance(continuations, Sequence) or len(continuations) != len(prompts):
             got = len(continuations) if isinstance(continuations, Sequence) else type(continuations).__name__
@@ -159,7 +161,7 @@ class Generator:
         limits = max_new_tokens if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * len(prompts)
         checked = []
         for i, (row, limit) in enumerate(zip(continuations, limits)):
-            if isinstance(row, torch.Tensor):
+            if isinstance(row, (torch.Tensor, np.ndarray)):
                 row = row.tolist()
             if not isinstance(row, Sequence) or isinstance(row, (str, bytes)):
                 raise GenerationContractError(f"{self.component} on {case}, row {i}: expected a list of token ids, got "
@@ -169,17 +171,29 @@ class Generator:
                                               f"max_new_tokens = {limit}")
             ids = []
             for token in row:
-                if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+                if (isinstance(token, (bool, np.bool_)) or not isinstance(token, numbers.Integral)
+                        or not 0 <= token < vocab_size):
                     raise GenerationContractError(f"{self.component} on {case}, row {i}: token {token!r} is not an id "
                                                   f"in [0, {vocab_size})")
                 ids.append(int(token))
             checked.append(ids)
+        counters = {}
         for field in ("accepted", "target_calls"):
             values = getattr(output, field)
-            if values is not None and len(values) != len(prompts):
-                raise GenerationContractError(f"{self.component} on {case}: {field} has {len(values)} entries for "
+            if values is None:
+                counters[field] = None
+                continue
+            if isinstance(values, (torch.Tensor, np.ndarray)):
+                values = values.tolist()
+            if not isinstance(values, Sequence) or len(values) != len(prompts):
+                got = len(values) if isinstance(values, Sequence) else type(values).__name__
+                raise GenerationContractError(f"{self.component} on {case}: {field} has {got} entries for "
                                               f"{len(prompts)} prompts")
-        return dataclasses.replace(output, continuations=checked)
+            if any(isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or v < 0 for v in values):
+                raise GenerationContractError(f"{self.component} on {case}: {field} must be non-negative integers, "
+                                              f"got {list(values)!r:.80}")
+            counters[field] = [int(v) for v in values]
+        return GenerationOutput(checked, **counters)
 
 
 class Scorer:
@@ -193,12 +207,13 @@ class Scorer:
     vocab_size : int
     """
 
-    def __init__(self, fn: Any, vocab_size: int, name: Optional[str] = None, component: str = "scorer"):
+    def __init__(self, fn: Any, vocab_size: int, name: Optional[str] = None, component: str = "scorer",
+                 argument: Optional[str] = None):
         method = getattr(fn, "score", None)
         self._fn = method if callable(method) else fn
         if not callable(self._fn):
-            raise InvalidArgument(f"{component}: expected a callable score(prompts, continuations) or an object with a "
-                                  f"score method, got {type(fn).__name__}")
+            raise InvalidArgument(f"{argument or component}: expected a callable score(prompts, continuations) or an "
+                                  f"object with a score method, got {type(fn).__name__}")
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
             raise InvalidArgument(f"vocab_size: expected an integer >= 2, got {vocab_size!r}")
         self.vocab_size = vocab_size
@@ -207,42 +222,68 @@ class Scorer:
 
     def __call__(self, prompts: list, continuations: list, *, case: str) -> tuple[list, Optional[list]]:
         """``(laws, logits)``: per continuation its float64 laws ``[len_i, V]`` and, for a logits scorer, its raw
-        logits (None otherwise)."""
+        logits (None otherwise).  For a logits scorer, :attr:`last_params` holds each continuation's
+        parameters and :attr:`last_order` the order (for the numerics margins of zero-mass tokens)."""
         raw = _call(self.component, case, self._fn, prompts, continuations)
         logits = None
+        self.last_params, self.last_order = None, None
         if isinstance(raw, ScoredLogits):
-            logits = [torch.as_tensor(x) for x in raw.logits]
-            self._check_shapes(logits, continuations, case, "logits")
+            self.last_params = [_row_params(raw.params, i, len(continuations)) for i in range(len(continuations))]
+            self.last_order = raw.order
+            logits = self._tensors(raw.logits, continuations, case, "logits")
             laws = []
             for i, row in enumerate(logits):
-                params = _row_params(raw.params, i, len(continuations))
-                laws.append(process_logits(row.double().unsqueeze(0), params, raw.order)[0] if row.numel()
-                            else row.double())
-        else:
-            laws = [torch.as_tensor(x) for x in raw] if isinstance(raw, Sequence) else raw
-            self._check_shapes(laws, continuations, case, "laws")
-            laws = [law.double() for law in laws]
-            for i, law in enumerate(laws):
-                if law.numel() == 0:
+                if not row.numel():
+                    laws.append(row.double())
                     continue
-                if not bool(torch.isfinite(law).all()) or bool((law < 0).any()):
-                    raise GenerationContractError(f"{self.component} on {case}, row {i}: laws must be finite and "
-                                                  f"non-negative")
-                sums = law.sum(-1)
-                worst = float((sums - 1).abs().max())
-                if worst > 1e-4:
-                    raise GenerationContractError(f"{self.component} on {case}, row {i}: a law sums to "
-                                                  f"{float(sums[(sums - 1).abs().argmax()]):.6g}, not 1")
+                if bool(torch.isnan(row).any()) or bool((row == torch.inf).any()):
+                    raise GenerationContractError(f"{self.component} on {case}, row {i}: logits must be finite or "
+                                                  f"-inf (found NaN or +inf)")
+                try:
+                    params = _row_params(raw.params, i, len(continuations))
+                    laws.append(process_logits(row.double().unsqueeze(0), params, raw.order)[0])
+                except InvalidArgument as exc:  # the scorer's parameters or logits, not the caller's arguments
+                    raise GenerationContractError(f"{self.component} on {case}, row {i}: its logits could not be "
+                                                  f"processed: {exc}") from exc
+        else:
+            laws = self._tensors(raw, continuations, case, "laws")
+        laws = [law.double() for law in laws]
+        for i, law in enumerate(laws):
+            if law.numel() == 0:
+                continue
+            if not bool(torch.isfinite(law).all()) or bool((law < 0).any()):
+                raise GenerationContractError(f"{self.component} on {case}, row {i}: laws must be finite and "
+                                              f"non-negative")
+            sums = law.sum(-1)
+            worst = float((sums - 1).abs().max())
+            if worst > 1e-4:
+                raise GenerationContractError(f"{self.component} on {case}, row {i}: a law sums to "
+                                              f"{float(sums[(sums - 1).abs().argmax()]):.6g}, not 1")
         return [law.cpu() for law in laws], None if logits is None else [x.cpu() for x in logits]
 
-    def _check_shapes(self, tensors, continuations, case, what):
-        if not isinstance(tensors, Sequence) or len(tensors) != len(continuations):
+    def _tensors(self, values, continuations, case, what) -> list:
+        """One ``[len_i, vocab_size]`` tensor per continuation, or a named contract error."""
+        if isinstance(values, torch.Tensor) and values.dim() == 3:
+            values = list(values)  # a padded [batch, len, V] tensor: fine when every length matches
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != len(continuations):
+            got = len(values) if isinstance(values, Sequence) else type(values).__name__
             raise GenerationContractError(f"{self.component} on {case}: expected {len(continuations)} {what} tensors "
-                                          f"(one per continuation)")
-        for i, (tensor, row) in enumerate(zip(tensors, continuations)):
+                                          f"(one per continuation), got {got}")
+        tensors = []
+        for i, (value, row) in enumerate(zip(values, continuations)):
+            try:
+                tensor = torch.as_tensor(value)
+            except Exception as exc:  # not numbers at all
+                raise GenerationContractError(f"{self.component} on {case}, row {i}: expected a [{len(row)}, "
+                                              f"{self.vocab_size}] tensor of {what}, got {type(value).__name__}") from exc
+            if tensor.dtype == torch.bool or tensor.is_complex():
+                raise GenerationContractError(f"{self.component} on {case}, row {i}: {what} must be real numbers, got "
+                                              f"{tensor.dtype}")
             if tensor.dim() != 2 or tensor.shape[0] != len(row) or (len(row) and tensor.shape[1] != self.vocab_size):
                 raise GenerationContractError(f"{self.component} on {case}, row {i}: expected {what} of shape "
                                               f"[{len(row)}, {self.vocab_size}], got {list(tensor.shape)}")
+            tensors.append(tensor)
+        return tensors
 
 
 def _row_params(params: SamplingParams, row: int, batch: int) -> SamplingParams:
@@ -261,14 +302,21 @@ def _row_params(params: SamplingParams, row: int, batch: int) -> SamplingParams:
 
 
 def as_generator(obj: Any, name: Optional[str] = None, component: str = "generator",
-                 per_row_max_new_tokens: Optional[bool] = None) -> Generator:
+                 per_row_max_new_tokens: Optional[bool] = None, argument: Optional[str] = None) -> Generator:
     """A :class:`Generator` from a callable or an object with ``generate`` (a :class:`Generator` as it is)."""
     if isinstance(obj, Generator):
         return obj
-    return Generator(obj, name=name, per_row_max_new_tokens=per_row_max_new_tokens, component=component)
+    return Generator(obj, name=name, per_row_max_new_tokens=per_row_max_new_tokens, component=component,
+                     argument=argument)
 
 
-def as_scorer(obj: Any, vocab_size: int, name: Optional[str] = None, component: str = "scorer") -> Scorer:
+def as_scorer(obj: Any, vocab_size: int, name: Optional[str] = None, component: str = "scorer",
+              argument: Optional[str] = None) -> Scorer:
     """A :class:`Scorer` from a callable or an object with ``score`` (a :class:`Scorer` as it is)."""
-    return obj if isinstance(obj, Scorer) else Scorer(obj, vocab_size, name=name, component=component)
+    if isinstance(obj, Scorer):
+        if obj.vocab_size != vocab_size:
+            raise InvalidArgument(f"{argument or component}: a Scorer for vocab_size {obj.vocab_size}, the audit's is "
+                                  f"{vocab_size}")
+        return obj
+    return Scorer(obj, vocab_size, name=name, component=component, argument=argument)
 

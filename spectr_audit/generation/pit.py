@@ -98,12 +98,16 @@ def token_stats(
         raise InvalidArgument(f"orderings: expected some of {ORDERINGS}, got {unknown}")
     if "ratio" in orderings and draft_laws is None:
         raise InvalidArgument("orderings: 'ratio' needs the draft's laws (a draft scorer)")
+    if draft_laws is not None and tuple(draft_laws.shape) != tuple(laws.shape):
+        raise InvalidArgument(f"draft_laws: expected the shape of laws {list(laws.shape)}, got {list(draft_laws.shape)}")
     tokens = tokens.long()
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= laws.shape[1]):
+        raise InvalidArgument(f"tokens: expected ids in [0, {laws.shape[1]})")
     num = tokens.shape[0]
     pit = {o: torch.empty(num, dtype=torch.float64) for o in orderings}
     mass = laws.gather(1, tokens.unsqueeze(1)).squeeze(1)
     entropy = torch.empty(num, dtype=torch.float64)
-    second = torch.empty(num, dtype=torch.float64)
+    variance = torch.empty(num, dtype=torch.float64)
     for start in range(0, num, _ROWS):
         rows = slice(start, start + _ROWS)
         q, y, u = laws[rows], tokens[rows], uniforms[rows].double()
@@ -116,12 +120,18 @@ def token_stats(
                 before = _before(q, y)
             else:
                 p = draft_laws[rows].double()
-                ratio = torch.where(p > 0, q / p.clamp(min=1e-300), torch.where(q > 0, torch.inf, 0.0))
+                # exactly q / p where p > 0 (no clamp: a clamped tiny p changed the order); q > 0 = p: first
+                ratio = torch.where(p > 0, q / torch.where(p > 0, p, torch.ones_like(p)),
+                                    torch.where(q > 0, torch.inf, 0.0))
                 before = _before(ratio, y)
             pit[order][rows] = (q * before).sum(1) + u * own
-        log_q = torch.where(q > 0, q.clamp(min=1e-300).log(), torch.zeros_like(q))
-        entropy[rows] = -(q * log_q).sum(1)
-        second[rows] = (q * log_q * log_q).sum(1)
-    surprisal = torch.where(mass > 0, -mass.clamp(min=1e-300).log(), torch.full_like(mass, torch.inf))
-    return TokenStats({o: v.clamp(0.0, 1.0) for o, v in pit.items()}, mass, surprisal, entropy,
-                      (second - entropy * entropy).clamp(min=0.0))
+        positive = q > 0
+        log_q = torch.where(positive, torch.where(positive, q, torch.ones_like(q)).log(), torch.zeros_like(q))
+        h = -(q * log_q).sum(1)
+        entropy[rows] = h
+        # two passes: E[(-log q - H)^2], not E[log^2 q] - H^2 (which cancels to noise on flat laws)
+        deviation = torch.where(positive, -log_q - h.unsqueeze(1), torch.zeros_like(q))
+        variance[rows] = (q * deviation * deviation).sum(1)
+    surprisal = torch.where(mass > 0, -torch.where(mass > 0, mass, torch.ones_like(mass)).log(),
+                            torch.full_like(mass, torch.inf))
+    return TokenStats({o: v.clamp(0.0, 1.0) for o, v in pit.items()}, mass, surprisal, entropy, variance)

@@ -166,7 +166,9 @@ class GenerationAuditResult:
         The audit was interrupted: the result covers the jobs that finished.
     num_processes : int
     logit_tolerance : float
-        The logit margin below which a zero-mass token or a greedy divergence counts as numerics.
+        The logit margin below which a zero-mass token counts as numerics: ``logit_tol``, or, with
+        a reference, the largest margin at which the reference itself emitted a zero-mass token
+        (the numerics floor in logits) when that is larger.
     after_eos : tuple of dict
         Continuations that went on after the end-of-sequence token (job, row, where it was).
     """

@@ -840,6 +840,10 @@ def run_suite(
     error outside any one audit :class:`~spectr_audit.run.incomplete.RunAborted`; both carry
     ``report``, the finished results marked incomplete.
     """
+    if not suite.cases and getattr(suite, "generation", ()):
+        raise InvalidArgument(f"suite: {suite.name!r} holds generation audits only ([[generation]] cases); run them "
+                              f"with spectr_audit.run.generation.run_generation_suite or spectr-audit generation "
+                              f"--suite")
     jobs, results = plan_jobs(suite, verifiers)
     # tree jobs: the exact tree audit refuses enumerations beyond its own limits (spectr_audit.exact.tree)
     check_jobs([(v, c) for v, c in jobs if getattr(c, "tree", None) is None], options,

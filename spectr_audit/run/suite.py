@@ -66,6 +66,15 @@ Sampling parameters (docs/sampling.md)::
 A case with any of these holds the verifier to the law the engine's non-speculative sampler
 draws from with them (``process_logits``); a verifier that takes logits is handed the raw logits
 and the parameters.  Expanded cases are named ``name/temperature=0.5`` and so on.
+
+Generation audits of whole engines (``spectr-audit generation --suite NAME``; the format in
+:mod:`spectr_audit.run.generation`)::
+
+    [[generation]]
+    name = "toy-shared-stream"
+    engine = "toy:shared-stream"       # toy | toy:SLIP | package.module:factory | path/file.py:factory
+    expected = "finding"               # pass | finding
+    max_new_tokens = 16
 """
 
 from __future__ import annotations
@@ -160,6 +169,9 @@ class Suite:
     description: str = ""
     verifiers: Optional[tuple] = None
     source: str = ""
+    #: The suite's ``[[generation]]`` cases (:class:`~spectr_audit.run.generation.GenerationCase`): generation
+    #: audits of engines, run by ``spectr-audit generation --suite`` (not by ``run``).
+    generation: tuple = ()
 
 
 def builtin_suites() -> list[str]:
@@ -181,11 +193,13 @@ def load_suite(name_or_path: str, *, max_memory: Any = None, sampling: Optional[
     if name_or_path in builtin_suites():
         text = resources.files("spectr_audit.suites").joinpath(f"{name_or_path}.toml").read_text()
         source = f"built-in suite {name_or_path!r}"
+        base = None
     elif path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise InvalidArgument(f"suite: file {name_or_path!r} does not exist")
         text = path.read_text()
         source = f"suite file {name_or_path!r}"
+        base = path.resolve().parent
     else:
         raise InvalidArgument(
             f"suite: {name_or_path!r} is neither a built-in suite ({', '.join(builtin_suites())}) nor a .toml file"
@@ -194,7 +208,7 @@ def load_suite(name_or_path: str, *, max_memory: Any = None, sampling: Optional[
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InvalidArgument(f"{source}: not valid TOML: {exc}") from exc
-    return parse_suite(data, source=source, default_name=path.stem, max_memory=max_memory, sampling=sampling)
+    return parse_suite(data, source=source, default_name=path.stem, max_memory=max_memory, sampling=sampling, base=base)
 
 
 def _fail(where: str, message: str) -> InvalidArgument:
@@ -485,19 +499,31 @@ def with_sampling(suite: "Suite", params: Any = None, order: Optional[str] = Non
 
 
 def parse_suite(data: dict, source: str = "suite", default_name: str = "suite", *, max_memory: Any = None,
-                sampling: Optional[dict] = None) -> Suite:
+                sampling: Optional[dict] = None, base: Any = None) -> Suite:
     """Validate a parsed TOML document and build its :class:`Suite` (models within ``max_memory``;
-    ``sampling`` overrides the sampling keys of every chain case, see :func:`load_suite`)."""
+    ``sampling`` overrides the sampling keys of every chain case, see :func:`load_suite`).
+
+    ``[[generation]]`` tables are generation-audit cases (:mod:`spectr_audit.run.generation`; a
+    relative factory file is looked up in ``base``, the suite file's folder); a suite may hold
+    only those, only ``[[case]]`` tables, or both.
+    """
     if not isinstance(data, dict):
         raise InvalidArgument(f"{source}: expected a TOML table at the top level")
-    _check_keys(data, {"suite", "case"}, source)
+    _check_keys(data, {"suite", "case", "generation"}, source)
     header = data.get("suite", {})
     if not isinstance(header, dict):
         raise _fail(source, "[suite] must be a table")
     _check_keys(header, {"name", "description", "verifiers"}, f"{source} [suite]")
+    generation: tuple = ()
+    if "generation" in data:
+        from spectr_audit.run.generation import parse_generation_cases
+
+        generation = parse_generation_cases(data["generation"], source, base)
     raw_cases = data.get("case")
-    if not isinstance(raw_cases, list) or not raw_cases:
-        raise _fail(source, "expected at least one [[case]]")
+    if generation and "case" not in data:
+        raw_cases = []
+    elif not isinstance(raw_cases, list) or not raw_cases:
+        raise _fail(source, "expected at least one [[case]] (or [[generation]] for generation audits)")
     suite_verifiers = header.get("verifiers")
     if suite_verifiers is not None and not (
         isinstance(suite_verifiers, list) and all(isinstance(v, str) for v in suite_verifiers)
@@ -583,4 +609,5 @@ def parse_suite(data: dict, source: str = "suite", default_name: str = "suite", 
         description=str(header.get("description", "")),
         verifiers=tuple(suite_verifiers) if suite_verifiers else None,
         source=source,
+        generation=generation,
     )

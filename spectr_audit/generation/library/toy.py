@@ -64,12 +64,14 @@ class ToyLM:
         self.bias = torch.randn(vocab_size, generator=generator, dtype=torch.float64) * 0.5
         frequencies = 1.0 / (10.0 ** (torch.arange(dim // 2, dtype=torch.float64) / max(dim // 2, 1)))
         self.frequencies = frequencies
+        self._positions: dict = {}
 
     def perturbed(self, noise: float, seed: int) -> "ToyLM":
         """A copy with every weight moved by ``noise`` standard normal units: a draft that mostly agrees."""
         generator = torch.Generator().manual_seed(int(seed))
         other = object.__new__(ToyLM)
         other.vocab_size, other.dim, other.frequencies = self.vocab_size, self.dim, self.frequencies
+        other._positions = {}
         for name in ("embed", "mix", "out", "bias"):
             value = getattr(self, name)
             setattr(other, name, value + noise * torch.randn(value.shape, generator=generator, dtype=torch.float64)
@@ -77,9 +79,13 @@ class ToyLM:
         return other
 
     def _position(self, position: int) -> torch.Tensor:
-        angles = position * self.frequencies
-        features = torch.cat([torch.sin(angles), torch.cos(angles)])
-        return torch.nn.functional.pad(features, (0, self.dim - features.numel()))
+        features = self._positions.get(position)
+        if features is None:  # a pure function of the position: computed once (a cached table)
+            angles = position * self.frequencies
+            features = torch.cat([torch.sin(angles), torch.cos(angles)])
+            features = torch.nn.functional.pad(features, (0, self.dim - features.numel()))
+            self._positions[position] = features
+        return features
 
     def start(self, prompt: Sequence[int]) -> ToyState:
         """The state after consuming ``prompt`` (at least one token)."""
@@ -124,12 +130,17 @@ class ToyPair:
         self.draft = (ToyLM(vocab_size, seed=seed + 1) if draft_noise is None
                       else self.target.perturbed(draft_noise, seed + 1))
         self.params = params or SamplingParams()
+        self._neutral = self.params.is_neutral()
         self.order = order
         self.eos_token_id = eos_token_id
 
     def law(self, model: ToyLM, state: ToyState, params: Optional[SamplingParams] = None) -> torch.Tensor:
         """The processed next-token law ``[vocab_size]`` (float64)."""
-        return process_logits(model.logits(state).unsqueeze(0), params or self.params, self.order)[0]
+        neutral = self._neutral if params is None else params.is_neutral()
+        params = params or self.params
+        if neutral:  # process_logits is the softmax then, bit for bit (and 10x dearer)
+            return torch.softmax(model.logits(state), -1)
+        return process_logits(model.logits(state).unsqueeze(0), params, self.order)[0]
 
     def _teacher_forced(self, model: ToyLM, prompts, continuations) -> list:
         out = []

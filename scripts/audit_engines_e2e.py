@@ -1,0 +1,159 @@
+"""End-to-end generation audits of real engines: a table of engine x method x sampling setting.
+
+Small random-weight Llama checkpoints are written first (a target, a draft that agrees with it),
+then each engine generates under the generation audit's batch designs (single, equal, ragged,
+repeated) and is scored by transformers in float64 on the same checkpoint; the same engine
+without speculation is the reference (two-sample tests, numerics floor, greedy equality).
+
+    python scripts/audit_engines_e2e.py vllm --methods none,ngram,draft --rounds 2
+    python scripts/audit_engines_e2e.py transformers --methods assisted,prompt-lookup
+    python scripts/audit_engines_e2e.py own --methods speculative,kseq
+
+One JSON line per row (verdict, deciding test, p-value, TV lower bound, numerics floor, tokens,
+seconds); ``--out`` writes them to a file.  The script starting vLLM must keep its
+``if __name__ == "__main__":`` guard: vLLM's workers re-import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SETTINGS = {
+    "greedy": {"temperature": 0.0},
+    "T0.7": {"temperature": 0.7},
+    "top-k20": {"top_k": 20},
+    "top-p0.9": {"top_p": 0.9},
+    "T0.8-top-p0.95": {"temperature": 0.8, "top_p": 0.95},
+}
+
+#: Token-id prompts of the random checkpoints (ids < 512): repeats give n-gram lookup something to find.
+PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [10, 11, 12], [3, 4, 5, 6, 7, 8, 9, 10, 11], [20, 21, 20, 21],
+           [100, 200, 300, 100, 200], [7], [40, 41, 42, 43, 40, 41], [300, 301]]
+
+
+def _row(engine, method, setting, result, seconds) -> dict:
+    floor = max((h.lower for h in result.numerics_floor), default=None)
+    return {"engine": engine, "method": method, "setting": setting, "verdict": result.verdict, "test": result.test,
+            "pvalue": result.pvalue, "decided_by": result.decided_by, "tv_lower": result.tv_lower,
+            "numerics_floor": floor, "reference_rejected": result.reference_rejected, "tokens": result.num_tokens,
+            "surprisal_z": result.surprisal_z, "zero_mass": [(z.margin, z.numerics) for z in result.zero_mass[:5]],
+            "divergences": [(d.position, d.margin, d.numerics) for d in result.divergences[:5]],
+            "logit_tolerance": result.logit_tolerance, "acceptance": result.acceptance,
+            "seconds": round(seconds, 1), "failures": list(result.failures[:2])}
+
+
+def _audit(generator, scorer, reference, args):
+    from spectr_audit.generation import audit_generation
+
+    return audit_generation(generator, scorer, PROMPTS, vocab_size=512, reference=reference,
+                            max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch_size=4, progress=False,
+                            seed=args.seed)
+
+
+def _checkpoints(folder: Path):
+    from spectr_audit.engines.e2e.checkpoints import write_llama
+
+    target = write_llama(folder / "target", seed=0)
+    draft = write_llama(folder / "draft", seed=1, base=target, noise=0.3)
+    return target, draft
+
+
+def run_vllm(args, emit) -> None:
+    from spectr_audit.contract.sampling import SamplingParams
+    from spectr_audit.engines.e2e.hf import TransformersScorer, load_causal_lm
+    from spectr_audit.engines.e2e.vllm_offline import VLLMGenerator, start_llm
+
+    folder = Path(tempfile.mkdtemp(prefix="spectr-e2e-"))
+    target, draft = _checkpoints(folder)
+    model = load_causal_lm(target)
+    configs = {"none": None,
+               "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                         "prompt_lookup_min": 1},
+               "draft": {"model": str(draft), "num_speculative_tokens": 3}}
+    plain = start_llm(target, None)
+    for method in args.methods:
+        llm = plain if method == "none" else start_llm(target, configs[method])
+        for name in args.settings:
+            params = SamplingParams(**SETTINGS[name])
+            start = time.perf_counter()
+            result = _audit(VLLMGenerator(llm, params, method), TransformersScorer(model, params, "vllm"),
+                            None if method == "none" else VLLMGenerator(plain, params, "none"), args)
+            emit(_row("vllm", method, name, result, time.perf_counter() - start))
+
+
+def run_transformers(args, emit) -> None:
+    from spectr_audit.contract.sampling import SamplingParams
+    from spectr_audit.engines.e2e.hf import TransformersGenerator, TransformersScorer, load_causal_lm
+
+    folder = Path(tempfile.mkdtemp(prefix="spectr-e2e-"))
+    target, draft = _checkpoints(folder)
+    model, assistant = load_causal_lm(target), load_causal_lm(draft)
+    for method in args.methods:
+        for name in args.settings:
+            params = SamplingParams(**SETTINGS[name])
+            if method == "assisted":
+                generator = TransformersGenerator(model, params, assistant_model=assistant, num_assistant_tokens=3)
+            elif method == "prompt-lookup":
+                generator = TransformersGenerator(model, params, prompt_lookup_num_tokens=3)
+            else:
+                generator = TransformersGenerator(model, params)
+            start = time.perf_counter()
+            result = _audit(generator, TransformersScorer(model, params, "transformers"),
+                            None if method == "plain" else TransformersGenerator(model, params), args)
+            emit(_row("transformers", method, name, result, time.perf_counter() - start))
+
+
+def run_own(args, emit) -> None:
+    """The project's own KV-cached SmolLM2 decode loop with built-in verifiers (the real-LM extra)."""
+    from spectr_audit.lm.generation import SmolLMEngine, SmolLMReference, SmolLMScorer
+    from spectr_audit.lm.smollm import load_smollm
+    from spectr_audit.registry import load_verifier
+    from spectr_audit.generation import audit_generation
+
+    lm = load_smollm()
+    prompts = [lm.encode(text) for text in ("The capital of France is", "Once upon a time, there", "def add(a, b):",
+                                            "In 1969, the first", "The quick brown fox", "My favourite food is")]
+    for method in args.methods:
+        num_drafts = 2 if method in ("kseq", "rrs", "spectr-tree", "spectr-gbv-published") else 1
+        draft_len = 1 if method in ("kseq", "rrs") else 2
+        engine = SmolLMEngine(lm, load_verifier(method), num_drafts=num_drafts, draft_len=draft_len)
+        start = time.perf_counter()
+        result = audit_generation(engine, SmolLMScorer(lm), prompts, vocab_size=lm.vocab_size,
+                                  max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch_size=3,
+                                  progress=False, seed=args.seed, arms=("single", "ragged", "repeated"))
+        emit(_row("own SmolLM2 loop", method, "T1", result, time.perf_counter() - start))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("engine", choices=("vllm", "transformers", "own"))
+    parser.add_argument("--methods", default=None)
+    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    defaults = {"vllm": "none,ngram,draft", "transformers": "plain,assisted,prompt-lookup", "own": "speculative"}
+    args.methods = (args.methods or defaults[args.engine]).split(",")
+    args.settings = args.settings.split(",")
+    sink = open(args.out, "a") if args.out else None
+
+    def emit(row):
+        line = json.dumps(row)
+        print(line, flush=True)
+        if sink:
+            sink.write(line + "\n")
+            sink.flush()
+
+    {"vllm": run_vllm, "transformers": run_transformers, "own": run_own}[args.engine](args, emit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""The generation audit's false-alarm rates, by construction and on the correct speculative loop.
+
+(a) Each test of spectr_audit.generation.tests on data drawn from its own null: uniform PIT values
+(``pit_test``, ``PITEProcess``), surprisals of tokens drawn from known random laws
+(``surprisal_test``), two samples of one law (``two_sample_test``), independent first tokens
+(``agreement_test``).  A row (test, sample size, level) fails when its rejections exceed the upper
+quantile of Binomial(draws, level) at a meta-level of 1% over the whole table (Bonferroni over its
+rows): each such test has a false-alarm rate of at most 1% of its own, and is deterministic
+(fixed seeds).  ``held_out_tv``'s lower bound must cover the true mean per-token TV, when tokens
+are drawn from a known perturbed law, at least as often as its confidence says (same rule).
+
+(b) The whole audit on the correct loop over the toy pair (ToyPair / SpecEngine), seeded audits
+with small prompts: the number of FINDINGs must stay within the upper 99% quantile of
+Binomial(audits, alpha) (the audit's familywise rate is at most alpha, so each check has a
+false-alarm rate of at most 1%).  The default stage runs 40 audits per setting; the slow stage 200
+and more, at alpha = 0.05 and the default 1e-3, also with a reference generator (two-sample mode)
+and a draft scorer (ratio order).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from spectr_audit import defaults
+from spectr_audit.generation import audit_generation
+from spectr_audit.generation.library import ToyPair, correct_engine
+from spectr_audit.generation.pit import ORDERINGS, token_stats
+from spectr_audit.generation.tests import (
+    PITEProcess,
+    agreement_test,
+    held_out_tv,
+    pit_test,
+    surprisal_test,
+    two_sample_test,
+)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+META = 0.01
+ALPHAS = (0.05, 0.01, 0.001)
+
+
+def _limit(draws: int, level: float, rows: int) -> int:
+    """The most rejections of ``draws`` level-``level`` tests compatible with the level, at meta-level META / rows."""
+    return int(stats.binom.ppf(1.0 - META / rows, draws, level))
+
+
+def _over(table: list) -> list:
+    """The rows ``(name, level, rejections, draws)`` whose rejections exceed the Bonferroni-adjusted quantile."""
+    return [(name, level, count, draws, _limit(draws, level, len(table))) for name, level, count, draws in table
+            if count > _limit(draws, level, len(table))]
+
+
+def _rows(name: str, pvalues, levels=ALPHAS) -> list:
+    pvalues = np.asarray(pvalues)
+    return [(name, level, int((pvalues <= level).sum()), pvalues.size) for level in levels]
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) each test on data drawn from its null
+# ---------------------------------------------------------------------------------------------
+
+
+def _random_laws(rng, num: int, size: int) -> np.ndarray:
+    """Generic, tied, sparse and one-hot laws (the kinds an engine's processed laws take)."""
+    out = rng.dirichlet(np.full(size, 0.5), size=num)
+    kind = rng.integers(0, 4, num)
+    ties = rng.integers(0, 3, (num, size)).astype(np.float64)
+    ties[ties.sum(1) == 0, 0] = 1.0
+    out[kind == 1] = (ties / ties.sum(1, keepdims=True))[kind == 1]
+    sparse = np.where(rng.random((num, size)) < 0.5, 0.0, out)
+    sparse[sparse.sum(1) == 0, 0] = 1.0
+    out[kind == 2] = (sparse / sparse.sum(1, keepdims=True))[kind == 2]
+    out[kind == 3] = np.eye(size)[rng.integers(0, size, num)][kind == 3]
+    return out
+
+
+def _draw(rng, laws: np.ndarray) -> np.ndarray:
+    cumulative = laws.cumsum(1)
+    cumulative[:, -1] = 1.0
+    return (rng.random((laws.shape[0], 1)) < cumulative).argmax(1)
+
+
+def _null_table(draws: int, sizes: tuple, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    table = []
+    for n in sizes:
+        pit_p, surprisal_p, two_p, agree_p, e_p = [], [], [], [], []
+        for _ in range(draws):
+            pit_p.append(pit_test(torch.from_numpy(rng.random(n)), "pit", level=1e-3, power=0.99).pvalue)
+            # surprisals of tokens drawn from known random laws (V = 12)
+            laws = _random_laws(rng, n, 12)
+            tokens = _draw(rng, laws)
+            st = token_stats(torch.from_numpy(laws), torch.from_numpy(tokens), torch.from_numpy(rng.random(n)))
+            surprisal_p.append(surprisal_test(st.surprisal, st.entropy, st.surprisal_var, "s").pvalue)
+            # two samples of one (non-uniform) law, of different sizes
+            a, b = rng.beta(2.0, 1.0, n), rng.beta(2.0, 1.0, n // 2 + 7)
+            two_p.append(two_sample_test(torch.from_numpy(a), torch.from_numpy(b), "two").pvalue)
+            # pairs of independent first tokens from random laws (a tenth as many pairs as tokens)
+            pairs = max(n // 10, 5)
+            first = _random_laws(rng, pairs, 6)
+            agree = _draw(rng, first) == _draw(rng, first)
+            agree_p.append(agreement_test(agree, (first ** 2).sum(1), "agree").pvalue)
+            # the e-process over batches of uniform PIT values, read at its maximum (any stopping time)
+            process = PITEProcess()
+            for batch in np.array_split(rng.random(n), 8):
+                process.update(torch.from_numpy(batch))
+            e_p.append(process.pvalue)
+        for name, pvalues in (("pit_test", pit_p), ("surprisal_test", surprisal_p), ("two_sample_test", two_p),
+                              ("agreement_test", agree_p), ("PITEProcess", e_p)):
+            table += _rows(f"{name} n={n}", pvalues)
+    return table
+
+
+def test_each_test_holds_its_level_on_data_from_its_null():
+    table = _null_table(draws=2000, sizes=(100, 1000), seed=1)
+    assert len(table) == 30
+    assert _over(table) == []
+
+
+def test_the_check_can_fail():
+    # the same rule flags a test that rejects at twice its level (the plain chi-square on 20
+    # bins of 5 expected values is close; a test at 2 alpha is not)
+    rng = np.random.default_rng(2)
+    pvalues = np.minimum(1.0, 0.5 * rng.random(2000))
+    assert _over(_rows("twice too liberal", pvalues)) != []
+
+
+def _perturbed_tokens(rng, num: int, size: int, tv: float):
+    """Tokens drawn from laws exactly ``tv`` from their targets (mass moved to the most likely token)."""
+    targets = rng.dirichlet(np.full(size, 1.0), size=num)
+    top = np.eye(size)[targets.argmax(1)]
+    rest = targets * (1 - top)
+    movable = rest.sum(1, keepdims=True)
+    share = np.minimum(tv, movable)
+    sample = targets + share * top - share * rest / movable
+    true_tv = 0.5 * np.abs(sample - targets).sum(1)
+    return targets, _draw(rng, sample), true_tv
+
+
+@pytest.mark.parametrize("tv", [0.0, 0.05, 0.2])
+def test_held_out_tv_covers_the_true_mean_tv(tv):
+    rng = np.random.default_rng(3)
+    draws, confidence = 1000, 0.95
+    misses = 0
+    lowers = []
+    for _ in range(draws):
+        num = 600
+        targets, tokens, true_tv = _perturbed_tokens(rng, num, 8, tv)
+        st = token_stats(torch.from_numpy(targets), torch.from_numpy(tokens), torch.from_numpy(rng.random(num)))
+        fold = torch.from_numpy(np.repeat(np.arange(num // 20) % 2, 20))  # continuations of 20 tokens
+        bound = held_out_tv(st.pit["probability"], fold, "probability", confidence)
+        misses += bound.lower > float(true_tv.mean()) + 1e-12
+        lowers.append(bound.lower)
+    # at most 1 - confidence of the bounds miss (the upper 99% quantile of Binomial(draws, 0.05))
+    assert misses <= _limit(draws, 1 - confidence, 1)
+    if tv >= 0.2:  # and the bound is not vacuous
+        assert np.mean(lowers) > 0.3 * tv
+
+
+def test_held_out_tv_weights_the_halves_by_tokens():
+    # a half of 100 tokens all in one bin, a half of 900 uniform ones: the bound is on the mean
+    # over all 1000 tokens, not the average of the two halves' means
+    rng = np.random.default_rng(4)
+    pit = torch.from_numpy(np.concatenate([np.full(100, 0.01), rng.random(900)]))
+    fold = torch.from_numpy(np.concatenate([np.zeros(100, dtype=np.int64), np.ones(900, dtype=np.int64)]))
+    bound = held_out_tv(pit, fold, "probability", 0.95)
+    assert bound.num_tokens == 1000 and bound.estimate < 0.2
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) the whole audit on the correct loop
+# ---------------------------------------------------------------------------------------------
+
+
+def _audit(index: int, alpha: float, mode: str):
+    """One seeded audit of the correct loop: a pair and prompts of its own, 16-32 tokens a row."""
+    rng = np.random.default_rng(1000 + index)
+    vocab = int(rng.integers(8, 17))
+    eos = int(rng.integers(0, vocab)) if index % 3 == 0 else None
+    pair = ToyPair(vocab_size=vocab, seed=index, eos_token_id=eos, draft_noise=None if index % 4 == 1 else 0.3)
+    prompts = [[int(t) for t in rng.integers(0, vocab, int(rng.integers(1, 5)))] for _ in range(2)]
+    extra = {}
+    if mode == "reference":
+        extra["reference"] = pair.reference()
+    if mode == "draft":
+        extra["draft_score"] = pair.draft_scorer()
+    return audit_generation(correct_engine(pair), pair.scorer(), prompts, vocab_size=vocab,
+                            max_new_tokens=int(rng.integers(16, 33)), batch_size=2, seed=index, alpha=alpha,
+                            eos_token_id=eos, progress=False, **extra)
+
+
+def _false_alarms(num: int, alpha: float, mode: str, start: int = 0) -> tuple:
+    results = [_audit(start + i, alpha, mode) for i in range(num)]
+    assert all(r.num_tokens > 0 and not r.failures for r in results)
+    if mode == "draft":
+        assert all("ratio" in {t.name.split()[1] for t in r.subtests if t.name.startswith("pit ")} for r in results)
+    if mode == "reference":
+        assert all(any(t.name.startswith("two-sample") for t in r.subtests) for r in results)
+    findings = [r for r in results if r.verdict == "FINDING"]
+    return len(findings), [(r.test, r.pvalue) for r in findings]
+
+
+def _check_false_alarms(num: int, alpha: float, mode: str, rows: int = 1) -> None:
+    count, which = _false_alarms(num, alpha, mode)
+    assert count <= _limit(num, alpha, rows), (count, which)
+
+
+@pytest.mark.parametrize("alpha", [0.05, defaults.ALPHA])
+def test_the_correct_loop_is_rarely_a_finding(alpha):
+    _check_false_alarms(40, alpha, "plain")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["plain", "reference", "draft"])
+@pytest.mark.parametrize("alpha", [0.05, defaults.ALPHA])
+def test_the_correct_loop_is_rarely_a_finding_over_many_audits(alpha, mode):
+    _check_false_alarms(240, alpha, mode, rows=6)
+
+
+@pytest.mark.slow
+def test_each_test_holds_its_level_on_data_from_its_null_with_more_draws():
+    table = _null_table(draws=10_000, sizes=(100, 400, 3000), seed=5)
+    assert _over(table) == []
+
+
+def _print_table():  # python -c "from tests.generation.test_calibration import _print_table; _print_table()"
+    for name, level, count, draws in _null_table(draws=2000, sizes=(100, 1000), seed=1):
+        print(f"{name:28s} {level:6g} {count:5d} / {draws}  limit {_limit(draws, level, 30)}")
