@@ -7,6 +7,7 @@ without speculation is the reference (two-sample tests, numerics floor, greedy e
 
     python scripts/audit_engines_e2e.py vllm --methods none,ngram,draft --rounds 2
     python scripts/audit_engines_e2e.py transformers --methods assisted,prompt-lookup
+    python scripts/audit_engines_e2e.py served --methods ngram      # vllm serve on 127.0.0.1
     python scripts/audit_engines_e2e.py own --methods speculative,kseq
 
 One JSON line per row (verdict, deciding test, p-value, TV lower bound, numerics floor, tokens,
@@ -77,13 +78,39 @@ def run_vllm(args, emit) -> None:
                "draft": {"model": str(draft), "num_speculative_tokens": 3}}
     plain = start_llm(target, None)
     for method in args.methods:
-        llm = plain if method == "none" else start_llm(target, configs[method])
+        llm = plain if method == "none" or args.fresh else start_llm(target, configs[method])
         for name in args.settings:
             params = SamplingParams(**SETTINGS[name])
+            if args.fresh and method != "none":  # a request that kills the engine must not fail the next setting
+                llm = start_llm(target, configs[method])
             start = time.perf_counter()
             result = _audit(VLLMGenerator(llm, params, method), TransformersScorer(model, params, "vllm"),
                             None if method == "none" else VLLMGenerator(plain, params, "none"), args)
             emit(_row("vllm", method, name, result, time.perf_counter() - start))
+
+
+def run_served(args, emit) -> None:
+    """``vllm serve`` on the loopback address, with and without speculation; concurrent requests."""
+    from spectr_audit.contract.sampling import SamplingParams
+    from spectr_audit.engines.e2e.hf import TransformersScorer, load_causal_lm
+    from spectr_audit.engines.e2e.openai_server import CompletionsGenerator, serve_vllm
+
+    folder = Path(tempfile.mkdtemp(prefix="spectr-e2e-"))
+    target, draft = _checkpoints(folder)
+    model = load_causal_lm(target)
+    configs = {"ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                         "prompt_lookup_min": 1},
+               "draft": {"model": str(draft), "num_speculative_tokens": 3}}
+    with serve_vllm(target) as plain_url:
+        for method in args.methods:
+            with serve_vllm(target, configs[method]) as url:
+                for name in args.settings:
+                    params = SamplingParams(**SETTINGS[name])
+                    start = time.perf_counter()
+                    result = _audit(CompletionsGenerator(url, "model", params, label=f"vllm serve, {method}"),
+                                    TransformersScorer(model, params, "vllm"),
+                                    CompletionsGenerator(plain_url, "model", params, label="vllm serve, none"), args)
+                    emit(_row("vllm serve", method, name, result, time.perf_counter() - start))
 
 
 def run_transformers(args, emit) -> None:
@@ -131,15 +158,17 @@ def run_own(args, emit) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("engine", choices=("vllm", "transformers", "own"))
+    parser.add_argument("engine", choices=("vllm", "served", "transformers", "own"))
     parser.add_argument("--methods", default=None)
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--fresh", action="store_true", help="vllm: a new engine for every setting")
     args = parser.parse_args(argv)
-    defaults = {"vllm": "none,ngram,draft", "transformers": "plain,assisted,prompt-lookup", "own": "speculative"}
+    defaults = {"vllm": "none,ngram,draft", "served": "ngram,draft", "transformers": "plain,assisted,prompt-lookup",
+                "own": "speculative"}
     args.methods = (args.methods or defaults[args.engine]).split(",")
     args.settings = args.settings.split(",")
     sink = open(args.out, "a") if args.out else None
@@ -151,7 +180,7 @@ def main(argv=None) -> int:
             sink.write(line + "\n")
             sink.flush()
 
-    {"vllm": run_vllm, "transformers": run_transformers, "own": run_own}[args.engine](args, emit)
+    {"vllm": run_vllm, "served": run_served, "transformers": run_transformers, "own": run_own}[args.engine](args, emit)
     return 0
 
 

@@ -456,8 +456,9 @@ def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompt
     tolerance = options.logit_tol
     if reference is not None and reference.size:
         ref_zero = reference.margin[reference.mass <= options.zero_mass_tol]
+        ref_zero = ref_zero[np.isfinite(ref_zero)]  # a margin the scorer did not give (no logits) sets no floor
         if ref_zero.size:
-            tolerance = max(tolerance, float(np.nanmax(np.where(np.isfinite(ref_zero), ref_zero, np.inf))))
+            tolerance = max(tolerance, float(ref_zero.max()))
     zero = []
     for i in np.flatnonzero(tokens.mass <= options.zero_mass_tol)[:1000]:
         margin = None if not np.isfinite(tokens.margin[i]) else float(tokens.margin[i])
@@ -468,8 +469,12 @@ def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompt
     after_eos = [(index, r, int(pos)) for index, _, rec in stored
                  for r, pos in enumerate(rec.get("cont_after_eos", np.zeros(0))) if pos >= 0]
     divergences = _divergence_rows(jobs, stored, options) if greedy and has_reference else []
-    if greedy and has_reference:
+    if greedy:
+        # every law one-hot: an emitted argmax has PIT = U (noise) and surprisal 0, so the one-sample
+        # tests carry nothing the support check does not; and a token within the numerics tolerance
+        # (PIT 1: past the whole mass) must not become a finding through them
         decided_by = "greedy"
+        deciding -= {t.name for t in one} | {"e-process"}
     real_divergences = [d for d in divergences if not d.numerics]
     family, pvalue, test = _decide(family, deciding, options.alpha)
     support = TestResult("support", float(len(violations)), 0.0 if violations else 1.0, None, tokens.size,
@@ -774,8 +779,10 @@ def audit_generation(
     position_buckets : sequence of int
         Boundaries of the position strata.
     greedy : bool, optional
-        Greedy engine (default: detected, every scored law one-hot).  With a reference: token-for-
-        token equality, a divergence above ``logit_tol`` is a finding.
+        Greedy engine (default: detected, every scored law one-hot, over all jobs).  The one-sample
+        tests and the e-process then do not decide (an argmax token's PIT is pure noise): the support
+        check does, and, with a reference, token-for-token equality (a divergence above ``logit_tol``
+        is a finding, one within it numerics).
     zero_mass_tol, logit_tol : float
         A token of mass at most ``zero_mass_tol`` is a violation unless a logits scorer shows it
         within ``logit_tol`` logits of the kept tokens (numerics); the same tolerance separates a
@@ -787,9 +794,12 @@ def audit_generation(
     store, resume : optional
         An SQLite file the finished jobs are written to; ``resume=True`` continues an interrupted
         audit (same configuration) to the same verdict.
-    distributed : "auto" or bool
-        Spread the jobs over an initialised ``torch.distributed`` group (each process runs its
-        engine on its share; the records are gathered; every process gets the same result).
+    distributed : "auto", bool or a process group
+        Spread the jobs over an initialised ``torch.distributed`` group: the schedule runs in rounds
+        of one job per process, the records are exchanged, and every process consumes them in job
+        order through the same stopping rules (jobs past a stop in the same round are dropped), so
+        every process gets the same result as one process alone, bit for bit.  Rank 0 alone writes
+        the store (and reads it on resumption, for all).
     progress : bool, optional
         A progress bar (default: when stderr is a terminal).
     eos_token_id : int, optional
@@ -846,6 +856,7 @@ def audit_generation(
     failures: dict = {}  # job index -> (arm, message), every job that failed in this run
     eprocesses = {o: PITEProcess() for o in options.orderings}
     mixture = {"max": 0.0}
+    seen = {"spread": False}  # whether a consumed job had a law that is not one-hot (so: not greedy)
     # The e-process may stop the audit once it alone would reject in the largest family the analysis
     # can build; the stopped audit's verdict is then a FINDING that the planned one would reach too,
     # so stopping adds no false alarm.  Not with a reference: there the one-sample tests may be set
@@ -877,9 +888,18 @@ def audit_generation(
                        description=f"{job.arm}: {emitted} tokens, evidence log E {mixture['max']:.1f}")
         zero = rec["tok_mass"] <= options.zero_mass_tol
         margin = rec["tok_margin"][zero]
-        if bool((~np.isfinite(margin) | (margin > options.logit_tol)).any()) or bool((rec["cont_after_eos"] >= 0).any()):
+        # a zero-mass token beyond the tolerance is decisive; with a reference the tolerance may still
+        # grow to the reference's own numerics floor (known at the end), so only a token without a
+        # margin stops the audit then
+        beyond = ~np.isfinite(margin)
+        if reference_gen is None:
+            beyond |= margin > options.logit_tol
+        if bool(beyond.any()) or bool((rec["cont_after_eos"] >= 0).any()):
             return "support"
-        if stop_level is not None and mixture_p() <= stop_level:
+        if greedy is None and not seen["spread"]:
+            seen["spread"] = bool(np.any((rec["tok_var"] > 1e-12) | (rec["tok_entropy"] > 1e-12)))
+        # not on greedy audits: there the e-process does not decide (nor, so, stop)
+        if stop_level is not None and mixture_p() <= stop_level and (greedy is False or seen["spread"]):
             return "e-process"
         return None
 

@@ -228,7 +228,11 @@ class Scorer:
         logits = None
         self.last_params, self.last_order = None, None
         if isinstance(raw, ScoredLogits):
-            self.last_params = [_row_params(raw.params, i, len(continuations)) for i in range(len(continuations))]
+            try:
+                self.last_params = [_row_params(raw.params, i, len(continuations)) for i in range(len(continuations))]
+            except InvalidArgument as exc:  # the scorer's parameters, not the caller's arguments
+                raise GenerationContractError(f"{self.component} on {case}, row 0: its logits could not be "
+                                              f"processed: {exc}") from exc
             self.last_order = raw.order
             logits = self._tensors(raw.logits, continuations, case, "logits")
             laws = []
@@ -275,7 +279,8 @@ class Scorer:
                 tensor = torch.as_tensor(value)
             except Exception as exc:  # not numbers at all
                 raise GenerationContractError(f"{self.component} on {case}, row {i}: expected a [{len(row)}, "
-                                              f"{self.vocab_size}] tensor of {what}, got {type(value).__name__}") from exc
+                                              f"{self.vocab_size}] tensor of {what}, got "
+                                              f"{type(value).__name__}") from exc
             if tensor.dtype == torch.bool or tensor.is_complex():
                 raise GenerationContractError(f"{self.component} on {case}, row {i}: {what} must be real numbers, got "
                                               f"{tensor.dtype}")

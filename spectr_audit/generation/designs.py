@@ -92,9 +92,11 @@ def plan_jobs(prompts: Sequence[Sequence[int]], *, arms: Sequence[str] = ARMS, b
     >>> jobs = plan_jobs([[1, 2, 3], [4, 5], [6]], batch_size=2, max_new_tokens=8)
     >>> [(j.arm, j.prompt_ids) for j in jobs]          # doctest: +NORMALIZE_WHITESPACE
     [('single', (0,)), ('single', (1,)), ('single', (2,)), ('equal', (0, 1)), ('equal', (2,)),
-     ('ragged', (0, 1)), ('ragged', (2,)), ('repeated', (0, 0)), ('repeated', (1, 1)), ('repeated', (2, 2))]
+     ('ragged', (2, 0)), ('ragged', (1,)), ('repeated', (0, 0)), ('repeated', (1, 1)), ('repeated', (2, 2))]
     >>> jobs[3].prompts                                 # cut to the shorter prompt
     ((1, 2), (4, 5))
+    >>> jobs[5].prompts                                 # the shortest prompt with the longest
+    ((6,), (1, 2, 3))
     """
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not arms:

@@ -99,7 +99,8 @@ def token_stats(
     if "ratio" in orderings and draft_laws is None:
         raise InvalidArgument("orderings: 'ratio' needs the draft's laws (a draft scorer)")
     if draft_laws is not None and tuple(draft_laws.shape) != tuple(laws.shape):
-        raise InvalidArgument(f"draft_laws: expected the shape of laws {list(laws.shape)}, got {list(draft_laws.shape)}")
+        raise InvalidArgument(f"draft_laws: expected the shape of laws {list(laws.shape)}, got "
+                              f"{list(draft_laws.shape)}")
     tokens = tokens.long()
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= laws.shape[1]):
         raise InvalidArgument(f"tokens: expected ids in [0, {laws.shape[1]})")

@@ -135,7 +135,8 @@ class GenerationAuditResult:
         The names of the tests that decide.
     decided_by : str
         ``"one-sample"`` (against the scorer), ``"two-sample"`` (against the reference, when the
-        reference itself differs from the scorer beyond its noise: the numerics floor), ``"greedy"``.
+        reference itself differs from the scorer beyond its noise: the numerics floor), ``"greedy"``
+        (every law one-hot: the support check and, with a reference, the divergences decide).
     held_out_tv : tuple of HeldOutTV
         Lower confidence bounds on the engine's mean per-token TV to the scorer, per order.
     numerics_floor : tuple of HeldOutTV

@@ -29,7 +29,7 @@ from scipy import stats
 from spectr_audit import defaults
 from spectr_audit.generation import audit_generation
 from spectr_audit.generation.library import ToyPair, correct_engine
-from spectr_audit.generation.pit import ORDERINGS, token_stats
+from spectr_audit.generation.pit import token_stats
 from spectr_audit.generation.tests import (
     PITEProcess,
     agreement_test,
@@ -86,40 +86,46 @@ def _draw(rng, laws: np.ndarray) -> np.ndarray:
     return (rng.random((laws.shape[0], 1)) < cumulative).argmax(1)
 
 
-def _null_table(draws: int, sizes: tuple, seed: int) -> list:
-    rng = np.random.default_rng(seed)
-    table = []
-    for n in sizes:
-        pit_p, surprisal_p, two_p, agree_p, e_p = [], [], [], [], []
-        for _ in range(draws):
-            pit_p.append(pit_test(torch.from_numpy(rng.random(n)), "pit", level=1e-3, power=0.99).pvalue)
-            # surprisals of tokens drawn from known random laws (V = 12)
+def _null_pvalues(family: str, n: int, draws: int, rng) -> list:
+    """``draws`` p-values of one test on samples of size ``n`` drawn from its null."""
+    out = []
+    for _ in range(draws):
+        if family == "pit_test":
+            out.append(pit_test(torch.from_numpy(rng.random(n)), "pit", level=1e-3, power=0.99).pvalue)
+        elif family == "surprisal_test":  # surprisals of tokens drawn from known random laws (V = 12)
             laws = _random_laws(rng, n, 12)
             tokens = _draw(rng, laws)
             st = token_stats(torch.from_numpy(laws), torch.from_numpy(tokens), torch.from_numpy(rng.random(n)))
-            surprisal_p.append(surprisal_test(st.surprisal, st.entropy, st.surprisal_var, "s").pvalue)
-            # two samples of one (non-uniform) law, of different sizes
+            out.append(surprisal_test(st.surprisal, st.entropy, st.surprisal_var, "s").pvalue)
+        elif family == "two_sample_test":  # two samples of one (non-uniform) law, of different sizes
             a, b = rng.beta(2.0, 1.0, n), rng.beta(2.0, 1.0, n // 2 + 7)
-            two_p.append(two_sample_test(torch.from_numpy(a), torch.from_numpy(b), "two").pvalue)
-            # pairs of independent first tokens from random laws (a tenth as many pairs as tokens)
-            pairs = max(n // 10, 5)
-            first = _random_laws(rng, pairs, 6)
+            out.append(two_sample_test(torch.from_numpy(a), torch.from_numpy(b), "two").pvalue)
+        elif family == "agreement_test":  # pairs of independent first tokens from random laws
+            first = _random_laws(rng, max(n // 10, 5), 6)
             agree = _draw(rng, first) == _draw(rng, first)
-            agree_p.append(agreement_test(agree, (first ** 2).sum(1), "agree").pvalue)
-            # the e-process over batches of uniform PIT values, read at its maximum (any stopping time)
+            out.append(agreement_test(agree, (first ** 2).sum(1), "agree").pvalue)
+        else:  # the e-process over batches of uniform PIT values, read at its maximum (any stopping time)
             process = PITEProcess()
             for batch in np.array_split(rng.random(n), 8):
                 process.update(torch.from_numpy(batch))
-            e_p.append(process.pvalue)
-        for name, pvalues in (("pit_test", pit_p), ("surprisal_test", surprisal_p), ("two_sample_test", two_p),
-                              ("agreement_test", agree_p), ("PITEProcess", e_p)):
-            table += _rows(f"{name} n={n}", pvalues)
-    return table
+            out.append(process.pvalue)
+    return out
 
 
-def test_each_test_holds_its_level_on_data_from_its_null():
-    table = _null_table(draws=2000, sizes=(100, 1000), seed=1)
-    assert len(table) == 30
+FAMILIES = ("pit_test", "surprisal_test", "two_sample_test", "agreement_test", "PITEProcess")
+
+
+def _null_table(families: tuple, draws: int, sizes: tuple, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    return [row for family in families for n in sizes
+            for row in _rows(f"{family} n={n}", _null_pvalues(family, n, draws, rng))]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_test_holds_its_level_on_data_from_its_null(family):
+    # 100 values: the smallest stratum the audit tests; 1000: a typical one
+    table = _null_table((family,), draws=1500, sizes=(100, 1000), seed=FAMILIES.index(family))
+    assert len(table) == 6
     assert _over(table) == []
 
 
@@ -164,13 +170,17 @@ def test_held_out_tv_covers_the_true_mean_tv(tv):
 
 
 def test_held_out_tv_weights_the_halves_by_tokens():
-    # a half of 100 tokens all in one bin, a half of 900 uniform ones: the bound is on the mean
-    # over all 1000 tokens, not the average of the two halves' means
-    rng = np.random.default_rng(4)
-    pit = torch.from_numpy(np.concatenate([np.full(100, 0.01), rng.random(900)]))
+    # half 0: 100 tokens, all in bin 0; half 1: 900 tokens, 60 in bin 0 and 840 spread over the
+    # other 19 bins (44.2 each, under the 45 of uniformity).  Each half's over-represented set is
+    # {bin 0}, |A| = 0.05: half 0 judged gives 100 - 5 = 95, half 1 judged 60 - 45 = 15.  The mean
+    # over all 1000 tokens is 0.11 (the average of the halves' means would be 0.48).
+    spread = (np.arange(840) % 19 + 1 + 0.5) / 20
+    pit = torch.from_numpy(np.concatenate([np.full(100, 0.01), np.full(60, 0.02), spread]))
     fold = torch.from_numpy(np.concatenate([np.zeros(100, dtype=np.int64), np.ones(900, dtype=np.int64)]))
     bound = held_out_tv(pit, fold, "probability", 0.95)
-    assert bound.num_tokens == 1000 and bound.estimate < 0.2
+    assert bound.num_tokens == 1000 and bound.estimate == pytest.approx(0.11, abs=1e-12)
+    radius = (math.sqrt(math.log(1 / 0.025) * 100 / 2) + math.sqrt(math.log(1 / 0.025) * 900 / 2)) / 1000
+    assert bound.lower == pytest.approx(max(0.0, 0.11 - radius), abs=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,10 +235,11 @@ def test_the_correct_loop_is_rarely_a_finding_over_many_audits(alpha, mode):
 
 @pytest.mark.slow
 def test_each_test_holds_its_level_on_data_from_its_null_with_more_draws():
-    table = _null_table(draws=10_000, sizes=(100, 400, 3000), seed=5)
+    table = _null_table(FAMILIES, draws=10_000, sizes=(100, 400, 3000), seed=5)
     assert _over(table) == []
 
 
-def _print_table():  # python -c "from tests.generation.test_calibration import _print_table; _print_table()"
-    for name, level, count, draws in _null_table(draws=2000, sizes=(100, 1000), seed=1):
-        print(f"{name:28s} {level:6g} {count:5d} / {draws}  limit {_limit(draws, level, 30)}")
+def _print_table(draws: int = 2000):  # python -c "from tests.generation.test_calibration import _print_table as p; p()"
+    table = _null_table(FAMILIES, draws=draws, sizes=(100, 1000), seed=1)
+    for name, level, count, total in table:
+        print(f"{name:28s} {level:6g} {count:5d} / {total}  limit {_limit(total, level, len(table))}")

@@ -22,7 +22,7 @@ import torch
 
 from spectr_audit.contract.sampling import SamplingParams
 from spectr_audit.generation import audit as audit_module
-from spectr_audit.generation import audit_generation
+from spectr_audit.generation import GenerationInterrupted, audit_generation
 from spectr_audit.generation.library import ToyPair, correct_engine
 from spectr_audit.statistical.sharding import spawn_local
 
@@ -107,7 +107,7 @@ def _threaded(fn, world_size: int, *args) -> list:
     original = audit_module._collective
     audit_module._collective = lambda distributed: getattr(local, "group", None) or original(distributed)
     try:
-        threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world_size)]
+        threads = [threading.Thread(target=run, args=(rank,), name=f"rank-{rank}") for rank in range(world_size)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -160,6 +160,33 @@ def test_a_refused_resumption_is_refused_on_every_rank(tmp_path):
 
     messages = _threaded(resume_other_seed, 2)
     assert messages[0] == messages[1] and "seed differ" in messages[0]
+
+
+def test_ctrl_c_in_one_rank_interrupts_every_rank_at_the_same_job(tmp_path):
+    path = str(tmp_path / "audit.sqlite")
+
+    def interrupted_in_rank_1():
+        calls = {"n": 0}
+        engine = correct_engine(PAIR)
+
+        def generate(prompts, max_new_tokens, seed):
+            calls["n"] += 1
+            if threading.current_thread().name == "rank-1" and calls["n"] == 3:  # job 5 of the schedule
+                raise KeyboardInterrupt
+            return engine.generate(prompts, max_new_tokens, seed)
+
+        generate.per_row_max_new_tokens = True
+        try:
+            audit_generation(generate, PAIR.scorer(), PROMPTS, store=path, **SETTINGS, seed=3, rounds=2)
+        except GenerationInterrupted as exc:
+            return _summary(exc.result)
+
+    values = _threaded(interrupted_in_rank_1, 2)
+    assert values[0] == values[1] and values[0]["incomplete"] and values[0]["num_jobs"] == 5
+    resumed = audit_generation(correct_engine(PAIR), PAIR.scorer(), PROMPTS, store=path, resume=True, **SETTINGS,
+                               seed=3, rounds=2)
+    full = audit_generation(correct_engine(PAIR), PAIR.scorer(), PROMPTS, **SETTINGS, seed=3, rounds=2)
+    assert _summary(resumed) == _summary(full)
 
 
 @pytest.mark.slow

@@ -8,10 +8,11 @@
 
 from __future__ import annotations
 
-from spectr_audit.generation.library.slips import SLIPS, Slip
+from spectr_audit.generation.library.slips import SLIP_PROMPTS, SLIPS, Slip, audit_slip
 from spectr_audit.generation.library.toy import SpecEngine, ToyLM, ToyPair, ToyState
 
-__all__ = ["SLIPS", "Slip", "SpecEngine", "ToyLM", "ToyPair", "ToyState", "correct_engine", "slip_engine"]
+__all__ = ["SLIPS", "SLIP_PROMPTS", "Slip", "SpecEngine", "ToyLM", "ToyPair", "ToyState", "audit_slip", "correct_engine",
+           "slip_engine"]
 
 
 def correct_engine(pair: ToyPair, draft_len: int = 3) -> SpecEngine:

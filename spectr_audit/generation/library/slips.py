@@ -14,7 +14,7 @@ import torch
 
 from spectr_audit.generation.library.toy import SpecEngine, ToyState
 
-__all__ = ["SLIPS", "Slip"]
+__all__ = ["SLIPS", "SLIP_EOS", "SLIP_PROMPTS", "Slip", "audit_slip"]
 
 
 class PhantomContext(SpecEngine):
@@ -168,3 +168,33 @@ SLIPS = {
     "shared-stream": Slip(SharedStream, "the same prompt repeated in one batch (repeated arm)"),
     "past-context-length": Slip(PastContextLength, "continuations past position 40", max_new_tokens=64),
 }
+
+
+#: The prompts the slips are audited on: different lengths (the ragged arm mixes them).
+SLIP_PROMPTS = ([1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [11])
+#: The end-of-sequence token of the slips audited with one.
+SLIP_EOS = 3
+
+
+def audit_slip(name, rounds: int = 1, seed: int = 0, *, correct: bool = False, vocab_size: int = 12,
+               pair_seed: int = 0, **kwargs):
+    """Audit the planted slip ``name`` (or, with ``correct=True``, the correct loop on the very same pair,
+    prompts, sampling parameters and budget) over :data:`SLIP_PROMPTS`; ``rounds`` sets the budget.
+
+    Returns the :class:`~spectr_audit.generation.results.GenerationAuditResult`.
+    """
+    from spectr_audit.contract.sampling import SamplingParams
+    from spectr_audit.errors import InvalidArgument
+    from spectr_audit.generation.audit import audit_generation
+    from spectr_audit.generation.library.toy import ToyPair
+
+    if name not in SLIPS:
+        raise InvalidArgument(f"name: expected one of {sorted(SLIPS)}, got {name!r}")
+    slip = SLIPS[name]
+    eos = SLIP_EOS if slip.eos else None
+    pair = ToyPair(vocab_size, seed=pair_seed, params=SamplingParams(**slip.params), eos_token_id=eos)
+    engine = SpecEngine(pair) if correct else slip.engine(pair)
+    settings = dict(vocab_size=vocab_size, max_new_tokens=slip.max_new_tokens, rounds=rounds, seed=seed,
+                    eos_token_id=eos, progress=False)
+    settings.update(kwargs)
+    return audit_generation(engine, pair.scorer(), [list(p) for p in SLIP_PROMPTS], **settings)

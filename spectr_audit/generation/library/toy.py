@@ -31,7 +31,7 @@ import torch
 
 from spectr_audit.contract.sampling import SamplingParams, process_logits
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.generation.contract import GenerationOutput
+from spectr_audit.generation.contract import GenerationOutput, ScoredLogits
 
 __all__ = ["SpecEngine", "ToyLM", "ToyPair", "ToyState"]
 
@@ -158,6 +158,24 @@ class ToyPair:
         def score(prompts, continuations):
             return self._teacher_forced(self.target, prompts, continuations)
         score.__name__ = "toy target"
+        return score
+
+    def logits_scorer(self):
+        """``score(prompts, continuations)`` returning the target's raw logits with the pair's sampling parameters
+        (:class:`~spectr_audit.generation.contract.ScoredLogits`): the audit processes them and reads margins."""
+        pair = self
+
+        def score(prompts, continuations):
+            out = []
+            for prompt, continuation in zip(prompts, continuations):
+                state, rows = pair.target.start(prompt), []
+                for token in continuation:
+                    rows.append(pair.target.logits(state))
+                    state = pair.target.step(state, token)
+                out.append(torch.stack(rows) if rows else torch.zeros(0, pair.vocab_size, dtype=torch.float64))
+            return ScoredLogits(out, pair.params, pair.order)
+
+        score.__name__ = "toy target logits"
         return score
 
     def draft_scorer(self):

