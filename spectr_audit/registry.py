@@ -3,7 +3,9 @@
 ========  ===================================================================================
 builtin   the reference rules (``spectr_audit.verifiers``): what ``run`` audits by default
 broken    realistic slips that break exactness (``spectr_audit.verifiers.library.broken``)
-historic  public bugs of real engines, reproduced (``spectr_audit.verifiers.library.historic``)
+historic  public bugs of real engines, reproduced (``spectr_audit.verifiers.library.historic``),
+          and declared-lossy rules beside them, not bugs: Medusa, declared lossy (typical
+          acceptance, by design), and Spec-RL's rollout residual
 engine    adapters around the engines' own verification functions (``spectr_audit.engines``;
           each needs its optional extra)
 tree      the built-in tree verifiers (``spectr_audit.verifiers.tree``): what ``run`` audits
@@ -150,7 +152,9 @@ INCONSISTENT_VERIFIERS: dict[str, str] = {
 }
 
 #: historic: the reproduced public bugs, in backlog order (their fixed counterparts:
-#: ``spectr_audit.verifiers.library.historic.FIXED_COUNTERPART``).
+#: ``spectr_audit.verifiers.library.historic.FIXED_COUNTERPART``), and two declared-lossy rules that
+#: are not bugs: ``medusa-typical-acceptance`` (Medusa: declared lossy, typical acceptance, by design)
+#: and ``residual-is-target`` (Spec-RL's RL-rollout residual).
 HISTORIC_VERIFIERS: dict[str, str] = {
     "always-accept-npu": f"{_HISTORIC}:AlwaysAcceptBug",
     "greedy-draft-soft-q": f"{_HISTORIC}:GreedyDraftSoftQBug",

@@ -191,7 +191,7 @@ class RuleTreeVerifier(TreeVerifier):
 
 
 class TreeRecursiveRejection(RuleTreeVerifier):
-    """Recursive rejection sampling over a tree, children drawn i.i.d. (SpecInfer; EAGLE-1 at T > 0).
+    """Recursive rejection sampling over a tree, children drawn i.i.d. (SpecInfer).
 
     At each node ``R = q, D = p``: the children are tried in order, child ``x`` accepted with
     ``min(1, R(x) / D(x))``, and after a rejection ``R = normalise((R - D)_+)``; the accepted child's
@@ -221,6 +221,9 @@ class TreeRecursiveRejectionWithoutReplacement(RuleTreeVerifier):
 
     As :class:`TreeRecursiveRejection`, and after each rejection the rejected token is also removed
     from ``D`` and ``D`` renormalised: the ratio uses the law the next sibling was drawn from.
+    EAGLE-1 at T > 0 is this rule: eagle-llm 1.2.1 draws siblings without replacement
+    (``eagle/model/cnets.py:711``, ``torch.multinomial(probabilities, k, replacement=False)``) and
+    zeroes the earlier siblings in the draft law before each residual (``eagle/model/utils.py:397-405``).
     """
 
     name = "tree-rrs-wor"
@@ -230,7 +233,7 @@ class TreeRecursiveRejectionWithoutReplacement(RuleTreeVerifier):
 
 
 class TreeTargetOnly(RuleTreeVerifier):
-    """Target-only tree verification (EAGLE-2/3 and SGLang at T > 0 with top-k drafts).
+    """Target-only tree verification (EAGLE-2/3; SGLang's sampling route at T > 0 with top-k drafts).
 
     At each node the children are tried in order against ``R = q``: child ``x`` is accepted with
     ``R(x)``, and on a rejection ``R(x) = 0`` and ``R`` is renormalised.  Exact for any given tokens,

@@ -11,8 +11,9 @@ own law computed by transformers in float64 along each emitted sequence:
     set of most likely tokens with mass >= 0.9; a relaxed p = 0.901 is used so that floating-point
     boundaries do not count).  Without speculation: 0.  With speculation: many.
 ``temperature``
-    requests with ``temperature=0.7``: the mean of ``-log q(y) - H(q)`` over emitted tokens
-    (the surprisal excess, zero in expectation for a sampler of q), with its standard error.
+    requests with ``temperature=0.7``, 1, 4 and 64 per ``generate`` call: the surprisal
+    martingale ``Z = sum(-log q(y) - H(q)) / sqrt(sum Var(-log q))`` over the emitted tokens,
+    standard normal for a sampler of q.
 ``top-k``
     one request with ``top_k=20``: with speculation the engine core dies
     (``EngineDeadError``; the worker's ``RuntimeError: max(): Expected reduction dim ... numel()
@@ -60,13 +61,19 @@ def write_checkpoints(folder):
     return f"{folder}/target", f"{folder}/draft"
 
 
-def generate(llm, params):
+def generate(llm, params, batch=None):
+    """Every prompt 8 times with its own seed; ``batch`` requests per ``generate`` call (default: all at once)."""
     from vllm import SamplingParams
 
     requests = [{"prompt_token_ids": p} for p in PROMPTS * 8]
     sampling = [SamplingParams(max_tokens=24, seed=1000 + i, detokenize=False, ignore_eos=True, **params)
                 for i in range(len(requests))]
-    return [list(o.outputs[0].token_ids) for o in llm.generate(requests, sampling, use_tqdm=False)]
+    batch = batch or len(requests)
+    out = []
+    for start in range(0, len(requests), batch):
+        outputs = llm.generate(requests[start:start + batch], sampling[start:start + batch], use_tqdm=False)
+        out += [list(o.outputs[0].token_ids) for o in outputs]
+    return out
 
 
 def laws(path, prompts, outputs, temperature):
@@ -112,16 +119,19 @@ def main():
                     total += 1
             print(f"{label}: {outside} of {total} emitted tokens outside the top-p 0.9 nucleus")
         else:
-            outputs = generate(llm, {"temperature": 0.7})
-            excess = []
-            for law, output in laws(target, prompts, outputs, 0.7):
-                for row, token in zip(law, output):
-                    entropy = float(-(row * row.clamp(min=1e-300).log()).sum())
-                    excess.append(-math.log(float(row[token])) - entropy)
-            mean = sum(excess) / len(excess)
-            se = math.sqrt(sum((x - mean) ** 2 for x in excess) / (len(excess) - 1) / len(excess))
-            print(f"{label}: surprisal excess {mean:+.4f} +- {se:.4f} over {len(excess)} tokens "
-                  f"(0 for a sampler of the T = 0.7 law)")
+            for batch in (1, 4, len(prompts)):
+                outputs = generate(llm, {"temperature": 0.7}, batch)
+                excess, variance = [], []
+                for law, output in laws(target, prompts, outputs, 0.7):
+                    for row, token in zip(law, output):
+                        log_row = row.clamp(min=1e-300).log()
+                        entropy = float(-(row * log_row).sum())
+                        excess.append(-math.log(float(row[token])) - entropy)
+                        variance.append(float((row * log_row * log_row).sum()) - entropy * entropy)
+                # the surprisal martingale: sum of excesses over the root of the summed conditional variances
+                z = sum(excess) / math.sqrt(sum(variance))
+                print(f"{label}, {batch} request(s) per call: surprisal Z = {z:+.2f} over {len(excess)} tokens "
+                      f"(standard normal for a sampler of the T = 0.7 law)")
 
 
 if __name__ == "__main__":

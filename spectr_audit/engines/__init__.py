@@ -22,7 +22,7 @@ sglang                 SGLang ``chain_speculative_sampling_triton`` (``TRITON_IN
 sglang-block           the same kernel with ``block_verification=True``                        sglang
 eagle                  EAGLE-1 ``eagle.model.utils.evaluate_posterior`` (tree)                eagle
 medusa                 Medusa 0.1 ``medusa.model.utils.evaluate_posterior`` (tree)            medusa
-sglang-tree            SGLang's EAGLE tree verify without CUDA (``TRITON_INTERPRET=1``)       sglang
+sglang-tree            SGLang's EAGLE tree verify, CPU-engine/XPU greedy route (interpreted)  sglang
 =====================  ====================================================================  ======
 
 ``transformers`` and ``vllm-sampler`` take raw logits and sampling parameters (temperature, top-k,

@@ -61,11 +61,16 @@ class EngineTreeVerifier(TreeVerifier):
         True: :meth:`verify_tree_logits` takes raw logits and :class:`SamplingParams`.
     processing_order : ProcessingOrder
         The engine's non-speculative sampler (the law the audit holds the adapter to).
+    declared_lossy : str
+        Non-empty where the engine itself declares its rule lossy, the reason (Medusa: "typical
+        acceptance, by design"): a rejected audit is then the declared loss, reported as the
+        verdict ``"declared lossy"``, not a finding.  Empty (default): the engine claims to be lossless.
     """
 
     takes_logits = True
     engine: str = ""
     engine_version: str = ""
+    declared_lossy: str = ""
     processing_order: ProcessingOrder
 
     # -- what the audit asks -------------------------------------------------------------

@@ -28,6 +28,15 @@ q(x_{r-1}))`` (clamped to [0, 1], non-finite values to 0, as ``sample`` computes
 computes ``ss_prob`` with that formula from the processed draft logits it is given, so sibling
 ranks must be contiguous (``0 .. k - 1``: the drafter's earlier draws are the earlier siblings).
 
+A finding the adapter shows as shipped (eagle-llm 1.2.1): when the walk takes the ``else`` branch of
+``if adjustflag and accept_length != candidates.shape[1]:`` (``eagle/model/utils.py:407``) because
+the path is accepted to the tree's full depth, or the walk stops where no child was tried and
+rejected, ``sample_p`` is ``torch.softmax(logits[best_candidate, accept_length - 1], dim=0)``
+(``:410-411``), without the logits processor.  With any processor active (temperature != 1,
+top-p < 1 or top-k > 0) that token ignores it.  Upstream applied the processor on that line for
+EAGLE-2/3 in commit bf10ac5; the EAGLE-1 wheel (upstream's ``v1`` branch) keeps it
+(docs/historic-bugs.md entry 33; ``tests/engines/test_tree_engines.py``, ``EAGLE_BONUS``).
+
 Randomness: ``evaluate_posterior`` draws one acceptance coin per tried child from Python's
 ``random``; the next token comes from ``torch.multinomial``.  Both are seeded from the audit's
 generator and restored afterwards (:func:`spectr_audit.engines.rng.engine_random_state`).

@@ -10,10 +10,13 @@ Supported signature (medusa-llm 0.1, pure torch)::
         -> (best_candidate, accept_length)
 
 Typical acceptance accepts a candidate token x when its target probability at temperature T
-exceeds ``min(posterior_threshold, posterior_alpha * exp(-entropy))``; the longest accepted
-prefix wins (ties to the most likely).  There is no random draw anywhere: the token after the
-accepted prefix is the next step's ``generate_candidates``' ``torch.argmax(logits[:, -1])`` at
-the accepted node, at every temperature.
+exceeds ``min(posterior_threshold, posterior_alpha * exp(-entropy))`` (``medusa/model/utils.py:314``,
+``posterior_mask = candidates_prob > threshold``); the longest accepted prefix wins (ties to the
+most likely).  There is no random draw anywhere: the token after the accepted prefix is the next
+step's ``generate_candidates``' ``torch.argmax(logits[:, -1])`` (``utils.py:213``) at the accepted
+node, at every temperature.  Medusa is declared lossy (typical acceptance, by design): its README
+relaxes "the requirement of matching the distribution of the original model", so the audits'
+TVs at T > 0 measure a declared loss, not a defect.
 
 The adapter drives, per batch row (the engine handles one sequence), one step of
 ``medusa_generate``: ``generate_medusa_buffers`` of ``medusa_choices`` (cached); the Medusa
@@ -102,8 +105,10 @@ class MedusaTreeVerifier(EngineTreeVerifier):
     """
 
     name = "medusa"
-    description = "Medusa 0.1 evaluate_posterior (medusa-llm), typical acceptance on cartesian trees"
+    description = ("Medusa 0.1 evaluate_posterior (medusa-llm), typical acceptance on cartesian trees "
+                   "(declared lossy, by design)")
     engine = "medusa-llm"
+    declared_lossy = "typical acceptance, by design"
     draft_schemes = ("topk",)
     processing_order = MEDUSA_ORDER
 

@@ -1,13 +1,24 @@
-"""SGLang's EAGLE tree verification as it runs without CUDA, its Triton kernels run by Triton's interpreter.
+"""SGLang's EAGLE tree verification on its CPU-engine / XPU greedy route, Triton kernels run interpreted.
 
-What SGLang 0.5.23 does in ``eagle_utils.eagle_sample`` (EAGLE's verify step):
+What SGLang 0.5.23 does in ``eagle_utils.eagle_sample`` (EAGLE's verify step, also NGRAM's):
 
 * the route: ``_verify_uses_greedy(is_all_greedy, is_cpu, is_hip, is_xpu, use_rejection_sampling)``
-  is ``is_all_greedy or is_cpu or is_xpu or (is_hip and not use_rejection_sampling)``: on a CPU or
-  XPU backend *every* batch is verified greedily, whatever the requests' temperatures
-  (``is_all_greedy`` is ``all(top_k <= 1)`` after ``SamplingParams`` turns a temperature below
-  1e-6 into ``top_k = 1``).  The sampling route, ``tree_speculative_sampling_target_only``, is a
-  CUDA kernel JIT-compiled from ``sampling.cuh`` and does not run here;
+  is ``is_all_greedy or is_cpu or is_xpu or (is_hip and not use_rejection_sampling)``
+  (``sglang/srt/speculative/eagle_utils.py:500``, called at ``:641-647``).  Three configurations
+  verify *every* batch greedily, whatever the requests' temperatures: SGLang's CPU engine
+  (``is_cpu()``, ``sglang/srt/utils/common.py:221-224``: ``SGLANG_USE_CPU_ENGINE=1`` on an x86-64 or
+  arm64 host); XPU (``torch.xpu.is_available()``, ``common.py:173-174``); and HIP/ROCm
+  (``torch.version.hip is not None``, ``common.py:141-142``) without
+  ``--speculative-use-rejection-sampling``.  0.5.23 turns that option on by default on HIP only
+  for plain EAGLE with ``speculative_eagle_topk = 1``, no token map, accept thresholds 1.0, no
+  deterministic inference and no ``SGLANG_SIMULATE_ACC_LEN``
+  (``_handle_eagle_family``, ``sglang/srt/arg_groups/speculative_hook.py:53-63, 1187-1201``);
+  other HIP configurations (EAGLE3, top-k > 1, a token map, ...) stay greedy unless it is set by
+  hand.  A host merely without CUDA is none of these: without ``SGLANG_USE_CPU_ENGINE=1``
+  ``is_cpu`` is False, and NPU and MUSA do not enter the predicate.  ``is_all_greedy`` is
+  ``all(top_k <= 1)`` after ``SamplingParams`` turns a temperature below 1e-6 into ``top_k = 1``.
+  The sampling route, ``tree_speculative_sampling_target_only``, is a CUDA kernel JIT-compiled
+  from ``sampling.cuh`` and does not run here;
 * the greedy route: ``target_predict = torch.argmax(next_token_logits, dim=-1)`` and
   ``verify_tree_greedy_func``, whose Triton implementation (the XPU backend's;
   ``verify_tree_greedy_triton``) this adapter runs (the CPU backend runs sgl-kernel's C++ port of
@@ -121,13 +132,13 @@ def _route_predicate():
 
 
 class SGLangTreeVerifier(EngineTreeVerifier):
-    """Audit SGLang's EAGLE tree verification on a backend without CUDA (its Triton kernels, interpreted).
+    """Audit SGLang's EAGLE tree verification on its XPU or CPU-engine route (its Triton kernels, interpreted).
 
     Parameters
     ----------
     platform : {"xpu", "cpu"}
-        The backend whose route is taken (``is_xpu`` or ``is_cpu`` in SGLang's route predicate);
-        both verify greedily and run the same walk.
+        The backend whose route is taken (``is_xpu``, or ``is_cpu``, i.e. ``SGLANG_USE_CPU_ENGINE=1``, in
+        SGLang's route predicate); both verify greedily and run the same walk.
 
     Notes
     -----
@@ -137,7 +148,8 @@ class SGLangTreeVerifier(EngineTreeVerifier):
     """
 
     name = "sglang-tree"
-    description = "SGLang EAGLE tree verify without CUDA: route predicate, verify_tree_greedy_triton (Triton interpreter)"
+    description = ("SGLang EAGLE tree verify on the CPU engine / XPU greedy route: route predicate, "
+                   "verify_tree_greedy_triton (Triton interpreter)")
     engine = "sglang"
     draft_schemes = ("topk", "none")
     processing_order = PROCESSING_ORDERS["sglang"]
@@ -210,7 +222,7 @@ class SGLangTreeVerifier(EngineTreeVerifier):
 
     def _verify_tree_logits(self, tree, node_tokens, draft_logits, target_logits, params, generator) -> TreeVerifyOutput:
         batch_size, num_tokens = node_tokens.shape
-        if not self._route(params, batch_size):  # pragma: no cover - the route is greedy without CUDA
+        if not self._route(params, batch_size):  # pragma: no cover - the XPU and CPU-engine routes are greedy
             raise VerifierError("sglang-tree: the route asks for the CUDA sampling kernel")
         layout = self._layout(tree)
         offsets = (torch.arange(batch_size, dtype=torch.int64) * num_tokens).unsqueeze(1)

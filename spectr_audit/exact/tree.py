@@ -28,7 +28,7 @@ it refuses with :class:`~spectr_audit.errors.InvalidArgument`, naming the size a
 The realisations number ``prod_n V**c_n`` (``iid``) or ``prod_n V!/(V - c_n)!``
 (``without_replacement``) over the nodes with children, fewer where draft probabilities are 0;
 so, for instance, V = 2 reaches i.i.d. trees of 18 draft nodes, V = 3 the first 8 paths of
-Medusa's ``mc_sim_7b_63`` tree (6,561 i.i.d. realisations, a few seconds), V = 4
+the Medusa repository's 63-path ``mc_sim_7b_63`` tree (6,561 i.i.d. realisations, a few seconds), V = 4
 ``DraftTree.cartesian([2, 2])`` (4,096, under a second), and ``topk`` / ``none`` any tree with
 ``V**(D + 1) <= 2**22`` (one realisation).  The time is about 0.5 ms per realisation on two CPU
 cores; docs/audit/exact.md lists measured sizes.

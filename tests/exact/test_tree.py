@@ -116,7 +116,8 @@ def test_emitted_law_matches_the_oracle_and_the_target(name, scheme, data):
 
 @pytest.mark.parametrize("name", ["tree-rrs", "tree-rrs-wor", "tree-target-only", "tree-spectr"])
 def test_markov_models_on_an_engine_shaped_tree(name):
-    """The first 8 paths of mc_sim_7b_63 (Medusa's and EAGLE's shipped tree) under an order-1 Markov pair."""
+    """The first 8 paths of the Medusa repository's 63-path mc_sim_7b_63 (not in the medusa-llm 0.1 wheel; eagle-llm's
+    mc_sim_7b_63 is another, 25-path tree) under an order-1 Markov pair."""
     tree = DraftTree.from_paths([[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2]])
     verifier = load_tree_verifier(name)
     for scheme in verifier.draft_schemes:

@@ -347,3 +347,18 @@ def test_a_generation_suite_runs_each_case_against_what_it_expects(tmp_path, fac
     assert data["kind"] == "generation-suite" and data["results"][1]["result"]["verdict"] == "FINDING"
     with pytest.raises(InvalidArgument, match="has no \\[\\[generation\\]\\] cases"):
         gen.run_generation_suite("default")
+
+
+def test_the_readme_generation_example_runs_as_written():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
+                 if "check_generation(slip_engine" in b)
+    passing, _, failing = block.rpartition("spectr_audit.check_generation(slip_engine")
+    namespace: dict = {}
+    exec(compile(passing, "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
+    assert namespace["result"].verdict == "PASS"
+    with pytest.raises(AssertionError, match="FINDING"):
+        exec(compile("spectr_audit.check_generation(slip_engine" + failing, "README.md", "exec"), namespace)  # noqa: S102

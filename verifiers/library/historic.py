@@ -1,10 +1,13 @@
-"""Historic speculative-decoding fidelity bugs, reproduced as small verifiers.
+"""Historic speculative-decoding fidelity bugs, reproduced as small verifiers, with two declared-lossy rules.
 
 Each class reproduces one *class* of public bug from the catalogue in docs/historic-bugs.md
 (its entry numbers are cited below as "entry N") with code written here, never copied from the engine, and its
 docstring cites the public issue or pull request it reproduces.  The buggy verifiers declare
 ``expected = "inexact"`` (or ``"exact"`` where the bug costs acceptance, not fidelity), so a
-suite run passes exactly when the audit flags every bug and passes every fix.
+suite run passes exactly when the audit flags every bug and passes every fix.  Two are not bugs
+but rules lossy by design, declared so by their authors: Medusa, declared lossy (typical
+acceptance, by design; ``medusa-typical-acceptance``), and Spec-RL's RL-rollout residual
+(``residual-is-target``); they declare ``"inexact"`` too, so the audit measures their declared loss.
 :data:`FIXED_COUNTERPART` names the correct verifier each bug is audited next to.  The short
 names are the ``historic`` namespace of :mod:`spectr_audit.registry` (``load_historic(name)``);
 a new bug is registered there.
@@ -12,24 +15,26 @@ a new bug is registered there.
 Letters: engines' reports often write p = target, q = draft (vLLM's convention); this module
 names tensors by role only (``draft_probs``, ``target_probs``).
 
-===============================  ====  ====  ===========================  =====================
-name                             K     L     reproduces                   audit that sees it
-===============================  ====  ====  ===========================  =====================
-always-accept-npu                any   any   vllm-ascend #13730 / #13766  exact, acceptance > alpha*
-greedy-draft-soft-q              1     1     transformers #32867          exact
-eagle-residual-zeroing           any   any   EAGLE #20 (2f982e2)          exact
-residual-is-target               1     any   Spec-RL #14 (declared lossy) exact
-stale-residual-bonus             >= 2  1     EAGLE PR #47                 exact (bonus law)
-bonus-without-temperature        1     any   EAGLE bf10ac5 / c892473      exact (bonus law)
-correction-from-bonus-row        1     any   vllm PR #8320                exact
-medusa-typical-acceptance        1     any   Medusa typical acceptance    exact (declared lossy)
-strict-no-draft-probs            1     any   vllm #40149, sglang #9877    optimality only
-target-only-siblings             any   1     sglang PR #35798 (the fix)   optimality only
-target-only-inclusive-coin       any   1     sglang #35771                coin injection only
-inclusive-coin                   1     any   vllm v1 / pytorch #16706     coin injection only
-draft-probs-mutated              1     any   vllm #16952                  statistical (no exact law)
-block-tokenwise-residual         1     >= 2  vllm-ascend #3794 / #7807    exact (needs block.py)
-===============================  ====  ====  ===========================  =====================
+===============================  ====  ====  ============================================  ==================================
+name                             K     L     reproduces                                    audit that sees it
+===============================  ====  ====  ============================================  ==================================
+always-accept-npu                any   any   vllm-ascend #13730 / #13766                   exact, acceptance > alpha*
+greedy-draft-soft-q              1     1     transformers #32867                           exact
+eagle-residual-zeroing           any   any   EAGLE #20 (2f982e2)                           exact
+residual-is-target               1     any   Spec-RL #14 (declared lossy)                  exact
+stale-residual-bonus             >= 2  1     EAGLE PR #47                                  exact (bonus law)
+bonus-without-temperature        1     any   EAGLE bf10ac5 / c892473 (EAGLE-2/3 fix; the   exact (bonus law)
+                                             EAGLE-1 wheel eagle-llm 1.2.1 keeps the bug)
+correction-from-bonus-row        1     any   vllm PR #8320                                 exact
+medusa-typical-acceptance        1     any   Medusa: declared lossy (typical acceptance,   exact (measures the declared loss)
+                                             by design), not a bug
+strict-no-draft-probs            1     any   vllm #40149, sglang #9877                     optimality only
+target-only-siblings             any   1     sglang PR #35798 (the fix)                    optimality only
+target-only-inclusive-coin       any   1     sglang #35771                                 coin injection only
+inclusive-coin                   1     any   vllm v1 / pytorch #16706                      coin injection only
+draft-probs-mutated              1     any   vllm #16952                                   statistical (no exact law)
+block-tokenwise-residual         1     >= 2  vllm-ascend #3794 / #7807                     exact (needs block.py)
+===============================  ====  ====  ============================================  ==================================
 
 Bugs that only a coin injection can see (a uniform of exactly 0, a CDF tie) change the law on
 a set of measure zero: their exact laws equal the correct ones, and
@@ -343,13 +348,19 @@ class StaleResidualBonusBug(Verifier):
 
 
 class BonusWithoutTemperatureBug(_SpeculativeChain):
-    """EAGLE commit bf10ac5 (then c892473 "fix bug in top_p sample", c7ef8e5): the bonus ignored temperature.
+    """EAGLE's unprocessed bonus draw (fixed upstream for EAGLE-2/3 in bf10ac5; kept by the EAGLE-1 wheel).
 
-    The fallback/bonus token was sampled from ``softmax(logits)`` without the logits
-    processor, so temperature (and top-p) did not apply to it.  Here the target rows passed in
-    are the tempered ``softmax(l / T)``; the bonus is drawn from the untempered
-    ``softmax(l)``, proportional to ``target ** temperature``.  Case (entry 33): T = 0.5,
-    full acceptance: the bonus marginal must be ``softmax(l / 0.5)``.  Fixed: ``speculative``.
+    ``evaluate_posterior`` samples the fallback/bonus token from ``softmax(logits)`` without the
+    logits processor whenever the walk ends without a rejection at its last depth or reaches the
+    tree's full depth, so whatever processor is active (temperature, top-p, top-k) does not apply
+    to that token.  Upstream added ``logits_processor(None, gt_logits)`` there in commit bf10ac5
+    (then 50fc246, c892473 "fix bug in top_p sample", c7ef8e5) on its EAGLE-2/3 branch; the
+    EAGLE-1 wheel ``eagle-llm`` 1.2.1 keeps the line (``eagle/model/utils.py:407``, ``:410-411``),
+    which the ``eagle`` engine adapter audits.  This reproduction takes the temperature case: the
+    target rows passed in are the tempered ``softmax(l / T)``; the bonus is drawn from the
+    untempered ``softmax(l)``, proportional to ``target ** temperature``.  Case (entry 33):
+    T = 0.5, full acceptance: the bonus marginal must be ``softmax(l / 0.5)``.  Fixed:
+    ``speculative``.
 
     Parameters
     ----------
@@ -358,7 +369,8 @@ class BonusWithoutTemperatureBug(_SpeculativeChain):
     """
 
     name = "bonus-without-temperature"
-    description = "EAGLE bf10ac5: bonus token sampled without temperature (softmax(l), not softmax(l/T))"
+    description = ("EAGLE bf10ac5 (fixed for EAGLE-2/3; kept in the EAGLE-1 wheel): bonus token sampled without "
+                   "the logits processor; here temperature (softmax(l), not softmax(l/T))")
     expected = "inexact"
 
     def __init__(self, temperature: float = 0.5):
@@ -394,7 +406,10 @@ class CorrectionFromBonusRowBug(_SpeculativeChain):
 
 
 class MedusaTypicalAcceptance(ChainVerifier):
-    """Medusa's typical acceptance (FasterDecoding/Medusa; also vLLM PR #5131 / issue #5015): lossy by design.
+    """Medusa: declared lossy (typical acceptance, by design); FasterDecoding/Medusa, also vLLM PR #5131 / #5015.
+
+    Not a bug: Medusa's README says it relaxes "the requirement of matching the distribution of
+    the original model" (the medusa-llm 0.1 package description).
 
     A drafted token x is accepted iff ``target(x) > min(hard_threshold, entropy_factor *
     exp(-H(target)))``; at the first rejection the target's argmax is emitted (greedy
@@ -411,7 +426,7 @@ class MedusaTypicalAcceptance(ChainVerifier):
     """
 
     name = "medusa-typical-acceptance"
-    description = "Medusa typical acceptance: threshold on target(x), greedy fallback (declared lossy)"
+    description = "Medusa: declared lossy (typical acceptance, by design): threshold on target(x), greedy fallback"
     expected = "inexact"
 
     def __init__(self, hard_threshold: float = 0.09, entropy_factor: float = 0.3):
