@@ -74,7 +74,7 @@ def test_the_other_families_hold_their_level():
 
 @pytest.mark.slow
 def test_the_g_tests_hold_their_level_down_to_a_thousandth_on_every_partition():
-    rows = calibration_table("full", draws=8000, alphas=(0.05, 0.01, 0.001), families=("g-test", "depth family"))
+    rows = calibration_table("full", draws=4000, alphas=(0.05, 0.01, 0.001), families=("g-test", "depth family"))
     assert _above(rows) == []
 
 
