@@ -231,8 +231,10 @@ def agreement_test(agree: Sequence[bool], chance: Sequence[float], name: str) ->
     observed = int(agree.sum())
     pvalue = float(min(1.0, law[observed:].sum()))
     return TestResult(name, float(observed), pvalue, None, int(agree.size),
-                      detail=f"{observed} of {agree.size} pairs of independent requests agree on their first token; "
-                             f"{float(chance.sum()):.3g} expected", null="Poisson-binomial (exact)")
+                      detail=f"{observed} of {agree.size} pairs of repeated requests agree on their first token; "
+                             f"{float(chance.sum()):.3g} expected of independent draws from the scorer's law (more: "
+                             f"shared randomness, or a first-token law sharper than the scorer's)",
+                      null="Poisson-binomial (exact)")
 
 
 class PITEProcess:
