@@ -8,7 +8,7 @@ without speculation is the reference (two-sample tests, numerics floor, greedy e
     python scripts/audit_engines_e2e.py vllm --methods none,ngram,draft --rounds 2
     python scripts/audit_engines_e2e.py transformers --methods assisted,prompt-lookup
     python scripts/audit_engines_e2e.py served --methods ngram      # vllm serve on 127.0.0.1
-    python scripts/audit_engines_e2e.py own --methods speculative,kseq
+    python scripts/audit_engines_e2e.py own                          # every built-in verifier
 
 One JSON line per row (verdict, deciding test, p-value, TV lower bound, numerics floor, tokens,
 seconds); ``--out`` writes them to a file.  The script starting vLLM must keep its
@@ -45,7 +45,30 @@ def _row(engine, method, setting, result, seconds) -> dict:
             "surprisal_z": result.surprisal_z, "zero_mass": [(z.margin, z.numerics) for z in result.zero_mass[:5]],
             "divergences": [(d.position, d.margin, d.numerics) for d in result.divergences[:5]],
             "logit_tolerance": result.logit_tolerance, "acceptance": result.acceptance,
-            "seconds": round(seconds, 1), "failures": list(result.failures[:2])}
+            "seconds": round(seconds, 1), "failures": list(result.failures[:2]), "by_arm": _by_arm(result)}
+
+
+def _by_arm(result) -> dict:
+    """Per batch design: its tokens and the smallest p-value (before Holm) of the tests on its stratum."""
+    out = {}
+    for arm, tokens in result.tokens_by_arm.items():
+        if not tokens:
+            continue
+        ps = [t.pvalue for t in result.subtests if t.name.endswith(f"/ arm {arm}")]
+        out[arm] = {"tokens": tokens, "min_raw_p": min(ps) if ps else None}
+    return out
+
+
+def _write_repro(args, result, name, engine, method, params, config, draft):
+    """``--repro DIR``: a standalone reproduction script for a FINDING (spectr_audit.engines.e2e.repro)."""
+    if args.repro is None or result.verdict != "FINDING":
+        return None
+    from spectr_audit.engines.e2e.factories import repro_spec
+    from spectr_audit.engines.e2e.repro import write_repro
+
+    spec = repro_spec(engine, method, params, "random", draft, config, f"{result.generator} ({name})", vocab_size=512)
+    path = Path(args.repro) / f"{engine}-{method}-{name}.py"
+    return str(write_repro(path, result, spec, PROMPTS, max_new_tokens=args.max_new_tokens, alpha=result.alpha))
 
 
 def _audit(generator, scorer, reference, args):
@@ -57,10 +80,11 @@ def _audit(generator, scorer, reference, args):
 
 
 def _checkpoints(folder: Path):
-    from spectr_audit.engines.e2e.checkpoints import write_llama
+    from spectr_audit.engines.e2e.checkpoints import write_eagle_head, write_llama
 
     target = write_llama(folder / "target", seed=0)
     draft = write_llama(folder / "draft", seed=1, base=target, noise=0.3)
+    write_eagle_head(folder / "eagle-head", target)
     return target, draft
 
 
@@ -75,7 +99,9 @@ def run_vllm(args, emit) -> None:
     configs = {"none": None,
                "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                          "prompt_lookup_min": 1},
-               "draft": {"model": str(draft), "num_speculative_tokens": 3}}
+               "draft": {"model": str(draft), "num_speculative_tokens": 3},
+               "eagle": {"method": "eagle", "model": str(folder / "eagle-head"), "num_speculative_tokens": 3}}
+    drafts = {"draft": "perturbed", "eagle": "eagle-head"}
     plain = start_llm(target, None)
     for method in args.methods:
         llm = plain if method == "none" or args.fresh else start_llm(target, configs[method])
@@ -86,7 +112,10 @@ def run_vllm(args, emit) -> None:
             start = time.perf_counter()
             result = _audit(VLLMGenerator(llm, params, method), TransformersScorer(model, params, "vllm"),
                             None if method == "none" else VLLMGenerator(plain, params, "none"), args)
-            emit(_row("vllm", method, name, result, time.perf_counter() - start))
+            row = _row("vllm", method, name, result, time.perf_counter() - start)
+            row["repro"] = _write_repro(args, result, name, "vllm", method, params, configs[method],
+                                        drafts.get(method))
+            emit(row)
 
 
 def run_served(args, emit) -> None:
@@ -110,7 +139,10 @@ def run_served(args, emit) -> None:
                     result = _audit(CompletionsGenerator(url, "model", params, label=f"vllm serve, {method}"),
                                     TransformersScorer(model, params, "vllm"),
                                     CompletionsGenerator(plain_url, "model", params, label="vllm serve, none"), args)
-                    emit(_row("vllm serve", method, name, result, time.perf_counter() - start))
+                    row = _row("vllm serve", method, name, result, time.perf_counter() - start)
+                    row["repro"] = _write_repro(args, result, name, "served", method, params, configs[method],
+                                                "perturbed" if method == "draft" else None)
+                    emit(row)
 
 
 def run_transformers(args, emit) -> None:
@@ -132,28 +164,43 @@ def run_transformers(args, emit) -> None:
             start = time.perf_counter()
             result = _audit(generator, TransformersScorer(model, params, "transformers"),
                             None if method == "plain" else TransformersGenerator(model, params), args)
-            emit(_row("transformers", method, name, result, time.perf_counter() - start))
+            row = _row("transformers", method, name, result, time.perf_counter() - start)
+            row["repro"] = _write_repro(args, result, name, "transformers", method, params, None,
+                                        "perturbed" if method == "assisted" else None)
+            emit(row)
+
+
+#: (K, L) of each built-in verifier in the own loop: the smallest shape its rule needs, with L >= 2 where it
+#: supports it (so the accept path, the bonus token and the carried corrections are exercised).
+OWN_SHAPES = {"speculative": (1, 2), "kseq": (2, 1), "spectr-tree": (2, 2), "rrs": (2, 2), "rrs-wor": (2, 1),
+              "block": (1, 3), "greedy-block": (1, 3), "greedy-block-repaired": (1, 3),
+              "spectr-gbv-published": (2, 3), "spectr-gbv-published-alg2": (2, 3), "multi-block": (2, 2)}
 
 
 def run_own(args, emit) -> None:
     """The project's own KV-cached SmolLM2 decode loop with built-in verifiers (the real-LM extra)."""
-    from spectr_audit.lm.generation import SmolLMEngine, SmolLMReference, SmolLMScorer
+    from spectr_audit.engines.e2e.prompts import smollm2_prompt_ids
+    from spectr_audit.generation import audit_generation
+    from spectr_audit.lm.generation import SmolLMEngine, SmolLMScorer
     from spectr_audit.lm.smollm import load_smollm
     from spectr_audit.registry import load_verifier
-    from spectr_audit.generation import audit_generation
 
     lm = load_smollm()
-    prompts = [lm.encode(text) for text in ("The capital of France is", "Once upon a time, there", "def add(a, b):",
-                                            "In 1969, the first", "The quick brown fox", "My favourite food is")]
+    prompts = smollm2_prompt_ids(args.prompts)
     for method in args.methods:
-        num_drafts = 2 if method in ("kseq", "rrs", "spectr-tree", "spectr-gbv-published") else 1
-        draft_len = 1 if method in ("kseq", "rrs") else 2
-        engine = SmolLMEngine(lm, load_verifier(method), num_drafts=num_drafts, draft_len=draft_len)
+        verifier = load_verifier(method)
+        num_drafts, draft_len = OWN_SHAPES.get(method, (1, 2))
+        engine = SmolLMEngine(lm, verifier, num_drafts=num_drafts, draft_len=draft_len,
+                              temperature=args.temperature)
         start = time.perf_counter()
-        result = audit_generation(engine, SmolLMScorer(lm), prompts, vocab_size=lm.vocab_size,
-                                  max_new_tokens=args.max_new_tokens, rounds=args.rounds, batch_size=3,
-                                  progress=False, seed=args.seed, arms=("single", "ragged", "repeated"))
-        emit(_row("own SmolLM2 loop", method, "T1", result, time.perf_counter() - start))
+        result = audit_generation(engine, SmolLMScorer(lm, temperature=args.temperature), prompts,
+                                  vocab_size=lm.vocab_size, max_new_tokens=args.max_new_tokens, rounds=args.rounds,
+                                  batch_size=4, progress=False, seed=args.seed, arms=("single", "ragged", "repeated"),
+                                  max_tokens=args.max_tokens, min_detectable_tv=args.min_detectable_tv)
+        row = _row("own SmolLM2 loop", f"{method} K={num_drafts} L={draft_len}", f"T{args.temperature:g}", result,
+                   time.perf_counter() - start)
+        row["expected"] = getattr(verifier, "expected", None) or "exact"
+        emit(row)
 
 
 def main(argv=None) -> int:
@@ -166,9 +213,15 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
     parser.add_argument("--fresh", action="store_true", help="vllm: a new engine for every setting")
+    parser.add_argument("--prompts", type=int, default=None, help="own: the first N shipped prompts (default all)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="own: the loop's temperature")
+    parser.add_argument("--max-tokens", type=int, default=None, help="a budget of engine tokens per audit")
+    parser.add_argument("--min-detectable-tv", type=float, default=0.02)
+    parser.add_argument("--repro", default=None, metavar="DIR",
+                        help="write a standalone reproduction script per FINDING into DIR")
     args = parser.parse_args(argv)
-    defaults = {"vllm": "none,ngram,draft", "served": "ngram,draft", "transformers": "plain,assisted,prompt-lookup",
-                "own": "speculative"}
+    defaults = {"vllm": "none,ngram,draft,eagle", "served": "ngram,draft", "transformers": "plain,assisted,prompt-lookup",
+                "own": ",".join(OWN_SHAPES)}
     args.methods = (args.methods or defaults[args.engine]).split(",")
     args.settings = args.settings.split(",")
     sink = open(args.out, "a") if args.out else None

@@ -828,7 +828,11 @@ def _add_generation_parser(sub) -> None:
     what = gen.add_mutually_exclusive_group(required=True)
     what.add_argument("--engine", metavar="SPEC", help="toy | toy:SLIP | package.module:factory | path/file.py:factory")
     what.add_argument("--suite", metavar="NAME_OR_TOML",
-                      help="run the [[generation]] cases of a suite (built-in: generation) instead of one engine")
+                      help="run the [[generation]] cases of a suite (built-in: generation, engines-e2e) instead of "
+                      "one engine")
+    gen.add_argument("--case", metavar="PATTERN", action="append", default=None,
+                     help="with --suite: run only the cases whose name matches (shell-style, e.g. 'vllm-*'; "
+                     "repeatable)")
     gen.add_argument("--prompts", metavar="FILE", default=None,
                      help="the prompts: a JSON list of token-id lists, or one line of space-separated ids per prompt "
                      "(default: the engine's own; the toy has six)")
@@ -877,6 +881,9 @@ def _add_generation_parser(sub) -> None:
     out.add_argument("--out", metavar="DIR", default=None,
                      help="write the reports to DIR (report.json, and .md, .html, JUnit with the generation reports; "
                      "with --suite one folder per case and the suite's report.json)")
+    out.add_argument("--repro", metavar="PATH", default=None,
+                     help="on a FINDING of an engine that can describe itself (the engines-e2e factories), write a "
+                     "standalone reproduction script to PATH (with --suite: a folder, CASE.py per finding)")
     out.add_argument("--json", action="store_true", help="print the result as JSON (the verdict line goes to stderr)")
     out.add_argument("--progress", choices=("auto", "bar", "none"), default="auto",
                      help="a progress bar on stderr: auto (on a terminal), bar, none")
@@ -932,11 +939,32 @@ def _prepare_out(args) -> Optional[Path]:
     return out
 
 
+def _write_repro(path: Path, result, spec, prompts, max_new_tokens: int, quiet_unless_finding: bool = False) -> None:
+    """``--repro``: the standalone reproduction of a FINDING, or a line saying why none was written."""
+    if result.verdict != "FINDING":
+        if not quiet_unless_finding:
+            print(f"spectr-audit generation: --repro: no reproduction written: the verdict is {result.verdict}, "
+                  "not FINDING", file=sys.stderr)
+        return
+    if spec is None:
+        print(f"spectr-audit generation: --repro: no reproduction written for {result.generator!r}: its generator "
+              "gives no repro_spec (the engines of spectr_audit.engines.e2e.factories do)", file=sys.stderr)
+        return
+    from spectr_audit.engines.e2e.repro import write_repro
+
+    written = write_repro(path, result, spec, prompts, max_new_tokens=max_new_tokens, alpha=result.alpha)
+    print(f"reproduction: {written} (python {written}; exit 1 when the finding reproduces)")
+
+
 def _cmd_generation(args) -> int:
     if args.resume and args.store is None:
         raise _UsageError("--resume: needs --store PATH (the store of the audit to continue)")
     if args.suite is not None:
         return _generation_suite(args)
+    if args.case:
+        raise _UsageError("--case: selects cases of a suite; only with --suite")
+    if args.repro is not None and Path(args.repro).is_dir():
+        raise _UsageError(f"--repro: {args.repro!r} is a folder; give the script's path (with --suite, a folder)")
     from spectr_audit.generation import GenerationInterrupted
     from spectr_audit.run import generation as gen
 
@@ -995,6 +1023,9 @@ def _cmd_generation(args) -> int:
             print("  acceptance: " + ", ".join(f"{k} {_short(v)}" for k, v in result.acceptance.items() if k != "note"))
         if paths:
             print(f"reports: {', '.join(str(p) for p in paths)}")
+    if args.repro is not None:
+        _write_repro(Path(args.repro), result, getattr(engine.generate, "repro_spec", None),
+                     prompts if prompts is not None else engine.prompts, args.max_new_tokens or 32)
     if interrupted:
         where = f"; reports: {', '.join(str(p) for p in paths)}" if paths else ""
         again = (f"; continue with the same command and --resume (store {args.store!r})" if args.store is not None
@@ -1040,7 +1071,7 @@ def _generation_suite(args) -> int:
 
     try:
         report = gen.run_generation_suite(suite, store_dir=store_dir, resume=args.resume, on_start=on_start,
-                                          seed=args.seed, alpha=args.alpha, max_tokens=args.max_tokens,
+                                          select=args.case, seed=args.seed, alpha=args.alpha, max_tokens=args.max_tokens,
                                           max_seconds=args.max_seconds, timeout=args.timeout,
                                           progress=_progress_flag(args.progress) if args.progress == "bar" else False)
     except gen.GenerationSuiteInterrupted as exc:
@@ -1058,9 +1089,10 @@ def _generation_suite(args) -> int:
     findings = sum(r.result.verdict == "FINDING" for r in report.results)
     verdict = "FAIL" if status in (1, 3) else ("INCOMPLETE" if status == 130 else
                                                ("INCONCLUSIVE" if report.inconclusive else "PASS"))
+    skipped = f", {len(report.skipped)} skipped" if report.skipped else ""
     head = (f"spectr-audit generation: suite {report.suite!r}: {len(report.results)} of {report.planned} cases in "
             f"{time.perf_counter() - start:.1f}s, {findings} findings, {len(report.inconclusive)} inconclusive, "
-            f"{len(report.unexpected)} not as expected -> {verdict}: exit {status}")
+            f"{len(report.unexpected)} not as expected{skipped} -> {verdict}: exit {status}")
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         print(head, file=sys.stderr)
@@ -1068,6 +1100,14 @@ def _generation_suite(args) -> int:
         print(head)
         for entry in report.results:
             print(f"  {entry.line()}")
+        for case, reason in report.skipped:
+            print(f"  {case}: SKIPPED ({reason})")
+    if args.repro is not None:
+        for entry in report.results:
+            case = next(c for c in suite.generation if c.name == entry.case)
+            _write_repro(Path(args.repro) / f"{entry.case}.py", entry.result, entry.repro_spec,
+                         [list(p) for p in entry.prompts or ()], case.audit_options.get("max_new_tokens", 32),
+                         quiet_unless_finding=True)
         if out is not None:
             print(f"reports: {out / 'report.json'} and one folder per case in {str(out)!r}")
     if report.incomplete is not None:

@@ -21,10 +21,12 @@ Examples
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
 
+from spectr_audit.contract.correction import CorrectionChain
 from spectr_audit.contract.randomness import sample_categorical, uniform
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.contract import GenerationOutput
@@ -44,8 +46,9 @@ class SmolLMEngine:
     ----------
     lm : SmolLM
     verifier : Verifier
-        Any verifier of :mod:`spectr_audit.contract.verifier` (it must support K and L and carry
-        no next-iteration correction).
+        Any verifier of :mod:`spectr_audit.contract.verifier` that supports K and L; a verifier
+        that carries a next-iteration correction (:mod:`spectr_audit.contract.correction`) has
+        it applied to the following iterations' target, as its contract asks of a loop.
     num_drafts, draft_len : int
         K and L.
     temperature : float
@@ -57,14 +60,12 @@ class SmolLMEngine:
 
     def __init__(self, lm: SmolLM, verifier, *, num_drafts: int = 1, draft_len: int = 2, temperature: float = 1.0,
                  skip_layers: Sequence[int] = DEFAULT_SKIP_LAYERS):
-        from spectr_audit.contract.correction import has_carried_correction
         from spectr_audit.contract.verifier import as_verifier
 
         verifier = as_verifier(verifier)
         verifier.check_supports(num_drafts, draft_len)
-        if has_carried_correction(verifier):
-            raise InvalidArgument(f"verifier: {verifier.name!r} carries a next-iteration correction, which this "
-                                  "decode loop does not apply")
+        if temperature <= 0 or not math.isfinite(temperature):
+            raise InvalidArgument(f"temperature: expected a finite number > 0, got {temperature!r}")
         self.lm, self.verifier = lm, verifier
         self.num_drafts, self.draft_len = int(num_drafts), int(draft_len)
         self.temperature = float(temperature)
@@ -78,9 +79,20 @@ class SmolLMEngine:
         out = [[] for _ in prompts]
         accepted = [0] * len(prompts)
         calls = [0] * len(prompts)
+        chain = CorrectionChain()
+        first = True
         while any(len(o) < limit for o, limit in zip(out, limits)):
             tree = session.draft_tree(self.num_drafts, self.draft_len, generator)
-            result = self.verifier.verify(tree.draft_tokens, tree.draft_probs, tree.target_probs, generator)
+            target, seen = tree.target_probs, ()
+            if chain.corrections:  # the repairs older iterations' verdicts asked of this iteration's target
+                target, seen = chain.adjust(tree.draft_tokens, tree.draft_probs, target)
+            # inputs checked on the first iteration (a session's laws are valid by construction after it)
+            result = self.verifier.verify(tree.draft_tokens, tree.draft_probs, target, generator,
+                                          validate=first)
+            first = False
+            if chain.corrections or result.correction is not None:
+                chain = chain.advance(tree.draft_tokens, tree.draft_probs, seen, result.num_accepted,
+                                      result.draft_index, result.next_token, new=result.correction)
             num_accepted, draft_index, next_token = (result.num_accepted.tolist(), result.draft_index.tolist(),
                                                       result.next_token.tolist())
             emitted = []

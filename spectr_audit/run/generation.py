@@ -30,6 +30,7 @@ Suite format (a suite may hold ``[[case]]`` verifier cases, ``[[generation]]`` c
     prompts = [[1, 2, 3], [4, 5]]         # default: the engine's own (the toy's built-in prompts)
     reference = true                      # audit with the engine's reference generator (default: a
                                           # factory's when it gives one; not the toy's)
+    requires = ["vllm"]                   # modules the engine needs: without one the case is skipped
     # toy only: vocab_size, toy_seed, draft_noise (a number, or "none": an unrelated draft),
     #           temperature, top_k, top_p, eos_token_id
     # a factory: options = { ... } are passed to it as keyword arguments; vocab_size and
@@ -77,6 +78,7 @@ __all__ = [
     "result_json",
     "run_generation_case",
     "run_generation_suite",
+    "select_cases",
     "status_of",
     "toy_prompts",
     "verdict_line",
@@ -668,7 +670,8 @@ def audit_engine(engine: GenerationEngine, prompts: Optional[Sequence[Sequence[i
 AUDIT_KEYS = ("max_new_tokens", "batch_size", "rounds", "arms", "seed", "alpha", "power", "min_detectable_tv",
               "max_tokens", "max_seconds", "timeout", "greedy", "logit_tol")
 TOY_KEYS = ("vocab_size", "toy_seed", "draft_noise", "temperature", "top_k", "top_p", "eos_token_id")
-CASE_KEYS = ("name", "description", "engine", "expected", "options", "prompts", "reference") + TOY_KEYS + AUDIT_KEYS
+CASE_KEYS = ("name", "description", "engine", "expected", "options", "prompts", "reference",
+             "requires") + TOY_KEYS + AUDIT_KEYS
 EXPECTED = ("pass", "finding")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -691,6 +694,9 @@ class GenerationCase:
         Keyword arguments of :func:`~spectr_audit.generation.audit_generation`.
     base : str
         The folder of the suite file (a relative factory path is looked up there first).
+    requires : tuple of str
+        Modules the engine needs (``vllm``, ``transformers``); a case whose module is missing is
+        skipped, and the suite report says so.
     """
 
     name: str
@@ -702,12 +708,27 @@ class GenerationCase:
     engine_options: dict = dataclasses.field(default_factory=dict, hash=False)
     audit_options: dict = dataclasses.field(default_factory=dict, hash=False)
     base: str = ""
+    requires: tuple = ()
+
+    def missing(self) -> list:
+        """The modules of :attr:`requires` that are not installed."""
+        import importlib.util
+
+        out = []
+        for module in self.requires:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                out.append(module)
+        return out
 
     def to_dict(self) -> dict:
         return {"name": self.name, "engine": self.engine, "expected": self.expected, "description": self.description,
                 "prompts": None if self.prompts is None else [list(p) for p in self.prompts],
                 "reference": self.reference, "engine_options": dict(self.engine_options),
-                "audit_options": dict(self.audit_options)}
+                "audit_options": dict(self.audit_options), "requires": list(self.requires)}
 
 
 def _number(value: Any, where: str, key: str, low: float, high: float, low_open: bool, high_open: bool) -> float:
@@ -828,9 +849,17 @@ def parse_generation_cases(raw: Any, source: str = "suite", base: Optional[Union
             engine_options["options"] = dict(table["options"])
         audit_options = {key: _check_case_value(key, table[key], where) for key in AUDIT_KEYS if key in table}
         reference = _check_case_value("reference", table["reference"], where) if "reference" in table else None
+        requires = table.get("requires", [])
+        if isinstance(requires, str):
+            requires = [requires]
+        if not isinstance(requires, list) or not all(isinstance(m, str) and re.match(r"^[A-Za-z_][\w.]*$", m)
+                                                     for m in requires):
+            raise InvalidArgument(f"{where}: requires: expected a list of module names, e.g. [\"vllm\"], got "
+                                  f"{requires!r}")
         cases.append(GenerationCase(name=name, engine=engine, expected=expected, description=description,
                                     prompts=prompts, reference=reference, engine_options=engine_options,
-                                    audit_options=audit_options, base="" if base is None else str(base)))
+                                    audit_options=audit_options, base="" if base is None else str(base),
+                                    requires=tuple(requires)))
     return tuple(cases)
 
 
@@ -842,6 +871,9 @@ class GenerationCaseResult:
     engine: str
     expected: str
     result: Any
+    #: The generator's ``repro_spec`` (engines that can write a standalone reproduction), and the prompts audited.
+    repro_spec: Optional[dict] = None
+    prompts: Optional[tuple] = None
 
     @property
     def as_expected(self) -> bool:
@@ -867,12 +899,14 @@ class GenerationCaseResult:
 
 @dataclasses.dataclass(frozen=True)
 class GenerationSuiteReport:
-    """The results of a suite's ``[[generation]]`` cases, in order; ``incomplete`` says why a run stopped early."""
+    """The results of a suite's ``[[generation]]`` cases, in order; ``incomplete`` says why a run stopped early;
+    ``skipped`` holds ``(case, reason)`` for the cases not run (a module they require is missing)."""
 
     suite: str
     results: tuple
     planned: int
     incomplete: Optional[str] = None
+    skipped: tuple = ()
 
     @property
     def unexpected(self) -> list:
@@ -899,7 +933,8 @@ class GenerationSuiteReport:
 
         return {"spectr_audit_version": __version__, "kind": "generation-suite", "suite": self.suite,
                 "passed": self.passed, "planned": self.planned, "completed": len(self.results),
-                "incomplete": self.incomplete, "results": [r.to_dict() for r in self.results]}
+                "incomplete": self.incomplete, "results": [r.to_dict() for r in self.results],
+                "skipped": [{"case": case, "reason": reason} for case, reason in self.skipped]}
 
 
 class GenerationSuiteInterrupted(KeyboardInterrupt):
@@ -912,8 +947,11 @@ class GenerationSuiteInterrupted(KeyboardInterrupt):
 
 
 def run_generation_case(case: GenerationCase, *, store: Optional[Union[str, Path]] = None, resume: bool = False,
-                        **overrides: Any) -> Any:
-    """Audit one case: its engine resolved, its options with ``overrides`` (None keeps the case's) on top."""
+                        with_engine: bool = False, **overrides: Any) -> Any:
+    """Audit one case: its engine resolved, its options with ``overrides`` (None keeps the case's) on top.
+
+    Returns the result, or ``(result, engine, prompts)`` with ``with_engine=True``.
+    """
     where = f"generation case {case.name!r}"
     options = dict(case.engine_options)
     factory_options = options.pop("options", None)
@@ -923,20 +961,44 @@ def run_generation_case(case: GenerationCase, *, store: Optional[Union[str, Path
     prompts = None if case.prompts is None else [list(p) for p in case.prompts]
     if prompts is None and engine.prompts is None:
         raise InvalidArgument(f"{where}: prompts: the engine {case.engine!r} gives none; add prompts = [[...], ...]")
-    return audit_engine(engine, prompts, reference=case.reference, store=None if store is None else str(store),
-                        resume=resume, **audit_options)
+    result = audit_engine(engine, prompts, reference=case.reference, store=None if store is None else str(store),
+                          resume=resume, **audit_options)
+    return (result, engine, prompts if prompts is not None else engine.prompts) if with_engine else result
+
+
+def select_cases(cases: Sequence[GenerationCase], patterns: Optional[Sequence[str]]) -> tuple:
+    """The cases whose name matches one of the shell-style ``patterns`` (all of them when None), in suite order.
+
+    Raises
+    ------
+    InvalidArgument
+        A pattern that matches no case.
+    """
+    import fnmatch
+
+    if patterns is None:
+        return tuple(cases)
+    names = [c.name for c in cases]
+    for pattern in patterns:
+        if not fnmatch.filter(names, pattern):
+            raise InvalidArgument(f"case: {pattern!r} matches no case{_suggest(pattern, names)}; the cases: "
+                                  f"{', '.join(names)}")
+    return tuple(c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in patterns))
 
 
 def run_generation_suite(suite: Any, *, store_dir: Optional[Union[str, Path]] = None, resume: bool = False,
                          on_result: Optional[Callable[[GenerationCaseResult], None]] = None,
                          on_start: Optional[Callable[[GenerationCase], None]] = None,
+                         select: Optional[Sequence[str]] = None,
                          **overrides: Any) -> GenerationSuiteReport:
     """Run every ``[[generation]]`` case of ``suite`` (a name, a path or a :class:`~spectr_audit.run.suite.Suite`).
 
     ``store_dir``: a folder with one SQLite store per case (``<case>.sqlite``; ``resume=True``
     continues those that exist and starts the others).  ``overrides`` (``seed``, ``alpha``, ``max_tokens``, ``max_seconds``,
     ``timeout``, ``progress``) replace every case's own.  ``on_start(case)`` and
-    ``on_result(case_result)`` are called around each case.
+    ``on_result(case_result)`` are called around each case.  ``select``: shell-style patterns of
+    the case names to run (default all).  A case whose ``requires`` lists a module that is not
+    installed is skipped (the report's ``skipped``).
 
     Raises
     ------
@@ -953,6 +1015,9 @@ def run_generation_suite(suite: Any, *, store_dir: Optional[Union[str, Path]] = 
     if not cases:
         raise InvalidArgument(f"suite: {suite_obj.name!r} has no [[generation]] cases (its [[case]] tables are "
                               "verifier cases: spectr-audit run --suite)")
+    cases = select_cases(cases, select)
+    skipped = tuple((c.name, f"needs {', '.join(c.missing())}: not installed") for c in cases if c.missing())
+    cases = tuple(c for c in cases if not c.missing())
     if store_dir is not None:
         Path(store_dir).mkdir(parents=True, exist_ok=True)
     results: list = []
@@ -962,18 +1027,21 @@ def run_generation_suite(suite: Any, *, store_dir: Optional[Union[str, Path]] = 
         store = None if store_dir is None else Path(store_dir) / f"{case.name}.sqlite"
         try:
             # resuming a suite: the cases it had not reached start afresh
-            result = run_generation_case(case, store=store, resume=resume and store is not None and store.exists(),
-                                         **overrides)
+            result, engine, prompts = run_generation_case(
+                case, store=store, resume=resume and store is not None and store.exists(), with_engine=True,
+                **overrides)
         except GenerationInterrupted as exc:
             if exc.result is not None:
                 results.append(GenerationCaseResult(case.name, case.engine, case.expected, exc.result))
             raise GenerationSuiteInterrupted(GenerationSuiteReport(suite_obj.name, tuple(results), len(cases),
-                                                                   "interrupted (SIGINT)")) from None
+                                                                   "interrupted (SIGINT)", skipped)) from None
         except KeyboardInterrupt:
             raise GenerationSuiteInterrupted(GenerationSuiteReport(suite_obj.name, tuple(results), len(cases),
-                                                                   "interrupted (SIGINT)")) from None
-        entry = GenerationCaseResult(case.name, case.engine, case.expected, result)
+                                                                   "interrupted (SIGINT)", skipped)) from None
+        entry = GenerationCaseResult(case.name, case.engine, case.expected, result,
+                                     getattr(engine.generate, "repro_spec", None),
+                                     None if prompts is None else tuple(tuple(p) for p in prompts))
         results.append(entry)
         if on_result is not None:
             on_result(entry)
-    return GenerationSuiteReport(suite_obj.name, tuple(results), len(cases))
+    return GenerationSuiteReport(suite_obj.name, tuple(results), len(cases), skipped=skipped)

