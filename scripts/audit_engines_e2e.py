@@ -190,8 +190,9 @@ def run_own(args, emit) -> None:
     for method in args.methods:
         verifier = load_verifier(method)
         num_drafts, draft_len = OWN_SHAPES.get(method, (1, 2))
+        skip = {} if args.skip_layers is None else {"skip_layers": [int(i) for i in args.skip_layers.split(",")]}
         engine = SmolLMEngine(lm, verifier, num_drafts=num_drafts, draft_len=draft_len,
-                              temperature=args.temperature)
+                              temperature=args.temperature, **skip)
         start = time.perf_counter()
         result = audit_generation(engine, SmolLMScorer(lm, temperature=args.temperature), prompts,
                                   vocab_size=lm.vocab_size, max_new_tokens=args.max_new_tokens, rounds=args.rounds,
@@ -216,6 +217,7 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=None, help="own: the first N shipped prompts (default all)")
     parser.add_argument("--temperature", type=float, default=1.0, help="own: the loop's temperature")
     parser.add_argument("--max-tokens", type=int, default=None, help="a budget of engine tokens per audit")
+    parser.add_argument("--skip-layers", default=None, help="own: the draft view's skipped layers (comma-separated)")
     parser.add_argument("--min-detectable-tv", type=float, default=0.02)
     parser.add_argument("--repro", default=None, metavar="DIR",
                         help="write a standalone reproduction script per FINDING into DIR")

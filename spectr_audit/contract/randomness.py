@@ -30,6 +30,7 @@ __all__ = [
     "sample_categorical",
     "sample_categorical_from_cdf",
     "sample_categorical_with_total",
+    "splitmix64",
     "uniform",
 ]
 
@@ -172,3 +173,22 @@ def sample_categorical_from_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Ten
     point = torch.minimum(point, torch.nextafter(total, torch.zeros_like(total)))
     idx = torch.searchsorted(cdf, point, right=True).squeeze(-1)
     return idx.clamp_(max=cdf.shape[-1] - 1)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def splitmix64(state: int) -> int:
+    """One SplitMix64 step (Steele, Lea and Flood, 2014): ``state`` plus the golden-ratio increment, mixed.
+
+    The seed derivations of the sharded sampler and of the engines' random streams are chains of
+    these steps, so their reproducibility rests on this one function.
+
+    >>> hex(splitmix64(0))
+    '0xe220a8397b1dcdaf'
+    """
+    state = (int(state) + 0x9E3779B97F4A7C15) & _MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)

@@ -33,7 +33,7 @@ from typing import Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 
-from spectr_audit.contract.randomness import RandomSource, uniform
+from spectr_audit.contract.randomness import RandomSource, splitmix64, uniform
 from spectr_audit.errors import InvalidArgument
 
 __all__ = [
@@ -56,14 +56,6 @@ def seed_from(generator: RandomSource) -> int:
     return int(float(u[0]) * 2**53)
 
 
-def _splitmix64(state: int) -> int:
-    state = (state + 0x9E3779B97F4A7C15) & _MASK64
-    z = state
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
 def derive_seed(seed: int, *path: int) -> int:
     """A 63-bit seed derived from ``seed`` along ``path`` (e.g. ``(stream, row)``) by SplitMix64 steps.
 
@@ -72,9 +64,9 @@ def derive_seed(seed: int, *path: int) -> int:
     >>> derive_seed(7, 3, 0) != derive_seed(7, 3, 1) != derive_seed(8, 3, 0)
     True
     """
-    state = _splitmix64(int(seed) & _MASK64)
+    state = splitmix64(int(seed) & _MASK64)
     for label in path:
-        state = _splitmix64(state ^ (int(label) & _MASK64))
+        state = splitmix64(state ^ (int(label) & _MASK64))
     return state >> 1  # non-negative and below 2**63: every library's seed setter takes it
 
 

