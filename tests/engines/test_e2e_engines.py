@@ -150,11 +150,15 @@ def test_vllm_cpu_speculative_decoding_serves_a_top_k_request(vllm_rows):
 def test_vllm_cpu_reproduction_script_runs_without_spectr_audit(vllm_repro_run):
     out = vllm_repro_run.stdout
     assert vllm_repro_run.returncode in (0, 1), out + vllm_repro_run.stderr[-3000:]
-    assert "surprisal martingale Z" in out and "threshold |Z| > 3.29" in out, out
+    # the pooled Z at alpha / 2 = 5e-4 (two-sided 3.48) and each of the three batch designs at alpha / 6 (3.76)
+    assert "surprisal martingale Z" in out and "threshold |Z| > 3.48" in out, out
+    assert out.count("threshold |Z| > 3.76, Bonferroni over the designs") == 3, out
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=VLLM_EXPAND)
+@pytest.mark.xfail(strict=False, reason=VLLM_EXPAND + "; not strict: the uninitialised values differ between runs and "
+                   "batches and can by chance lie close to the right ones, so one run of the script may miss (the "
+                   "audit's own pins above are strict)")
 def test_vllm_cpu_reproduction_script_finds_nothing(vllm_repro_run):
     assert vllm_repro_run.returncode == 0, vllm_repro_run.stdout
 
@@ -171,7 +175,8 @@ def test_the_readme_vllm_example_runs_as_written(tmp_path):
     script.write_text(block)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    verdict, tokens = proc.stdout.split()[-2:]
+    # vLLM logs to stdout too: the example's own line is "VERDICT TOKENS"
+    verdict, tokens = re.findall(r"^(PASS|INCONCLUSIVE|FINDING|ERROR) (\d+)$", proc.stdout, re.M)[-1]
     assert verdict == "PASS" and int(tokens) > 100
 
 

@@ -11,7 +11,10 @@ sampling parameters, and prints two statistics with their thresholds:
 
 * the surprisal martingale ``Z = sum(-log q(y_t) - H_t) / sqrt(sum Var_t)`` (q the processed
   target law at position t, H_t its entropy, Var_t the variance of ``-log q`` under q): normal
-  under a lossless engine; reproduced when ``|Z| > z_{1 - alpha/2}``;
+  under a lossless engine; reproduced when ``|Z| > z_{1 - alpha/2}``. For vLLM the requests run
+  in three batch designs (one per call, four per call, the rest at once; an engine's slip may
+  depend on the batch) and each design's Z is tested too, the pooled Z at ``alpha / 2`` and each
+  design at ``alpha / 6``, so that the whole stays at ``alpha``;
 * the emitted tokens to which the processed target law gives no mass (outside top-k / top-p):
   none under a lossless engine; reproduced when any has a logit margin above the tolerance.
 
@@ -64,7 +67,8 @@ SPEC = json.loads({spec_json!r})
 PROMPTS = json.loads({prompts_json!r})
 MAX_NEW_TOKENS = {max_new_tokens}
 ALPHA = {alpha!r}
-Z_THRESHOLD = {z_threshold!r}  # two-sided normal quantile at ALPHA
+Z_THRESHOLD = {z_threshold!r}  # the pooled Z, two-sided: at level ALPHA, or ALPHA / 2 when batch designs share it
+Z_DESIGN_THRESHOLD = {z_design!r}  # each of three batch designs (vLLM), two-sided at level ALPHA / 6
 LOGIT_TOL = 1e-3  # a zero-mass token within this many logits of the kept ones is numerics
 
 
@@ -175,11 +179,31 @@ def run_vllm(target, draft):
     p = SPEC["params"]
     llm = LLM(model=target, speculative_config=speculative_config(draft), skip_tokenizer_init=True,
               enforce_eager=True, dtype="float32", max_model_len=1024, seed=0, gpu_memory_utilization=0.12)
-    params = [SamplingParams(temperature=p["temperature"], top_k=p["top_k"] if p["top_k"] > 0 else -1,
-                             top_p=p["top_p"], max_tokens=MAX_NEW_TOKENS, seed=seed_of(row), detokenize=False,
-                             ignore_eos=True) for row in range(len(PROMPTS))]
-    outputs = llm.generate([{{"prompt_token_ids": prompt}} for prompt in PROMPTS], params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outputs]
+
+    def call(rows):
+        params = [SamplingParams(temperature=p["temperature"], top_k=p["top_k"] if p["top_k"] > 0 else -1,
+                                 top_p=p["top_p"], max_tokens=MAX_NEW_TOKENS, seed=seed_of(row), detokenize=False,
+                                 ignore_eos=True) for row in rows]
+        outputs = llm.generate([{{"prompt_token_ids": PROMPTS[row]}} for row in rows], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outputs]
+
+    # three batch designs, a third of the requests each: one request per call, four per call, the rest at once
+    out = [None] * len(PROMPTS)
+    for rows in batches():
+        for row, continuation in zip(rows, call(rows)):
+            out[row] = continuation
+    return out
+
+
+def design_of(row):
+    third = len(PROMPTS) // 3
+    return "one request per call" if row < third else ("four per call" if row < 2 * third else "the rest at once")
+
+
+def batches():
+    n, third = len(PROMPTS), len(PROMPTS) // 3
+    return ([[row] for row in range(third)] + [list(range(i, min(i + 4, 2 * third))) for i in range(third, 2 * third, 4)]
+            + ([list(range(2 * third, n))] if n > 2 * third else []))
 
 
 def run_served(target, draft):
@@ -284,8 +308,9 @@ def main():
     surprisal = variance = 0.0
     tokens = zero_mass = 0
     worst = []
+    by_design = {{}}
     with torch.inference_mode():
-        for prompt, continuation in zip(PROMPTS, continuations):
+        for row, (prompt, continuation) in enumerate(zip(PROMPTS, continuations)):
             if not continuation:
                 continue
             ids = torch.tensor([prompt + continuation])
@@ -305,16 +330,26 @@ def main():
             plogq = torch.where(q > 0, q * logq, torch.zeros_like(q))
             entropy = -plogq.sum(-1)
             second = torch.where(q > 0, q * logq * logq, torch.zeros_like(q)).sum(-1)
-            surprisal += float((-picked[finite] - entropy[finite]).sum())
-            variance += float((second - entropy * entropy)[finite].sum())
+            row_s = float((-picked[finite] - entropy[finite]).sum())
+            row_v = float((second - entropy * entropy)[finite].sum())
+            surprisal += row_s
+            variance += row_v
             tokens += len(continuation)
+            if SPEC["engine"] == "vllm":
+                s, v = by_design.get(design_of(row), (0.0, 0.0))
+                by_design[design_of(row)] = (s + row_s, v + row_v)
     z = surprisal / math.sqrt(variance) if variance > 0 else 0.0
     print(f"tokens scored: {{tokens}}")
     print(f"surprisal martingale Z = {{z:+.2f}} (a lossless engine: standard normal; threshold |Z| > {{Z_THRESHOLD:.2f}})")
+    design_z = {{name: s / math.sqrt(v) for name, (s, v) in by_design.items() if v > 0}}
+    for name, value in design_z.items():
+        print(f"  {{name}}: Z = {{value:+.2f}} (threshold |Z| > {{Z_DESIGN_THRESHOLD:.2f}}, Bonferroni over the designs)")
     print(f"emitted tokens outside the processed target's support: {{zero_mass}} (a lossless engine: 0"
           + (f"; largest logit margin {{max(worst):.3g}})" if worst else ")"))
     print(f"spectr-audit measured: {{SPEC['measured']}}")
-    reproduced = (abs(z) > Z_THRESHOLD and SPEC["params"]["temperature"] > 0) or zero_mass > 0
+    sampled = SPEC["params"]["temperature"] > 0
+    reproduced = (sampled and (abs(z) > Z_THRESHOLD or any(abs(v) > Z_DESIGN_THRESHOLD for v in design_z.values()))
+                  or zero_mass > 0)
     print("REPRODUCED" if reproduced else "not reproduced")
     return 1 if reproduced else 0
 
@@ -384,7 +419,9 @@ def repro_source(result: Any, spec: dict, prompts: list, *, max_new_tokens: int 
     return _TEMPLATE.format(version=__version__, headline=measured, engine_name=spec.get("engine_name", spec["engine"]),
                             configuration=configuration, filename=filename, num_requests=count,
                             max_new_tokens=int(max_new_tokens), alpha=float(alpha),
-                            z_threshold=round(_z_threshold(alpha), 4), spec_json=json.dumps(full, sort_keys=True),
+                            z_threshold=round(_z_threshold(alpha / 2 if spec["engine"] == "vllm" else alpha), 4),
+                            z_design=round(_z_threshold(alpha / 6), 4),
+                            spec_json=json.dumps(full, sort_keys=True),
                             prompts_json=json.dumps(rows))
 
 
