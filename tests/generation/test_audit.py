@@ -166,34 +166,8 @@ class OverAccept(SpecEngine):
 
     name = "over-accept"
 
-    def step(self, row, batch):
-        drafts, draft_laws, target_laws, states = [], [], [], []
-        state = row.draft
-        for _ in range(self.draft_len):
-            law = self.draft_law(state)
-            token = self.sample_draft(law, row.generator)
-            drafts.append(token)
-            draft_laws.append(law)
-            state = self.pair.draft.step(state, token)
-        state = row.target
-        for token in drafts:
-            states.append(state)
-            target_laws.append(self.target_law(state))
-            state = self.pair.target.step(state, token)
-        target_laws.append(self.target_law(state))
-        row.calls += 1
-        row.drafts = drafts
-        emitted = []
-        for i, token in enumerate(drafts):
-            q, p = float(target_laws[i][token]), float(draft_laws[i][token])
-            if float(torch.rand((), generator=row.generator, dtype=torch.float64)) < min(1.0, 1.5 * q / p):
-                emitted.append(token)
-                continue
-            law = self.residual(target_laws[i], draft_laws[i], states[i])
-            emitted.append(int(torch.multinomial(law, 1, generator=row.generator)))
-            return emitted
-        emitted.append(int(torch.multinomial(target_laws[-1], 1, generator=row.generator)))
-        return emitted
+    def accepts(self, q, p, coin):
+        return coin < min(1.0, 1.5 * q / p)
 
 
 def test_the_ratio_order_finds_an_over_accepting_coupling():

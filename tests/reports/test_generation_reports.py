@@ -20,11 +20,10 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-import torch
 
 from spectr_audit.contract.sampling import SamplingParams
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.generation import ScoredLogits, audit_generation
+from spectr_audit.generation import audit_generation
 from spectr_audit.generation.library import ToyPair, correct_engine, slip_engine
 from spectr_audit.reports.figures import generation_figures, outside_band
 from spectr_audit.reports.generation import (
@@ -38,20 +37,6 @@ from spectr_audit.reports.generation import (
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PROMPTS = [[1, 2, 3], [4, 5], [6], [7, 8]]
 V = 16
-
-
-def _logits_scorer(pair: ToyPair):
-    """The toy target's raw logits at every emitted position (so the audit measures logit margins)."""
-    def score(prompts, continuations):
-        out = []
-        for prompt, continuation in zip(prompts, continuations):
-            state, rows = pair.target.start(prompt), []
-            for token in continuation:
-                rows.append(pair.target.logits(state))
-                state = pair.target.step(state, token)
-            out.append(torch.stack(rows) if rows else torch.zeros(0, V, dtype=torch.float64))
-        return ScoredLogits(out, pair.params)
-    return score
 
 
 def _broken(prompts, max_new_tokens, seed):
@@ -71,10 +56,10 @@ def results():
                                  min_detectable_tv=0.5, **common),
         "finding": audit_generation(slip_engine("shared-stream", pair), pair.scorer(), PROMPTS, max_new_tokens=16,
                                     **common),
-        "greedy-numerics": audit_generation(slip_engine("positions-by-block", greedy), _logits_scorer(greedy),
+        "greedy-numerics": audit_generation(slip_engine("positions-by-block", greedy), greedy.logits_scorer(),
                                             PROMPTS[:2], max_new_tokens=12, reference=greedy.reference(),
                                             logit_tol=100.0, **common),
-        "greedy-finding": audit_generation(slip_engine("positions-by-block", greedy), _logits_scorer(greedy),
+        "greedy-finding": audit_generation(slip_engine("positions-by-block", greedy), greedy.logits_scorer(),
                                            PROMPTS[:2], max_new_tokens=12, reference=greedy.reference(), **common),
         "two-sample": audit_generation(correct_engine(hot), pair.scorer(), PROMPTS[:2], max_new_tokens=16,
                                        reference=hot.reference(), **common),

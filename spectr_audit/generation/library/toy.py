@@ -270,6 +270,11 @@ class SpecEngine:
         residual = (target - draft).clamp(min=0)
         return residual / residual.sum() if float(residual.sum()) > 0 else target
 
+    def accepts(self, q: float, p: float, coin: float) -> bool:
+        """Whether a drafted token of target probability ``q`` and draft probability ``p`` is kept, given a
+        uniform ``coin``: speculative sampling's ``coin < min(1, q / p)``."""
+        return p > 0 and coin < min(1.0, q / p)
+
     def bonus_law(self, laws: list) -> torch.Tensor:
         """The bonus token's law after a fully accepted block: the target's law after the last draft token."""
         return laws[-1]
@@ -323,7 +328,7 @@ class SpecEngine:
         for i, token in enumerate(drafts):
             q, p = float(target_laws[i][token]), float(draft_laws[i][token])
             coin = float(torch.rand((), generator=row.generator, dtype=torch.float64))
-            if p > 0 and coin < min(1.0, q / p):
+            if self.accepts(q, p, coin):
                 emitted.append(token)
                 row.accepted += 1
                 continue
