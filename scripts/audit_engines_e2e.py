@@ -190,15 +190,18 @@ def run_own(args, emit) -> None:
     for method in args.methods:
         verifier = load_verifier(method)
         num_drafts, draft_len = OWN_SHAPES.get(method, (1, 2))
+        if args.num_drafts is not None and verifier.supports(args.num_drafts, draft_len):
+            num_drafts = args.num_drafts
         skip = {} if args.skip_layers is None else {"skip_layers": [int(i) for i in args.skip_layers.split(",")]}
         engine = SmolLMEngine(lm, verifier, num_drafts=num_drafts, draft_len=draft_len,
-                              temperature=args.temperature, **skip)
+                              temperature=args.temperature, draft_temperature=args.draft_temperature, **skip)
         start = time.perf_counter()
         result = audit_generation(engine, SmolLMScorer(lm, temperature=args.temperature), prompts,
                                   vocab_size=lm.vocab_size, max_new_tokens=args.max_new_tokens, rounds=args.rounds,
                                   batch_size=4, progress=False, seed=args.seed, arms=("single", "ragged", "repeated"),
                                   max_tokens=args.max_tokens, min_detectable_tv=args.min_detectable_tv)
-        row = _row("own SmolLM2 loop", f"{method} K={num_drafts} L={draft_len}", f"T{args.temperature:g}", result,
+        setting = f"T{args.temperature:g}" + ("" if args.draft_temperature is None else f" draft-T{args.draft_temperature:g}")
+        row = _row("own SmolLM2 loop", f"{method} K={num_drafts} L={draft_len}", setting, result,
                    time.perf_counter() - start)
         row["expected"] = getattr(verifier, "expected", None) or "exact"
         emit(row)
@@ -216,6 +219,10 @@ def main(argv=None) -> int:
     parser.add_argument("--fresh", action="store_true", help="vllm: a new engine for every setting")
     parser.add_argument("--prompts", type=int, default=None, help="own: the first N shipped prompts (default all)")
     parser.add_argument("--temperature", type=float, default=1.0, help="own: the loop's temperature")
+    parser.add_argument("--draft-temperature", type=float, default=None,
+                        help="own: the draft view's temperature, when it differs from the target's (a sharper draft)")
+    parser.add_argument("--num-drafts", type=int, default=None,
+                        help="own: K for the verifiers that take several drafts (default: each one's smallest shape)")
     parser.add_argument("--max-tokens", type=int, default=None, help="a budget of engine tokens per audit")
     parser.add_argument("--skip-layers", default=None, help="own: the draft view's skipped layers (comma-separated)")
     parser.add_argument("--min-detectable-tv", type=float, default=0.02)

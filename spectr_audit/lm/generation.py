@@ -54,12 +54,14 @@ class SmolLMEngine:
     temperature : float
     skip_layers : sequence of int
         The draft view's skipped layers.
+    draft_temperature : float, optional
+        The draft view's temperature when it differs from the target's (a sharper draft).
     """
 
     per_row_max_new_tokens = True
 
     def __init__(self, lm: SmolLM, verifier, *, num_drafts: int = 1, draft_len: int = 2, temperature: float = 1.0,
-                 skip_layers: Sequence[int] = DEFAULT_SKIP_LAYERS):
+                 skip_layers: Sequence[int] = DEFAULT_SKIP_LAYERS, draft_temperature: Optional[float] = None):
         from spectr_audit.contract.verifier import as_verifier
 
         verifier = as_verifier(verifier)
@@ -68,13 +70,19 @@ class SmolLMEngine:
             raise InvalidArgument(f"temperature: expected a finite number > 0, got {temperature!r}")
         self.lm, self.verifier = lm, verifier
         self.num_drafts, self.draft_len = int(num_drafts), int(draft_len)
+        if draft_temperature is not None and not (draft_temperature > 0 and math.isfinite(draft_temperature)):
+            raise InvalidArgument(f"draft_temperature: expected a finite number > 0, got {draft_temperature!r}")
         self.temperature = float(temperature)
+        self.draft_temperature = None if draft_temperature is None else float(draft_temperature)
         self.skip_layers = tuple(skip_layers)
-        self.name = f"SmolLM2 decode loop, {verifier.name} (K = {num_drafts}, L = {draft_len}, T = {temperature:g})"
+        drafted = "" if draft_temperature is None else f", draft T = {draft_temperature:g}"
+        self.name = (f"SmolLM2 decode loop, {verifier.name} (K = {num_drafts}, L = {draft_len}, T = {temperature:g}"
+                     f"{drafted})")
 
     def generate(self, prompts, max_new_tokens, seed):
         limits = _limits(max_new_tokens, len(prompts))
-        session = TreeSession(self.lm, prompts, skip_layers=self.skip_layers, temperature=self.temperature)
+        session = TreeSession(self.lm, prompts, skip_layers=self.skip_layers, temperature=self.temperature,
+                              draft_temperature=self.draft_temperature)
         generator = torch.Generator().manual_seed(int(seed) % (1 << 62))
         out = [[] for _ in prompts]
         accepted = [0] * len(prompts)

@@ -42,6 +42,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -605,7 +606,9 @@ class TreeSession:
     lm : SmolLM
     prompts : sequence of token-id lists, one per row (each non-empty)
     skip_layers : layers the draft view skips
-    temperature : shared by both views
+    temperature : the target's (and, unless ``draft_temperature`` is given, the draft's)
+    draft_temperature : the draft view's own temperature, if it differs (a sharper draft, as
+        engines that draft near-greedily run it); the drafts' laws are those at this temperature.
     draft_model : optional :class:`Model` used instead of the layer-skip view (e.g.
         :class:`NGramDrafter`); it is called on whole contexts at each level.
     """
@@ -618,13 +621,17 @@ class TreeSession:
         skip_layers: Sequence[int] = DEFAULT_SKIP_LAYERS,
         temperature: float = 1.0,
         draft_model: Optional[Model] = None,
+        draft_temperature: Optional[float] = None,
     ):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise InvalidArgument("prompts: need at least one row, each with at least one token")
         if not temperature > 0:
             raise InvalidArgument(f"temperature: must be > 0, got {temperature}")
+        if draft_temperature is not None and not (draft_temperature > 0 and math.isfinite(draft_temperature)):
+            raise InvalidArgument(f"draft_temperature: must be a finite number > 0, got {draft_temperature}")
         self.lm = lm
         self.temperature = float(temperature)
+        self.draft_temperature = self.temperature if draft_temperature is None else float(draft_temperature)
         self.target_layers = lm.layer_indices(())
         self.draft_layers = lm.layer_indices(skip_layers)
         self.draft_model = draft_model
@@ -663,7 +670,7 @@ class TreeSession:
             T = self.temperature
             target_root = _probs(self._flush(self.target_cache, self.target_layers), T)
             if self.draft_model is None:
-                draft_root = _probs(self._flush(self.draft_cache, self.draft_layers), T)
+                draft_root = _probs(self._flush(self.draft_cache, self.draft_layers), self.draft_temperature)
             else:
                 draft_root = self.draft_model(self.contexts()).double()
             self.positions += torch.tensor([len(p) for p in self.pending])
@@ -677,6 +684,7 @@ class TreeSession:
         if num_drafts < 1 or draft_len < 1:
             raise InvalidArgument(f"num_drafts, draft_len: must be >= 1, got {num_drafts}, {draft_len}")
         B, K, L, T = self.batch_size, num_drafts, draft_len, self.temperature
+        T_draft = self.draft_temperature
         V = self.lm.vocab_size
         draft_root, target_root = self.root_laws()
         base = self.positions  # [B] position of the first draft token
@@ -701,7 +709,7 @@ class TreeSession:
             cols = torch.arange(K).repeat(B)
             logits = self.lm.forward(draft_tokens[:, :, j], (base + j).unsqueeze(1).expand(B, K), attend, self.draft_layers,
                                      cache, cache.length + j * K, (rows, cols))
-            level_probs.append(_probs(logits, T).view(B, K, V))
+            level_probs.append(_probs(logits, T_draft).view(B, K, V))
         draft_probs = torch.stack(level_probs, dim=2)  # [B, K, L, V]
         # Target: every node in one call; query (k, j) sees the cache and draft k's tokens <= j.
         flat = draft_tokens.reshape(B, K * L)

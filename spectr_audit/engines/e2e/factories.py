@@ -295,7 +295,7 @@ def llama_cpp_engine(method: str = "prompt-lookup", *, temperature: float = 1.0,
 
 
 def own_engine(verifier: str = "speculative", *, num_drafts: int = 1, draft_len: int = 2, temperature: float = 1.0,
-               prompts: Optional[int] = None) -> dict:
+               draft_temperature: Optional[float] = None, prompts: Optional[int] = None) -> dict:
     """The project's SmolLM2 decode loop (:class:`~spectr_audit.lm.generation.SmolLMEngine`) with a built-in verifier."""
     from spectr_audit.engines.e2e.prompts import SHIPPED_VOCAB_SIZE
     from spectr_audit.lm.generation import SmolLMEngine, SmolLMReference, SmolLMScorer
@@ -309,7 +309,7 @@ def own_engine(verifier: str = "speculative", *, num_drafts: int = 1, draft_len:
     if lm.vocab_size != SHIPPED_VOCAB_SIZE:  # pragma: no cover - the shipped ids are SmolLM2's
         raise InvalidArgument(f"verifier: SmolLM2's vocabulary is {lm.vocab_size}, the shipped ids' {SHIPPED_VOCAB_SIZE}")
     engine = SmolLMEngine(lm, load_verifier(verifier), num_drafts=num_drafts, draft_len=draft_len,
-                          temperature=temperature)
+                          temperature=temperature, draft_temperature=draft_temperature)
     return {"generate": engine, "score": SmolLMScorer(lm, temperature=temperature),
             "reference": SmolLMReference(lm, temperature=temperature), "vocab_size": lm.vocab_size,
             "prompts": _prompts(prompts), "name": engine.name}
