@@ -33,6 +33,18 @@ __all__ = [
     "MAX_MEMORY_FRACTION",
     "MAX_MEMORY_FALLBACK",
     "VERIFIER_TIMEOUT",
+    "EXACT_MAX_TUPLES",
+    "EXACT_MAX_HISTORIES",
+    "EXACT_CHUNK",
+    "EXACT_MAX_TREE_REALISATIONS",
+    "EXACT_MAX_TREE_STRINGS",
+    "PARTITION_MAX_CELLS",
+    "MAX_STRATA",
+    "MAX_STRATIFIED_ENTRIES",
+    "MIN_EXPECTED",
+    "MIN_CUT_MAX_SUPPORT",
+    "PROBE_CALLS",
+    "PROBE_ROWS",
 ]
 
 # -- the statistical audit ----------------------------------------------------------------------
@@ -82,6 +94,35 @@ LP_SOLVER_FALLBACK_TOL = 1e-9
 LP_MAX_VARIABLES = 200_000
 #: A run solves the alpha* LP next to the closed form, as a cross-check, up to this many variables.
 LP_CROSS_CHECK_MAX_VARIABLES = 20_000
+
+# -- limits of the audits -------------------------------------------------------------------------
+#
+# Beyond these sizes an audit is refused with a message naming the limit (and the memory budget,
+# spectr_audit.run.budget, checks each before anything is allocated).
+
+#: The exact single-step audit enumerates at most this many draft tuples.
+EXACT_MAX_TUPLES = 2_000_000
+#: The exact decoding-loop audit follows at most this many histories.
+EXACT_MAX_HISTORIES = 200_000
+#: The exact audit calls ``output_probs`` on this many draft tuples at a time.
+EXACT_CHUNK = 8192
+#: The exact draft-tree audit enumerates at most this many realisations of the tree's drafts ...
+EXACT_MAX_TREE_REALISATIONS = 500_000
+#: ... and holds laws over at most this many strings (V^(max_depth + 1)).
+EXACT_MAX_TREE_STRINGS = 1 << 22
+#: Cells of the statistical audit's prefix-tree partition.
+PARTITION_MAX_CELLS = 1 << 20
+#: Draft-tuple strata of the stratified test (and of the sampler-versus-law check).
+MAX_STRATA = 4096
+#: Entries (strata x cells) of the stratified test's expected counts.
+MAX_STRATIFIED_ENTRIES = 1 << 20
+#: Cells with fewer expected counts than this are pooled before a goodness-of-fit test.
+MIN_EXPECTED = 5.0
+#: The without-replacement draft-tree bound sums over 2**V token sets, up to this V.
+MIN_CUT_MAX_SUPPORT = 20
+#: The contract probe of a third party's verifier: this many calls of at most this many rows.
+PROBE_CALLS = 4
+PROBE_ROWS = 16
 
 # -- resources ------------------------------------------------------------------------------------
 

@@ -36,6 +36,18 @@ SENTINELS = {
     "MAX_MEMORY_FRACTION": 0.123,
     "MAX_MEMORY_FALLBACK": 3 * 2**30 + 7,
     "VERIFIER_TIMEOUT": 47.5,
+    "EXACT_MAX_TUPLES": 1_234_567,
+    "EXACT_MAX_HISTORIES": 123_457,
+    "EXACT_CHUNK": 4321,
+    "EXACT_MAX_TREE_REALISATIONS": 345_678,
+    "EXACT_MAX_TREE_STRINGS": 3 * 2**20 + 1,
+    "PARTITION_MAX_CELLS": 2**19 + 3,
+    "MAX_STRATA": 3210,
+    "MAX_STRATIFIED_ENTRIES": 2**19 + 5,
+    "MIN_EXPECTED": 4.25,
+    "MIN_CUT_MAX_SUPPORT": 17,
+    "PROBE_CALLS": 3,
+    "PROBE_ROWS": 13,
 }
 
 _PROBE = textwrap.dedent(
@@ -52,6 +64,11 @@ _PROBE = textwrap.dedent(
     from spectr_audit.lm.real_suite import RealLMOptions
     from spectr_audit.run import budget, conformance, runner
     from spectr_audit.statistical import agreement, audit, power
+    from spectr_audit.statistical import _planning, gof, partition
+    from spectr_audit.run import guard
+    from spectr_audit.exact import iteration, multi_iteration
+    tree_exact = importlib.import_module("spectr_audit.exact.tree")
+    tree_lp = importlib.import_module("spectr_audit.bounds.tree_lp")
 
     def default(fn, name):
         return inspect.signature(fn).parameters[name].default
@@ -131,6 +148,30 @@ _PROBE = textwrap.dedent(
         "acceptance.lp_from_sets.max_variables": default(acceptance.optimal_acceptance_lp_from_sets, "max_variables"),
         "block_lp.tol": block_lp.CLARABEL_OPTIONS["tol_gap_abs"],
         "block_lp.fallback_tol": block_lp.CLARABEL_FALLBACK_OPTIONS["tol_gap_abs"],
+        "exact.iteration.MAX_TUPLES": iteration.MAX_TUPLES,
+        "exact.iteration.chunk_size": default(iteration.exact_iteration, "chunk_size"),
+        "exact.multi_iteration.MAX_HISTORIES": multi_iteration.MAX_HISTORIES,
+        "exact.tree.MAX_TREE_REALISATIONS": tree_exact.MAX_TREE_REALISATIONS,
+        "exact.tree.MAX_TREE_STRINGS": tree_exact.MAX_TREE_STRINGS,
+        "gof.MIN_EXPECTED": gof.MIN_EXPECTED,
+        "statistical_audit.min_expected": default(audit.statistical_audit, "min_expected"),
+        "statistical_audit.max_cells": default(audit.statistical_audit, "max_cells"),
+        "statistical_audit.max_strata": default(audit.statistical_audit, "max_strata"),
+        "agreement.max_strata": default(agreement.sampler_law_agreement, "max_strata"),
+        "agreement.min_expected": default(agreement.sampler_law_agreement, "min_expected"),
+        "partition.max_cells": default(partition.build_partition, "max_cells"),
+        "planning.MAX_STRATIFIED_ENTRIES": _planning.MAX_STRATIFIED_ENTRIES,
+        "tree_lp.MAX_MIN_CUT_SUPPORT": tree_lp.MAX_MIN_CUT_SUPPORT,
+        "runner.PROBE_CALLS": runner.PROBE_CALLS,
+        "runner.probe_rows": runner.probe_rows(None),
+        "guard.probe_checks.rows": default(guard.probe_checks, "rows"),
+        "budget.PROBE_ROWS": budget.PROBE_ROWS,
+        "budget.max_tuples": budget._MAX_TUPLES,
+        "budget.max_histories": budget._MAX_HISTORIES,
+        "budget.exact_chunk": budget._EXACT_CHUNK,
+        "budget.max_cells": budget._MAX_CELLS,
+        "budget.max_strata": budget._MAX_STRATA,
+        "budget.min_expected": budget._MIN_EXPECTED,
     }
     print(json.dumps(out))
     """
@@ -181,6 +222,30 @@ EXPECTED = {
     "acceptance.lp_from_sets.max_variables": "LP_MAX_VARIABLES",
     "block_lp.tol": "LP_SOLVER_TOL",
     "block_lp.fallback_tol": "LP_SOLVER_FALLBACK_TOL",
+    "exact.iteration.MAX_TUPLES": "EXACT_MAX_TUPLES",
+    "exact.iteration.chunk_size": "EXACT_CHUNK",
+    "exact.multi_iteration.MAX_HISTORIES": "EXACT_MAX_HISTORIES",
+    "exact.tree.MAX_TREE_REALISATIONS": "EXACT_MAX_TREE_REALISATIONS",
+    "exact.tree.MAX_TREE_STRINGS": "EXACT_MAX_TREE_STRINGS",
+    "gof.MIN_EXPECTED": "MIN_EXPECTED",
+    "statistical_audit.min_expected": "MIN_EXPECTED",
+    "statistical_audit.max_cells": "PARTITION_MAX_CELLS",
+    "statistical_audit.max_strata": "MAX_STRATA",
+    "agreement.max_strata": "MAX_STRATA",
+    "agreement.min_expected": "MIN_EXPECTED",
+    "partition.max_cells": "PARTITION_MAX_CELLS",
+    "planning.MAX_STRATIFIED_ENTRIES": "MAX_STRATIFIED_ENTRIES",
+    "tree_lp.MAX_MIN_CUT_SUPPORT": "MIN_CUT_MAX_SUPPORT",
+    "runner.PROBE_CALLS": "PROBE_CALLS",
+    "runner.probe_rows": "PROBE_ROWS",
+    "guard.probe_checks.rows": "PROBE_ROWS",
+    "budget.PROBE_ROWS": "PROBE_ROWS",
+    "budget.max_tuples": "EXACT_MAX_TUPLES",
+    "budget.max_histories": "EXACT_MAX_HISTORIES",
+    "budget.exact_chunk": "EXACT_CHUNK",
+    "budget.max_cells": "PARTITION_MAX_CELLS",
+    "budget.max_strata": "MAX_STRATA",
+    "budget.min_expected": "MIN_EXPECTED",
 }
 
 
@@ -221,3 +286,6 @@ def test_the_values_are_the_documented_ones():
     assert (defaults.ALPHA, defaults.POWER, defaults.MIN_DETECTABLE_TV) == (1e-3, 0.99, 0.005)
     assert (defaults.EXACT_TOL, defaults.MULTI_TOL, defaults.BOUND_TOL, defaults.LP_TOL) == (1e-12, 1e-9, 1e-9, 1e-6)
     assert (defaults.CHECK_SAMPLES, defaults.SAMPLER_MAX_SAMPLES) == (20_000, 200_000)
+
+    assert (defaults.EXACT_MAX_TUPLES, defaults.EXACT_MAX_HISTORIES, defaults.EXACT_CHUNK) == (2_000_000, 200_000, 8192)
+    assert (defaults.PARTITION_MAX_CELLS, defaults.MAX_STRATA, defaults.MIN_EXPECTED) == (1 << 20, 4096, 5.0)

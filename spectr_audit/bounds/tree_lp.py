@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 #: Largest support for the without-replacement min-cut (a sum over 2**support token sets).
-MAX_MIN_CUT_SUPPORT = 20
+MAX_MIN_CUT_SUPPORT = defaults.MIN_CUT_MAX_SUPPORT
 
 
 @dataclasses.dataclass(frozen=True)

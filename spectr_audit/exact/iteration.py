@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from spectr_audit import defaults
 from spectr_audit.contract.verifier import Verifier, check_output_probs, check_verify_inputs
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.drafting.models import Model, contexts_from
@@ -30,7 +31,7 @@ from spectr_audit.drafting.models import Model, contexts_from
 __all__ = ["DraftEnumeration", "ExactIterationResult", "enumerate_drafts", "exact_iteration", "string_of"]
 
 #: Refuse enumerations larger than this many draft tuples.
-MAX_TUPLES = 2_000_000
+MAX_TUPLES = defaults.EXACT_MAX_TUPLES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,7 +353,7 @@ def exact_iteration(
     *,
     prefix: Sequence[int] = (),
     draft_scheme: Optional[str] = None,
-    chunk_size: int = 8192,
+    chunk_size: int = defaults.EXACT_CHUNK,
     params=None,
     order="vllm",
 ) -> ExactIterationResult:

@@ -30,6 +30,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from spectr_audit import defaults
 from spectr_audit.contract.verifier import Verifier, VerifyOutput, check_output_probs
 from spectr_audit.contract.correction import CorrectionChain
 from spectr_audit.drafting.decoding import _write, emitted_tokens
@@ -40,7 +41,7 @@ from spectr_audit.drafting.models import PAD, Model, contexts_from
 __all__ = ["MultiIterationResult", "exact_multi_iteration", "target_string_law"]
 
 #: Refuse to follow more live histories than this at once.
-MAX_HISTORIES = 200_000
+MAX_HISTORIES = defaults.EXACT_MAX_HISTORIES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,6 +42,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from spectr_audit import defaults
 from spectr_audit.contract.tree import TREE_DRAFT_SCHEMES, DraftTree, topk_order
 from spectr_audit.contract.tree_verifier import TreeVerifier, as_tree_verifier, check_tree_output_probs
 from spectr_audit.drafting.models import Model, contexts_from
@@ -59,9 +60,9 @@ __all__ = [
 ]
 
 #: Refuse enumerations with more realisations of the tree's drafts than this.
-MAX_TREE_REALISATIONS = 500_000
+MAX_TREE_REALISATIONS = defaults.EXACT_MAX_TREE_REALISATIONS
 #: Refuse trees whose strings of ``max_depth + 1`` tokens number more than this (``V ** (D + 1)``).
-MAX_TREE_STRINGS = 1 << 22
+MAX_TREE_STRINGS = defaults.EXACT_MAX_TREE_STRINGS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,15 +61,14 @@ __all__ = [
 #: Bytes of one float64 / int64 entry.
 _ENTRY = 8
 #: Rows of the guard's probe batch (see :mod:`spectr_audit.run.guard`).
-PROBE_ROWS = 16
-#: Limits of the exact audits (mirrored from :mod:`spectr_audit.exact`, which imports torch).
-_MAX_TUPLES = 2_000_000
-_MAX_HISTORIES = 200_000
-_EXACT_CHUNK = 8192
-#: The statistical audit's partition cap, stratification cap and the pooling threshold.
-_MAX_CELLS = 1 << 20
-_MAX_STRATA = 4096
-_MIN_EXPECTED = 5.0
+PROBE_ROWS = defaults.PROBE_ROWS
+#: The limits of the exact and statistical audits (read here without importing them: they import torch).
+_MAX_TUPLES = defaults.EXACT_MAX_TUPLES
+_MAX_HISTORIES = defaults.EXACT_MAX_HISTORIES
+_EXACT_CHUNK = defaults.EXACT_CHUNK
+_MAX_CELLS = defaults.PARTITION_MAX_CELLS
+_MAX_STRATA = defaults.MAX_STRATA
+_MIN_EXPECTED = defaults.MIN_EXPECTED
 _LOG2_INF = math.inf
 
 

@@ -38,6 +38,7 @@ import contextlib
 import math
 from typing import Any, Iterator, Optional
 
+from spectr_audit import defaults
 from spectr_audit import _deadline
 from spectr_audit.errors import InvalidArgument, VerifierError
 
@@ -123,7 +124,7 @@ def _dense_models(vocab_size: int, seed: int):
 
 
 def dense_mutations(verifier: Any, vocab_size: int, num_drafts: int, draft_len: int, seed: int = 0,
-                    rows: int = 16) -> list[str]:
+                    rows: int = defaults.PROBE_ROWS) -> list[str]:
     """What ``verifier.verify`` modifies in place on drafts whose every probability is positive (empty: nothing).
 
     A zero probability hides an in-place scaling or clamping of that entry; here none is zero.
@@ -174,7 +175,7 @@ def _fields(output) -> tuple:
     return tuple(output)
 
 
-def probe_checks(verifier: Any, case: Any, seed: int = 0, rows: int = 16) -> list:
+def probe_checks(verifier: Any, case: Any, seed: int = 0, rows: int = defaults.PROBE_ROWS) -> list:
     """``inputs-unchanged`` and ``deterministic`` checks of ``verifier`` on small batches of ``case``.
 
     Returns a list of :class:`~spectr_audit.results.Check`.  Errors of the verifier propagate

@@ -461,12 +461,14 @@ def _sampler_check(verifier, case, options, checks, metrics, details) -> None:
 
 
 #: The contract probe verifies this many batches (two draft sets, each verified twice)...
-PROBE_CALLS = 4
+PROBE_CALLS = defaults.PROBE_CALLS
 
 
 def probe_rows(max_samples: Optional[int]) -> int:
-    """...of this many rows: 16, or fewer when a sample budget is so small that 64 would be an eighth of it."""
-    return 16 if max_samples is None else max(1, min(16, max_samples // (8 * PROBE_CALLS)))
+    """...of this many rows (``defaults.PROBE_ROWS``), or fewer when a sample budget is so small that the probe
+    would be more than an eighth of it."""
+    rows = defaults.PROBE_ROWS
+    return rows if max_samples is None else max(1, min(rows, max_samples // (8 * PROBE_CALLS)))
 
 
 def _after_probe(options: AuditOptions, probe_verifications: int) -> AuditOptions:

@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import torch
 
+from spectr_audit import defaults
 from spectr_audit._validation import check_positive_int, check_prob
 from spectr_audit.bounds.acceptance import optimal_acceptance, optimal_acceptance_lp_from_sets
 from spectr_audit.drafting.models import Model, contexts_from
@@ -39,7 +40,7 @@ MIN_PER_STRATUM = 32
 #: ...and the partition has at most this many cells (its null needs an eigen-decomposition)...
 MAX_STRATIFIED_CELLS = 2048
 #: ...and the stratified counts (strata x cells) stay this small (they travel with every chunk).
-MAX_STRATIFIED_ENTRIES = 1 << 20
+MAX_STRATIFIED_ENTRIES = defaults.MAX_STRATIFIED_ENTRIES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,7 +172,7 @@ def plan_sample_size(
     power: float = DEFAULT_POWER,
     num_tests: int = 1,
     min_expected: float = MIN_EXPECTED,
-    max_cells: int = 1 << 20,
+    max_cells: int = defaults.PARTITION_MAX_CELLS,
     device: Union[str, torch.device] = "cpu",
 ) -> tuple[int, PrefixPartition]:
     """The sample size of the Pearson test, and the partition it is counted on.

@@ -15,6 +15,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from spectr_audit import defaults
 from spectr_audit.statistical import power as sizing
 from spectr_audit.statistical._stages import (
     CommonArgs,
@@ -188,7 +189,7 @@ def sampler_law_agreement(
     device: Union[str, torch.device] = "cpu",
     chunk_size: Optional[int] = None,
     min_expected: float = MIN_EXPECTED,
-    max_strata: int = 4096,
+    max_strata: int = defaults.MAX_STRATA,
 ) -> LawAgreementResult:
     """Check that a verifier's sampler follows its own ``output_probs``, conditionally on the drafts.
 

@@ -55,6 +55,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from spectr_audit import defaults
 from spectr_audit.drafting.models import Model
 from spectr_audit.statistical._audit_args import validate_audit, with_params
 from spectr_audit.statistical._designs import sample_audit
@@ -108,8 +109,8 @@ def statistical_audit(
     claimed_acceptance: Optional[float] = None,
     claimed_block_efficiency: Optional[float] = None,
     min_expected: float = MIN_EXPECTED,
-    max_cells: int = 1 << 20,
-    max_strata: int = 4096,
+    max_cells: int = defaults.PARTITION_MAX_CELLS,
+    max_strata: int = defaults.MAX_STRATA,
     certify_tv: Optional[float] = None,
     distributed: Union[bool, str, object] = "auto",
     tree=None,

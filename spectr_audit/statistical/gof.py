@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from scipy import integrate, optimize, stats
 
+from spectr_audit import defaults
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.statistical.nulls import g_null, scaled_chi2_sf
 
@@ -54,7 +55,7 @@ __all__ = [
 ]
 
 #: Default minimum expected count of a cell (Cochran's rule); sparser cells are pooled.
-MIN_EXPECTED = 5.0
+MIN_EXPECTED = defaults.MIN_EXPECTED
 
 
 @dataclasses.dataclass(frozen=True)

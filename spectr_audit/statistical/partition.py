@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from spectr_audit import defaults
 from spectr_audit.drafting.models import PAD, Model, contexts_from
 from spectr_audit.errors import InvalidArgument
 
@@ -356,7 +357,7 @@ def build_partition(
     *,
     prefix: Sequence[int] = (),
     min_expected: float = 5.0,
-    max_cells: int = 1 << 20,
+    max_cells: int = defaults.PARTITION_MAX_CELLS,
     device: torch.device | str = "cpu",
 ) -> PrefixPartition:
     """Grow the prefix-tree partition of V^N used to count ``num_samples`` completed strings.
