@@ -43,3 +43,22 @@ def test_the_index_lists_no_module_that_does_not_exist():
 def test_every_entry_says_what_the_module_holds():
     empty = sorted(path for path, what in _index().items() if len(what) < 12)
     assert not empty, f"index entries without a description: {empty}"
+
+
+def test_pyproject_installs_every_package():
+    """A package folder missing from [tool.setuptools] packages is absent from a built wheel (an editable
+    install hides it)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    installed_as = {folder: package for package, folder in config["package-dir"].items()}
+    expected = set()
+    for folder in FOLDERS:
+        for init in (ROOT / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            expected.add(".".join([installed_as.get(folder, folder), *parts]))
+    missing = sorted(expected - set(config["packages"]))
+    assert not missing, f"packages missing from pyproject.toml's [tool.setuptools] packages: {missing}"

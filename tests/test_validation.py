@@ -203,7 +203,7 @@ def test_check_prob_and_check_positive_int_accept_valid_values():
 
 #: The boundaries that once had tolerances of their own; only _validation may hold one now.
 _BOUNDARY_MODULES = ["contract/verifier.py", "bounds/acceptance.py", "drafting/models.py", "run/suite.py",
-                     "statistical/_checks.py", "cli.py", "exact/iteration.py", "exact/multi_iteration.py"]
+                     "statistical/_checks.py", "cli/_args.py", "exact/iteration.py", "exact/multi_iteration.py"]
 
 
 @pytest.mark.parametrize("module", _BOUNDARY_MODULES)
