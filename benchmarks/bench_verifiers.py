@@ -305,7 +305,7 @@ def bench_verifiers(total_probs: int, vocab_sizes, device, repeats, with_compile
 
 def bench_bounds(device, repeats) -> list[dict]:
     from spectr_audit.bounds.acceptance import optimal_acceptance
-    from spectr_audit.verifiers._rho_star import kseq_rho_star, kseq_rho_star_bisection, kseq_rho_star_sampler
+    from spectr_audit.verifiers.rho_star import kseq_rho_star, kseq_rho_star_bisection, kseq_rho_star_sampler
 
     rows = []
     gen = torch.Generator(device=device).manual_seed(2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from spectr_audit.verifiers import compiled, triton_kernels
-from spectr_audit.verifiers._rho_star import kseq_accept_prob, kseq_rho_star, kseq_rho_star_sampler
+from spectr_audit.verifiers.rho_star import kseq_accept_prob, kseq_rho_star, kseq_rho_star_sampler
 from spectr_audit.verifiers._walk import NodeRule, ChainWalkVerifier, gather_tokens, normalise
 
 __all__ = ["KSeq", "KSeqRule", "SpecTrTree"]
@@ -50,9 +50,9 @@ _SOLVED_PAIRS = 8
 class KSeqRule(NodeRule):
     """K-SEQ at one node, with k = the number of surviving drafts (docs/rules/kseq.md).
 
-    The exact law uses rho* from :func:`~spectr_audit.verifiers._rho_star.kseq_rho_star`; the sampler a valid
+    The exact law uses rho* from :func:`~spectr_audit.verifiers.rho_star.kseq_rho_star`; the sampler a valid
     rho equal to it to the rows' precision, found without sorting
-    (:func:`~spectr_audit.verifiers._rho_star.kseq_rho_star_sampler`).  ``rho_scale``
+    (:func:`~spectr_audit.verifiers.rho_star.kseq_rho_star_sampler`).  ``rho_scale``
     multiplies it, which exists only so that the broken-verifier library can build
     "rho a little below rho*" without copying this code.
     """

@@ -39,7 +39,7 @@ import torch
 
 from spectr_audit.contract.randomness import sample_categorical, uniform
 from spectr_audit.contract.verifier import Verifier, VerifyOutput
-from spectr_audit.verifiers._rho_star import kseq_rho_star
+from spectr_audit.verifiers.rho_star import kseq_rho_star
 from spectr_audit.verifiers._walk import _sample_or_fallback, normalise
 
 __all__ = ["MultiDraftBlockVerification", "PRIORITY_MARGIN", "PRIORITY_SWEEPS"]

@@ -15,7 +15,7 @@ from spectr_audit.verifiers.compiled import compiled_enabled, kseq_low_sums
 _BISECTION_STEPS = 64
 
 
-def _check_num_drafts(num_drafts: object) -> int:
+def check_num_drafts(num_drafts: object) -> int:
     """num_drafts as a Python int >= 1."""
     if isinstance(num_drafts, bool):
         raise InvalidArgument(f"num_drafts: expected an integer >= 1, got {num_drafts!r}")
@@ -30,7 +30,7 @@ def _check_num_drafts(num_drafts: object) -> int:
     return value
 
 
-def _num_drafts_tensor(
+def num_drafts_tensor(
     num_drafts: Union[int, torch.Tensor], batch_shape: torch.Size, device: torch.device
 ) -> torch.Tensor:
     """num_drafts as a float64 tensor of shape batch_shape; shape checks only (no host sync)."""
@@ -48,7 +48,7 @@ def _num_drafts_tensor(
                 f"got shape {tuple(num_drafts.shape)}"
             )
         return num_drafts.to(device=device, dtype=torch.float64).expand(batch_shape)
-    value = _check_num_drafts(num_drafts)
+    value = check_num_drafts(num_drafts)
     return torch.full(batch_shape, float(value), dtype=torch.float64, device=device)
 
 
@@ -93,7 +93,7 @@ def kseq_accept_prob(
     return -torch.expm1(num_drafts * torch.log1p(-beta))
 
 
-def _kseq_beta(draft: torch.Tensor, target: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+def kseq_beta(draft: torch.Tensor, target: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
     """beta(rho) = sum_x min(p(x), q(x) / rho), per row."""
     return torch.minimum(draft, target / rho.unsqueeze(-1)).sum(-1)
 
@@ -197,7 +197,7 @@ def kseq_rho_star(
     draft = draft_probs.to(torch.float64)
     target = target_probs.to(torch.float64)
     batch_shape = draft.shape[:-1]
-    k = _num_drafts_tensor(num_drafts, batch_shape, draft.device)
+    k = num_drafts_tensor(num_drafts, batch_shape, draft.device)
     return _rho_star_sorted(draft, target, k)
 
 
@@ -213,7 +213,7 @@ def kseq_rho_star_bisection(
     draft = draft_probs.to(torch.float64)
     target = target_probs.to(torch.float64)
     batch_shape = draft.shape[:-1]
-    k = _num_drafts_tensor(num_drafts, batch_shape, draft.device)
+    k = num_drafts_tensor(num_drafts, batch_shape, draft.device)
     low = torch.ones(batch_shape, dtype=torch.float64, device=draft.device)
     high = k.clone()
     for _ in range(_BISECTION_STEPS):

@@ -27,10 +27,10 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
-from spectr_audit.verifiers._rho_star import (
-    _check_num_drafts,
-    _kseq_beta,
-    _num_drafts_tensor,
+from spectr_audit.verifiers.rho_star import (
+    check_num_drafts,
+    kseq_beta,
+    num_drafts_tensor,
     kseq_accept_prob,
     kseq_rho_star,
 )
@@ -228,7 +228,7 @@ def spectr_guarantee(num_drafts: int) -> float:
     >>> spectr_guarantee(1), spectr_guarantee(2)
     (1.0, 0.75)
     """
-    k = _check_num_drafts(num_drafts)
+    k = check_num_drafts(num_drafts)
     return 1.0 - (1.0 - 1.0 / k) ** k
 
 
@@ -285,7 +285,7 @@ def optimal_acceptance(
     tensor([0.7000, 1.0000], dtype=torch.float64)
     """
     draft, target = _validated_pair(draft_probs, target_probs)
-    k = _check_num_drafts(num_drafts)
+    k = check_num_drafts(num_drafts)
     # Tokens the draft never proposes go last; q = p = 0 tokens may sit anywhere.
     ratio = torch.where(draft > 0, target / draft, torch.full_like(target, math.inf))
     order = torch.sort(ratio, dim=-1, stable=True).indices
@@ -565,7 +565,7 @@ def optimal_acceptance_lp(
     (0.94, 3, 4)
     """
     draft, target = _validated_pair(draft_probs, target_probs, one_dim=True)
-    k = _check_num_drafts(num_drafts)
+    k = check_num_drafts(num_drafts)
     _check_max_variables(max_variables)
     draft_np = draft.cpu().numpy()
     support_size = int(np.count_nonzero(draft_np > 0))
@@ -619,7 +619,7 @@ def kseq_acceptance(
     draft, target = _validated_pair(draft_probs, target_probs)
     batch_shape = draft.shape[:-1]
     if isinstance(num_drafts, torch.Tensor):
-        k = _num_drafts_tensor(num_drafts, batch_shape, draft.device)
+        k = num_drafts_tensor(num_drafts, batch_shape, draft.device)
         bad = (k < 1) | (k != k.floor())
         if bool(bad.any()):
             index = tuple(bad.nonzero()[0].tolist())
@@ -627,7 +627,7 @@ def kseq_acceptance(
                 f"num_drafts: expected integral values >= 1, found {k[index].item()} at batch index {index}"
             )
     else:
-        k = _check_num_drafts(num_drafts)
+        k = check_num_drafts(num_drafts)
     rho = kseq_rho_star(draft, target, k)
-    beta = _kseq_beta(draft, target, rho)
+    beta = kseq_beta(draft, target, rho)
     return KSeqAcceptanceResult(value=kseq_accept_prob(beta, k), rho_star=rho, beta=beta)

@@ -32,7 +32,7 @@ import scipy.sparse as sp
 import torch
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.iteration import _emitted_codes, _target_laws, enumerate_drafts
+from spectr_audit.exact.iteration import emitted_codes, target_laws, enumerate_drafts
 from spectr_audit import defaults
 from spectr_audit.drafting.models import Model
 
@@ -106,7 +106,7 @@ def _candidates(draft_tokens: torch.Tensor, target_probs: torch.Tensor, vocab_si
     target = target_probs.double()
     path_target = target[:, :, :draft_len].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [T, K, L]
     prefix_joint = torch.cat([torch.ones_like(path_target[..., :1]), path_target], -1).cumprod(-1)  # [T, K, L + 1]
-    codes = _emitted_codes(draft_tokens, vocab_size)  # by number accepted, each [T, K, V]
+    codes = emitted_codes(draft_tokens, vocab_size)  # by number accepted, each [T, K, V]
     # q(s) of s = the accepted prefix then a token
     return _distinct_candidates(
         (codes[accepted], prefix_joint[:, :, accepted, None] * target[:, :, accepted])
@@ -214,10 +214,10 @@ def _string_lps(tuple_of: np.ndarray, length: np.ndarray, code: np.ndarray, stri
     gather = sp.csr_matrix((np.ones(num_vars), (string_of_var, np.arange(num_vars))), shape=(num_strings, num_vars))
     link = gather @ mass == cp.multiply(string_q, ratio)
     objective = cp.Maximize(length @ mass)
-    target_laws = [law.numpy() for law in _target_laws(target_model, prefix, full)[1]]  # q(u), u of 1 .. full tokens
+    prefix_laws = [law.numpy() for law in target_laws(target_model, prefix, full)[1]]  # q(u), u of 1 .. full tokens
 
     # Unmodified continuation: for every w of `full` tokens with q(w) > 0, sum_{s prefix of w} E(s)/q(s) = 1.
-    exactness = _exactness_rows(string_length, string_code, target_laws[-1], vocab_size, full)
+    exactness = _exactness_rows(string_length, string_code, prefix_laws[-1], vocab_size, full)
     # The exactness rows, weighted by q(w), sum to total mass 1, as do the normalisations: drop the last
     # normalisation so that the equality system has full rank (interior-point solvers stall otherwise).
     unmodified = cp.Problem(
@@ -226,7 +226,7 @@ def _string_lps(tuple_of: np.ndarray, length: np.ndarray, code: np.ndarray, stri
     unmodified_value, unmodified_status = _solve(unmodified, solver, attempts)
 
     # Repair allowed: B(u) <= q(u) for every u of 1 .. full tokens, as sum_{s extends u} q(s)/q(u) ratio(s) <= 1.
-    cap = _cap_rows(string_length, string_code, string_q, np.concatenate(target_laws), vocab_size, full)
+    cap = _cap_rows(string_length, string_code, string_q, np.concatenate(prefix_laws), vocab_size, full)
     repair = cp.Problem(objective, [normalise @ mass == tuple_weight, link, cap @ ratio <= 1])
     repair_value, repair_status = _solve(repair, solver, attempts)
     return dict(

@@ -40,12 +40,12 @@ from spectr_audit.bounds.block_lp import _distinct_candidates, _solver_attempts,
 from spectr_audit.contract.tree import DraftTree
 from spectr_audit.drafting.models import Model, contexts_from
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.iteration import _check_vocab
+from spectr_audit.exact.iteration import check_vocab
 from spectr_audit.exact.tree import (
     TreeDraftEnumeration,
-    _check_scheme,
-    _check_tree,
-    _level_codes,
+    check_scheme,
+    check_tree,
+    level_codes,
     enumerate_tree_drafts,
 )
 
@@ -118,9 +118,9 @@ class TreeBound:
 
 
 def _check(tree: DraftTree, draft_scheme: str, draft_model: Model, target_model: Model) -> int:
-    _check_tree(tree)
-    _check_scheme(draft_scheme)
-    return _check_vocab(draft_model, target_model)
+    check_tree(tree)
+    check_scheme(draft_scheme)
+    return check_vocab(draft_model, target_model)
 
 
 def _root_laws(draft_model: Model, target_model: Model, prefix: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,7 +252,7 @@ def _tree_candidates(enumeration: TreeDraftEnumeration):
     """Allowed outputs of every realisation, deduplicated: (realisation, length, code, q(s)) as numpy arrays."""
     joint = _path_joints(enumeration)
     target = enumeration.path_target_probs[enumeration.node_paths]  # [R, N + 1, V]
-    by_depth = _level_codes(enumeration.tree, enumeration.path_codes, enumeration.vocab_size)
+    by_depth = level_codes(enumeration.tree, enumeration.path_codes, enumeration.vocab_size)
     # q(s) of s = a node's path then a token
     return _distinct_candidates((codes, joint[:, nodes].unsqueeze(-1) * target[:, nodes]) for nodes, codes in by_depth)
 

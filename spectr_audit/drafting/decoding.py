@@ -73,7 +73,7 @@ def _contexts(
     return torch.where(source >= 0, picked, torch.full_like(picked, PAD))
 
 
-def _write(
+def append_tokens(
     generated: torch.Tensor,  # [n, capacity]
     lengths: torch.Tensor,  # [n]
     tokens: torch.Tensor,  # [n, m], left-aligned
@@ -156,7 +156,7 @@ def decode(
         target_probs, seen = chain.adjust(batch.draft_tokens, batch.draft_probs, batch.target_probs)
         output = verifier.verify(batch.draft_tokens, batch.draft_probs, target_probs, generator)
         tokens, counts = emitted_tokens(batch.draft_tokens, output)
-        new_generated, new_lengths = _write(generated[rows], lengths[rows], tokens, counts)
+        new_generated, new_lengths = append_tokens(generated[rows], lengths[rows], tokens, counts)
         generated[rows], lengths[rows] = new_generated, new_lengths
         chain = chain.advance(
             batch.draft_tokens, batch.draft_probs, seen,
@@ -243,7 +243,7 @@ def complete(
             adjusted, seen = chain.adjust(tree_tokens, draft_dist.view(-1, 1, 1, vocab_size), target_tree)
             target = adjusted[:, 0, 0]
         next_token = sample_categorical(target, uniform(generator, (rows.numel(),), target.device))
-        new_generated, new_lengths = _write(
+        new_generated, new_lengths = append_tokens(
             generated[rows], lengths[rows], next_token.unsqueeze(1), torch.ones_like(next_token)
         )
         generated[rows], lengths[rows] = new_generated, new_lengths

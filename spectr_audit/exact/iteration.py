@@ -86,7 +86,7 @@ def _sequence_conditionals(model: Model, prefix: Sequence[int], sequences: torch
     ).double()
 
 
-def _check_vocab(draft_model: Model, target_model: Model) -> int:
+def check_vocab(draft_model: Model, target_model: Model) -> int:
     """The models' common vocabulary size; they must agree."""
     vocab_size = draft_model.vocab_size
     if target_model.vocab_size != vocab_size:
@@ -115,7 +115,7 @@ def enumerate_drafts(
     draft model (weights are products).  ``without_replacement`` (L = 1 only): ordered
     tuples of distinct tokens, ``prod p(x_i) / (1 - sum_{j<i} p(x_j))``.
     """
-    vocab_size = _check_vocab(draft_model, target_model)
+    vocab_size = check_vocab(draft_model, target_model)
     if num_drafts < 1 or draft_len < 1:
         raise InvalidArgument(f"num_drafts, draft_len: must be >= 1, got {num_drafts}, {draft_len}")
     if draft_scheme == "iid":
@@ -235,7 +235,7 @@ def _worst_strings(law: torch.Tensor, target: torch.Tensor, law_key: str, length
     ]
 
 
-def _emitted_codes(draft_tokens: torch.Tensor, vocab_size: int) -> list:  # each [n, K, V]
+def emitted_codes(draft_tokens: torch.Tensor, vocab_size: int) -> list:  # each [n, K, V]
     """Codes of the strings a step may emit, by number accepted: ``draft_tokens[:, k, :accepted]`` then any token."""
     draft_len = draft_tokens.shape[-1]
     powers = vocab_size ** torch.arange(draft_len - 1, -1, -1, dtype=torch.int64)
@@ -277,13 +277,13 @@ def _emitted_laws(verifier: Verifier, enumeration: DraftEnumeration, num_drafts:
             tokens.shape[0], num_drafts, draft_len, vocab_size, who=verifier.name,
         )
         weighted = law * weights.view(-1, 1, 1, 1)  # [n, K, L + 1, V]
-        levels = zip(_emitted_codes(tokens, vocab_size), weighted.unbind(2))  # by number accepted
+        levels = zip(emitted_codes(tokens, vocab_size), weighted.unbind(2))  # by number accepted
         # membership: first emitted token among the drafts' first tokens
         membership += _accumulate(emitted, levels, tokens[:, :, 0], weighted[:, :, 0, :].sum(1), weighted[:, :, 1:, :])
     return emitted, float(membership)
 
 
-def _target_laws(target_model: Model, prefix: Sequence[int], num_tokens: int) -> tuple[list, list]:
+def target_laws(target_model: Model, prefix: Sequence[int], num_tokens: int) -> tuple[list, list]:
     """The target's conditionals after every string of m tokens (``[V^m, V]``) and its laws of strings of
     m + 1 tokens (``[V^(m+1)]``), for m = 0 .. ``num_tokens - 1``."""
     vocab_size = target_model.vocab_size
@@ -299,7 +299,7 @@ def _target_laws(target_model: Model, prefix: Sequence[int], num_tokens: int) ->
 
 def _target_and_implied_laws(target_model: Model, prefix: Sequence[int], emitted: list) -> tuple[list, torch.Tensor]:
     """Target laws q(w) over strings of length 1 .. L + 1, and the implied law F of the first L + 1 tokens."""
-    conditionals, target_law = _target_laws(target_model, prefix, len(emitted))
+    conditionals, target_law = target_laws(target_model, prefix, len(emitted))
     implied = emitted[0]
     for m in range(1, len(emitted)):
         implied = (implied.unsqueeze(-1) * conditionals[m]).reshape(-1) + emitted[m]

@@ -33,9 +33,9 @@ import torch
 from spectr_audit import defaults
 from spectr_audit.contract.verifier import Verifier, VerifyOutput, check_output_probs
 from spectr_audit.contract.correction import CorrectionChain
-from spectr_audit.drafting.decoding import _write, emitted_tokens
+from spectr_audit.drafting.decoding import append_tokens, emitted_tokens
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.iteration import _check_exact_law, _target_laws, _worst_strings, enumerate_drafts, string_of
+from spectr_audit.exact.iteration import _check_exact_law, target_laws, _worst_strings, enumerate_drafts, string_of
 from spectr_audit.drafting.models import PAD, Model, contexts_from
 
 __all__ = ["MultiIterationResult", "exact_multi_iteration", "target_string_law"]
@@ -79,7 +79,7 @@ class MultiIterationResult:
 
 def target_string_law(target_model: Model, num_tokens: int, prefix: Sequence[int] = ()) -> torch.Tensor:
     """q(w) for every string w of ``num_tokens`` tokens after ``prefix``: ``[V ** num_tokens]``."""
-    laws = _target_laws(target_model, prefix, num_tokens)[1]
+    laws = target_laws(target_model, prefix, num_tokens)[1]
     return laws[-1] if laws else torch.ones(1, dtype=torch.float64)
 
 
@@ -213,7 +213,7 @@ def _iterate(live: _Histories, tuples: _Tuples, law: torch.Tensor, correct: Opti
         length = int(live.lengths[history])
         tally.prefix_cap_excess, tally.worst_prefix = cap, tuple(live.tokens[history, :length].tolist()) + prefix_u
 
-    tokens, lengths = _write(live.tokens[source], live.lengths[source], emitted, counts)
+    tokens, lengths = append_tokens(live.tokens[source], live.lengths[source], emitted, counts)
     new = None
     if correct is not None:
         new = correct(tuples.draft_tokens[row], tuples.draft_probs[row], tuples.target_probs[row], accepted, index,

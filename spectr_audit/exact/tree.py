@@ -47,7 +47,7 @@ from spectr_audit.contract.tree import TREE_DRAFT_SCHEMES, DraftTree, topk_order
 from spectr_audit.contract.tree_verifier import TreeVerifier, as_tree_verifier, check_tree_output_probs
 from spectr_audit.drafting.models import Model, contexts_from
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.iteration import ExactIterationResult, _accumulate, _check_vocab, _law_fields, _product_grid
+from spectr_audit.exact.iteration import ExactIterationResult, _accumulate, check_vocab, _law_fields, _product_grid
 
 __all__ = [
     "MAX_TREE_REALISATIONS",
@@ -116,18 +116,18 @@ class TreeDraftEnumeration:
         return tokens, draft, target
 
 
-def _check_scheme(draft_scheme: str) -> str:
+def check_scheme(draft_scheme: str) -> str:
     if draft_scheme not in TREE_DRAFT_SCHEMES:
         raise InvalidArgument(f"draft_scheme: expected one of {TREE_DRAFT_SCHEMES}, got {draft_scheme!r}")
     return draft_scheme
 
 
-def _check_tree(tree: DraftTree) -> None:
+def check_tree(tree: DraftTree) -> None:
     if not isinstance(tree, DraftTree):
         raise InvalidArgument(f"tree: expected a DraftTree, got {type(tree).__name__}")
 
 
-def _level_codes(tree: DraftTree, path_codes: torch.Tensor, vocab_size: int):
+def level_codes(tree: DraftTree, path_codes: torch.Tensor, vocab_size: int):
     """``(nodes, codes [n, |level|, V])`` per depth d = 0 .. D: the codes of the strings of d + 1 tokens a step
     may emit, the path to a node of depth d (``path_codes [n, num_nodes]``) then any token."""
     for depth in range(tree.max_depth + 1):
@@ -145,7 +145,7 @@ def tree_enumeration_size(tree: DraftTree, draft_scheme: str, vocab_size: int) -
     >>> tree_enumeration_size(DraftTree.cartesian([2, 1]), "without_replacement", 3)
     54
     """
-    _check_scheme(draft_scheme)
+    check_scheme(draft_scheme)
     if draft_scheme in ("topk", "none"):
         return 1
     size = 1
@@ -217,9 +217,9 @@ def enumerate_tree_drafts(
     >>> enumerate_tree_drafts(draft, target, DraftTree.chains(2, 1), "topk").node_tokens.tolist()
     [[0, 0, 1]]
     """
-    _check_tree(tree)
-    _check_scheme(draft_scheme)
-    vocab_size = _check_vocab(draft_model, target_model)
+    check_tree(tree)
+    check_scheme(draft_scheme)
+    vocab_size = check_vocab(draft_model, target_model)
     num_strings = vocab_size ** (tree.max_depth + 1)
     if num_strings > MAX_TREE_STRINGS:
         raise InvalidArgument(
@@ -312,7 +312,7 @@ def _tree_emitted_laws(verifier: TreeVerifier, enumeration: TreeDraftEnumeration
             tree, tokens.shape[0], vocab_size, who=verifier.name,
         )
         weighted = law * enumeration.weights[rows].view(-1, 1, 1)  # [n, N + 1, V]
-        by_depth = _level_codes(tree, enumeration.path_codes[rows], vocab_size)
+        by_depth = level_codes(tree, enumeration.path_codes[rows], vocab_size)
         levels = [(strings, weighted[:, nodes]) for nodes, strings in by_depth]  # by depth
         # membership: the first emitted token is among the root's children's tokens
         membership += _accumulate(emitted, levels, tokens[:, root_children], weighted[:, 0], weighted[:, 1:])
@@ -372,10 +372,10 @@ def exact_tree(
         raise InvalidArgument(
             f"verifier: {verifier.name!r} has no exact tree law (tree_output_probs); use the statistical audit"
         )
-    _check_tree(tree)
+    check_tree(tree)
     verifier.check_supports_tree(tree)
     draft_scheme = draft_scheme or verifier.draft_schemes[0]
-    _check_scheme(draft_scheme)
+    check_scheme(draft_scheme)
     if draft_scheme not in verifier.draft_schemes:
         raise InvalidArgument(
             f"draft_scheme: {verifier.name!r} verifies drafts of the schemes {verifier.draft_schemes}; auditing it under "

@@ -133,7 +133,7 @@ def _cache_key(gguf: Path) -> str:
     return hashlib.sha256(f"{gguf.name}:{stat.st_size}:{_CACHE_VERSION}".encode()).hexdigest()[:16]
 
 
-def _cache_folder(gguf: Path) -> Path:
+def cache_folder(gguf: Path) -> Path:
     return cache_dir() / f"smollm2-135m-q4_1-{_cache_key(gguf)}"
 
 
@@ -143,7 +143,7 @@ def availability() -> tuple[bool, str]:
         gguf = locate_gguf()
     except LMUnavailable as exc:
         return False, str(exc)
-    if (_cache_folder(gguf) / "manifest.json").is_file():
+    if (cache_folder(gguf) / "manifest.json").is_file():
         missing = _modules_present("safetensors", "tokenizers")
     else:
         missing = _modules_present("safetensors", "tokenizers", "transformers", "gguf")
@@ -233,7 +233,7 @@ def load_smollm(*, dtype: str = "auto", use_cache: bool = True, num_threads: Opt
         torch.set_num_threads(int(num_threads))
     start = time.perf_counter()
     gguf = locate_gguf()
-    folder = _cache_folder(gguf)
+    folder = cache_folder(gguf)
     from_cache = use_cache and (folder / "manifest.json").is_file()
     if not from_cache:
         if use_cache:

@@ -27,7 +27,7 @@ from spectr_audit.bounds.acceptance import (
     optimal_acceptance_lp_from_sets,
     spectr_guarantee,
 )
-from spectr_audit.verifiers._rho_star import kseq_rho_star
+from spectr_audit.verifiers.rho_star import kseq_rho_star
 from spectr_audit.errors import InvalidArgument
 
 from tests.oracles.acceptance import (

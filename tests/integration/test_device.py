@@ -42,9 +42,9 @@ BUILTINS = list(BUILTIN_VERIFIERS)
 
 #: Built-ins whose sampler still synchronises with the host on an accelerator, and where.
 KNOWN_SYNCS = {
-    "kseq": "verifiers/_rho_star.py builds constants from host data on the device (torch.tensor(inf, device=...), "
+    "kseq": "verifiers/rho_star.py builds constants from host data on the device (torch.tensor(inf, device=...), "
             "the Newton probe ulps): a host-to-device copy, which waits for the stream",
-    "spectr-tree": "K-SEQ at every node: the _rho_star.py constants, as for kseq",
+    "spectr-tree": "K-SEQ at every node: the rho_star.py constants, as for kseq",
     "greedy-block-repaired": "JointResidualCorrection.advance returns None when no row carries a correction: "
                              "decided on the host (bool(active.any()))",
     "spectr-gbv-published-alg2": "its carried correction, as for greedy-block-repaired",

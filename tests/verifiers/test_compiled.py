@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spectr_audit.verifiers import compiled
-from spectr_audit.verifiers._rho_star import _kseq_gap, kseq_rho_star, kseq_rho_star_sampler
+from spectr_audit.verifiers.rho_star import _kseq_gap, kseq_rho_star, kseq_rho_star_sampler
 
 
 @pytest.fixture

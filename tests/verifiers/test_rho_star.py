@@ -1,4 +1,4 @@
-"""Tests for spectr_audit.verifiers._rho_star: K-SEQ's rho* (exact solve, bisection oracle, sampler solve) and P_A.
+"""Tests for spectr_audit.verifiers.rho_star: K-SEQ's rho* (exact solve, bisection oracle, sampler solve) and P_A.
 
 rho* is the smallest rho in [1, K] with f(rho) = rho beta(rho) - (1 - (1 - beta(rho))^K) >= 0,
 beta(rho) = sum_x min(p(x), q(x) / rho) (docs/rules/kseq.md).  The exact piecewise solve is checked
@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from spectr_audit.bounds.acceptance import kseq_acceptance
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.verifiers._rho_star import (
+from spectr_audit.verifiers.rho_star import (
     _bracket_models,
     _kseq_gap,
     _model_beta,

@@ -44,7 +44,7 @@ from spectr_audit.registry import (
     load_verifier,
 )
 from spectr_audit.verifiers import compiled
-from spectr_audit.verifiers._rho_star import kseq_rho_star, kseq_rho_star_sampler
+from spectr_audit.verifiers.rho_star import kseq_rho_star, kseq_rho_star_sampler
 from spectr_audit.verifiers._walk import ChainWalkVerifier, normalise
 from spectr_audit.verifiers.block import LastPassingVerifier
 from spectr_audit.verifiers.kseq import KSeqRule, _rho_per_distinct_k

@@ -182,7 +182,7 @@ def test_samplers_with_the_kernels_draw_what_the_eager_samplers_draw(triton_on, 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_sort_free_rho_solve_with_the_low_sums_kernel(triton_on, dtype):
     from spectr_audit.verifiers import compiled
-    from spectr_audit.verifiers._rho_star import _kseq_gap, kseq_rho_star, kseq_rho_star_sampler
+    from spectr_audit.verifiers.rho_star import _kseq_gap, kseq_rho_star, kseq_rho_star_sampler
 
     draft, target = _rows(7, (6, 1500), dtype, zeros=0.05), _rows(8, (6, 1500), dtype, zeros=0.0)
     k = torch.tensor([1.0, 2.0, 3.0, 4.0, 6.0, 8.0], dtype=torch.float64, device=DEVICE)

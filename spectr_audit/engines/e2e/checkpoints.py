@@ -90,10 +90,10 @@ def write_smollm2(path: Union[str, Path], *, drop_layers: Sequence[int] = ()) ->
     from safetensors.torch import load_file, save_file
 
     from spectr_audit.errors import InvalidArgument
-    from spectr_audit.lm.smollm import _cache_folder, load_smollm, locate_gguf
+    from spectr_audit.lm.smollm import cache_folder, load_smollm, locate_gguf
 
     load_smollm()  # dequantises the GGUF into the cache on first use
-    folder = _cache_folder(locate_gguf())
+    folder = cache_folder(locate_gguf())
     manifest = json.loads((folder / "manifest.json").read_text())
     config = manifest["config"]
     dropped = sorted({int(i) for i in drop_layers})
