@@ -3,7 +3,7 @@
 Both run validate -> plan -> sample -> test:
 
 * validate: :func:`validate_common`, the arguments both take, checked once at the boundary
-  (:func:`validate_entry` hands it an entry point's own, by name);
+  (each entry point passes its own on by keyword);
 * plan: :func:`budgeted`, the planned sample size replaced by an exact size or cut to a budget;
 * sample: :func:`stream_chunks`, the chunk loop with its early stops and its wall-time deadline;
 * test: :func:`with_min_detectable_tv`, :func:`holm_family`, :func:`support_test`,
@@ -135,7 +135,14 @@ def validate_common(
     max_seconds = check_seconds(max_seconds)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
-    device = torch.device(device)
+    if (isinstance(min_expected, bool) or not isinstance(min_expected, (int, float))
+            or not math.isfinite(min_expected) or min_expected <= 0):
+        raise InvalidArgument(f"min_expected: expected a finite number > 0 (the expected count below which cells "
+                              f"are pooled), got {min_expected!r}")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise InvalidArgument(f"device: expected a torch device ('cpu', 'cuda', 'cuda:1', ...), got {device!r}") from error
     # a tree's rows hold N + 1 nodes of V entries: the size of a chain row with K = N + 1, L = 0
     chunk_size = (check_positive_int("chunk_size", chunk_size)
                   or (default_chunk_size(tree.num_nodes, 0, vocab_size, device) if tree is not None
@@ -146,19 +153,11 @@ def validate_common(
 
 
 #: The arguments of :func:`validate_common` that every audit entry point takes, under the same names
-#: and with the same defaults (the entry points spell them out: their signatures are what users read).
+#: and with the same defaults (the entry points spell them out: their signatures are what users read),
+#: and passes on by keyword.
 COMMON_PARAMETERS = ("verifier", "draft_model", "target_model", "num_drafts", "draft_len", "prefix", "alpha",
                      "min_detectable_tv", "power", "num_samples", "max_samples", "max_seconds", "seed", "device",
                      "chunk_size", "min_expected")
-
-
-def validate_entry(arguments: Mapping[str, object], **options) -> CommonArgs:
-    """:func:`validate_common` of an entry point's arguments (its ``locals()``), each looked up by its name.
-
-    ``options`` are the keywords of :func:`validate_common` beyond :data:`COMMON_PARAMETERS`
-    (``needs_exact_law``, ``tree``, ``draft_scheme``).
-    """
-    return validate_common(**{name: arguments[name] for name in COMMON_PARAMETERS}, **options)
 
 
 # ---------------------------------------------------------------------------------------------

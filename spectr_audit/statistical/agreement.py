@@ -24,7 +24,7 @@ from spectr_audit.statistical._stages import (
     holm_family,
     stream_chunks,
     support_test,
-    validate_entry,
+    validate_common,
     with_min_detectable_tv,
 )
 from spectr_audit.contract.verifier import check_output_probs
@@ -242,6 +242,9 @@ def sampler_law_agreement(
     (False, ['aggregated-pearson', 'per-tuple-pearson', 'support'])
     """
     # validate -> plan -> sample -> test; validation and the stages' plumbing are shared (_stages)
-    args = validate_entry(locals(), needs_exact_law=True)
+    args = validate_common(verifier, draft_model, target_model, num_drafts, draft_len, prefix=prefix, alpha=alpha,
+                           min_detectable_tv=min_detectable_tv, power=power, num_samples=num_samples,
+                           max_samples=max_samples, max_seconds=max_seconds, seed=seed, device=device,
+                           chunk_size=chunk_size, min_expected=min_expected, needs_exact_law=True)
     plan = _plan(args, max_strata)
     return _test(args, plan, _sample(args, plan))

@@ -62,7 +62,7 @@ from spectr_audit.statistical._designs import sample_audit
 from spectr_audit.statistical._families import judge_audit
 from spectr_audit.statistical._planning import MAX_STRATIFIED_CELLS, MIN_PER_STRATUM  # noqa: F401 (re-exported)
 from spectr_audit.statistical._planning import plan_audit
-from spectr_audit.statistical._stages import validate_entry
+from spectr_audit.statistical._stages import validate_common
 from spectr_audit.statistical.gof import MIN_EXPECTED, TestResult
 from spectr_audit.statistical.power import DEFAULT_ALPHA, DEFAULT_MIN_DETECTABLE_TV, DEFAULT_POWER
 from spectr_audit.statistical.results import LawAgreementResult, StatisticalAuditResult, WorstCell
@@ -239,7 +239,11 @@ def statistical_audit(
         verifier, draft_model, target_model = with_params(verifier, draft_model, target_model, params, order, prefix,
                                                           num_tokens, draft_len, tree)
     # validate -> plan -> sample -> test; validation and the stages' plumbing are shared (_stages)
-    common = validate_entry(locals(), tree=tree, draft_scheme=draft_scheme)
+    common = validate_common(verifier, draft_model, target_model, num_drafts, draft_len, prefix=prefix, alpha=alpha,
+                             min_detectable_tv=min_detectable_tv, power=power, num_samples=num_samples,
+                             max_samples=max_samples, max_seconds=max_seconds, seed=seed, device=device,
+                             chunk_size=chunk_size, min_expected=min_expected, tree=tree,
+                             draft_scheme=draft_scheme)
     args = validate_audit(common, num_tokens, stratify, sequential, claimed_acceptance, claimed_block_efficiency,
                           max_cells, max_strata, certify_tv, distributed)
     plan = plan_audit(args)

@@ -21,7 +21,6 @@ from spectr_audit.statistical._stages import (
     stream_chunks,
     support_test,
     validate_common,
-    validate_entry,
     with_min_detectable_tv,
 )
 from spectr_audit.statistical.agreement import sampler_law_agreement
@@ -128,7 +127,7 @@ def test_both_audits_validate_the_shared_arguments_alike(audit, kwargs, argument
 
 
 def test_the_entry_points_take_the_shared_arguments_under_one_name_and_default():
-    # validate_entry looks the shared arguments up by name: both signatures must spell them alike
+    # both entry points pass the shared arguments on by name: their signatures must spell them alike
     shared = inspect.signature(validate_common).parameters
     audit = inspect.signature(statistical_audit).parameters
     agreement = inspect.signature(sampler_law_agreement).parameters
@@ -145,14 +144,19 @@ def black_box(draft_tokens, draft_probs, target_probs, generator):
     raise AssertionError("never run: validation comes first")
 
 
-def test_validate_entry_reads_the_shared_arguments_by_name():
-    arguments = dict(verifier=load_verifier("kseq"), draft_model=DRAFT, target_model=TARGET, num_drafts=2,
-                     draft_len=1, prefix=[1], alpha=0.01, min_detectable_tv=0.05, power=0.9, num_samples=None,
-                     max_samples=100, max_seconds=2, seed=7, device="cpu", chunk_size=64, min_expected=5.0,
-                     num_tokens=3)  # an argument of the entry point's own is not read
-    args = validate_entry(arguments)
-    assert (args.verifier.name, args.prefix, args.max_samples, args.seed, args.chunk_size) == ("kseq", (1,), 100, 7, 64)
+def test_the_entry_points_pass_every_shared_argument_on():
+    # each shared argument reaches validation under its own name: a bad value of any one is refused
+    # naming it, by both entry points (a dropped or swapped keyword would pass it silently)
+    good = dict(prefix=[1], alpha=0.01, min_detectable_tv=0.05, power=0.9, num_samples=None, max_samples=100,
+                max_seconds=2, seed=7, device="cpu", chunk_size=64, min_expected=5.0)
+    bad = dict(prefix=[5], alpha=2.0, min_detectable_tv=1.5, power=0.0, num_samples=-3, max_samples=-1,
+               max_seconds=-2, seed="x", device="no-such-device", chunk_size=-64, min_expected=-1.0)
+    for entry in (statistical_audit, sampler_law_agreement):
+        for name in good:
+            with pytest.raises(InvalidArgument, match=f"^{name}:"):
+                entry(load_verifier("kseq"), DRAFT, TARGET, 2, 1, **{**good, name: bad[name]})
 
-    # the options reach validate_common: a verifier without output_probs fails the check that needs its law
+
+def test_the_agreement_check_needs_an_exact_law():
     with pytest.raises(InvalidArgument, match="^verifier: 'black_box' has no output_probs"):
-        validate_entry({**arguments, "verifier": black_box}, needs_exact_law=True)
+        sampler_law_agreement(black_box, DRAFT, TARGET, 2, 1)
