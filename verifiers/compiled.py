@@ -57,16 +57,8 @@ def _run(name: str, eager: Callable, *args):
         return eager(*args)
 
 
-def _kseq_low_sums_eager(
-    draft: torch.Tensor,  # [n, V]
-    target: torch.Tensor,  # [n, V]
-    thresholds: torch.Tensor,  # [n, C], the rows' dtype
-) -> torch.Tensor:  # [n, 2, C] float64: sums of p and q over the tokens with q <= c p (p > 0)
-    low = (target.unsqueeze(1) <= thresholds.unsqueeze(-1) * draft.unsqueeze(1)) & (draft.unsqueeze(1) > 0)  # [n, C, V]
-    # accumulated in float64: rounding V float32 terms costs far more than the sampler's validity margin
-    low_draft = torch.where(low, draft.unsqueeze(1), torch.zeros_like(draft).unsqueeze(1)).sum(-1, dtype=torch.float64)
-    low_target = torch.where(low, target.unsqueeze(1), torch.zeros_like(target).unsqueeze(1)).sum(-1, dtype=torch.float64)
-    return torch.stack([low_draft, low_target], dim=1)
+#: The eager pass (the Triton kernels' twin, defined beside them).
+_kseq_low_sums_eager = triton_kernels.kseq_low_sums_eager
 
 
 def kseq_low_sums(draft: torch.Tensor, target: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:

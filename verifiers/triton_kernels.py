@@ -362,10 +362,17 @@ def kseq_excess_residual(
     return LazyResidual(KSEQ_EXCESS, draft3, target3, x, y, sums)
 
 
-def _kseq_low_sums_eager(draft, target, thresholds):
-    from spectr_audit.verifiers.compiled import _kseq_low_sums_eager
-
-    return _kseq_low_sums_eager(draft, target, thresholds)
+def kseq_low_sums_eager(
+    draft: torch.Tensor,  # [n, V]
+    target: torch.Tensor,  # [n, V]
+    thresholds: torch.Tensor,  # [n, C], the rows' dtype
+) -> torch.Tensor:  # [n, 2, C] float64: sums of p and q over the tokens with q <= c p (p > 0)
+    """The eager low sums of :func:`kseq_low_sums` (``torch.compile``'s input, and the kernels' fallback)."""
+    low = (target.unsqueeze(1) <= thresholds.unsqueeze(-1) * draft.unsqueeze(1)) & (draft.unsqueeze(1) > 0)  # [n, C, V]
+    # accumulated in float64: rounding V float32 terms costs far more than the sampler's validity margin
+    low_draft = torch.where(low, draft.unsqueeze(1), torch.zeros_like(draft).unsqueeze(1)).sum(-1, dtype=torch.float64)
+    low_target = torch.where(low, target.unsqueeze(1), torch.zeros_like(target).unsqueeze(1)).sum(-1, dtype=torch.float64)
+    return torch.stack([low_draft, low_target], dim=1)
 
 
 def kseq_low_sums(
@@ -379,7 +386,7 @@ def kseq_low_sums(
     float64 sums differ only in the order of their additions).
     """
     if not triton_enabled(draft.device):
-        return _kseq_low_sums_eager(draft, target, thresholds)
+        return kseq_low_sums_eager(draft, target, thresholds)
 
     def launch():
         jit = _kernels()
@@ -396,4 +403,4 @@ def kseq_low_sums(
         )
         return partial.sum(1)
 
-    return _launch("kseq_low_sums", launch, lambda: _kseq_low_sums_eager(draft, target, thresholds))
+    return _launch("kseq_low_sums", launch, lambda: kseq_low_sums_eager(draft, target, thresholds))

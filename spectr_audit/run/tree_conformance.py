@@ -19,6 +19,15 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.run.conformance_checks import (
+    _CONTRACT_DRAFT,
+    _CONTRACT_TARGET,
+    ConformanceFailure,
+    _call_checks,
+    _conformance_result,
+    _sampler_law_checks,
+    _test_alpha,
+)
 
 __all__ = ["check_tree_verifier", "standard_tree_suite"]
 
@@ -61,7 +70,6 @@ def _to_tree_verifier(verifier: Any, name: Optional[str], output_probs: Optional
 
 def _scheme_models(scheme: str, tree, seed: int = 1):
     """Context-free contract models on which ``scheme`` can draft ``tree`` (zero masses where i.i.d. allows)."""
-    from spectr_audit.run.conformance import _CONTRACT_DRAFT, _CONTRACT_TARGET
     from spectr_audit.run.suite import model_from_spec
 
     if scheme == "iid":
@@ -87,7 +95,6 @@ def _tree_law_checks(verifier, tree, batch, num_samples: int, alpha: float, seed
     import torch
 
     from spectr_audit.contract.tree_verifier import check_tree_output_probs
-    from spectr_audit.run.conformance import _sampler_law_checks
 
     batch_size, vocab_size = batch.node_tokens.shape[0], batch.target_probs.shape[-1]
 
@@ -121,7 +128,6 @@ def _tree_contract_checks(verifier, tree, scheme: str, seed: int, batch_size: in
 
     from spectr_audit.contract.tree_verifier import check_tree_output
     from spectr_audit.drafting.tree import draft_tree
-    from spectr_audit.run.conformance import _call_checks
 
     where = f"{tree.describe()}, {scheme}"
     draft_model, target_model = _scheme_models(scheme, tree)
@@ -212,7 +218,6 @@ def check_tree_verifier(
     to check (default every scheme the verifier declares); for a plain ``verify_tree`` function,
     the one it is meant for (default ``"iid"``), ``output_probs`` its exact law.
     """
-    from spectr_audit.run.conformance import ConformanceFailure, _conformance_result, _test_alpha
     from spectr_audit.run.runner import AuditOptions, audit_tree_case, tree_fits
     from spectr_audit.run.suite import Suite, load_suite
 

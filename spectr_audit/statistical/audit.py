@@ -42,7 +42,7 @@ The pipeline is :func:`statistical_audit`'s body, one private module per stage b
 ``_audit_args`` validates (after the arguments shared with :func:`sampler_law_agreement`,
 ``_stages``), ``_planning`` plans (the bounds, the family, :func:`plan_sample_size`),
 ``_designs`` samples (the main and the stratified design) and ``_families`` tests (the two Holm
-families, the result); ``_tree_audit`` holds :func:`statistical_tree_audit`.
+families, the result); :func:`statistical_tree_audit` is the entry point for draft trees.
 
 When an audit fails: rerun with another ``seed``.  An exact verifier fails at rate ``alpha``
 (1e-3 by default), so a failure that repeats is a finding; ``worst_cells`` names the strings
@@ -57,6 +57,7 @@ import torch
 
 from spectr_audit import defaults
 from spectr_audit.drafting.models import Model
+from spectr_audit.errors import InvalidArgument
 from spectr_audit.statistical._audit_args import validate_audit, with_params
 from spectr_audit.statistical._designs import sample_audit
 from spectr_audit.statistical._families import judge_audit
@@ -250,5 +251,52 @@ def statistical_audit(
     return judge_audit(args, plan, sample_audit(args, plan))
 
 
-# re-exported after statistical_audit, which it calls
-from spectr_audit.statistical._tree_audit import statistical_tree_audit  # noqa: E402
+def statistical_tree_audit(
+    verifier,
+    draft_model: Model,
+    target_model: Model,
+    tree,
+    *,
+    draft_scheme: Optional[str] = None,
+    **kwargs,
+) -> StatisticalAuditResult:
+    """Audit a (black-box) tree verifier's exactness from its emitted strings on ``tree``.
+
+    The pipeline of :func:`statistical_audit` (validate -> plan -> sample -> test, same arguments
+    as keywords), each sample a fresh draft of ``tree`` under ``draft_scheme``
+    (:func:`spectr_audit.drafting.tree.draft_tree`; default the verifier's first scheme), the
+    emitted string (1 to ``max_depth + 1`` tokens) completed with target samples to
+    ``max_depth + 1`` tokens.  ``acceptance<=optimal`` tests the root's membership acceptance
+    against the tree's alpha* (docs/audit/bounds.md); under ``topk`` and ``none``
+    ``block-efficiency<=bound`` tests the mean emitted length against ``1 + sum_n q(path(n))``.
+    The stratified design and the multi-iteration run are for chains only.
+
+    Parameters
+    ----------
+    verifier : TreeVerifier, or anything :func:`~spectr_audit.contract.tree_verifier.as_tree_verifier` takes
+    draft_model, target_model : Model
+    tree : DraftTree
+    draft_scheme : str, optional
+        One of the verifier's ``draft_schemes``.
+    **kwargs
+        Any keyword of :func:`statistical_audit` (``alpha``, ``num_samples``, ``max_samples``,
+        ``seed``, ...).
+
+    Examples
+    --------
+    >>> from spectr_audit.contract.tree import DraftTree
+    >>> from spectr_audit.drafting.models import ContextFreeModel
+    >>> from spectr_audit.registry import load_tree_verifier
+    >>> tree = DraftTree.from_paths([(0,), (1,), (0, 0)])
+    >>> result = statistical_tree_audit(load_tree_verifier("tree-target-only"), ContextFreeModel([0.5, 0.3, 0.2]),
+    ...                                 ContextFreeModel([0.2, 0.3, 0.5]), tree, draft_scheme="topk",
+    ...                                 num_samples=20_000)
+    >>> result.rejects()
+    False
+    """
+    from spectr_audit.contract.tree import DraftTree
+
+    if not isinstance(tree, DraftTree):
+        raise InvalidArgument(f"tree: expected a DraftTree, got {type(tree).__name__}")
+    return statistical_audit(verifier, draft_model, target_model, len(tree.children[0]), tree.max_depth,
+                             tree=tree, draft_scheme=draft_scheme, **kwargs)

@@ -1,0 +1,205 @@
+"""Measures of the package's structure: module sizes, deferred imports, import cycles, private imports.
+
+    python scripts/measure_structure.py            # a summary
+    python scripts/measure_structure.py --json     # the numbers, machine-readable
+
+- lines of code per module (non-blank, non-comment lines outside docstrings), the longest listed;
+- imports between the project's modules, and how many are deferred (inside a function or class
+  body rather than at module level); a deferred import of an optional engine or of the plugin's
+  lazily loaded audit is listed apart;
+- import cycles: strongly connected components of the module import graph with every import as an
+  edge (a cycle held open by a deferred import is still a cycle of the design);
+- private names (a leading underscore) or private modules imported from another package of the
+  project (the root package's shared leaves ``_validation``, ``_files`` and ``_deadline`` excepted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import json
+import sys
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"spectr_audit": "spectr_audit", "verifiers": "spectr_audit.verifiers", "reports": "spectr_audit.reports"}
+SHARED_LEAVES = {"spectr_audit._validation", "spectr_audit._files", "spectr_audit._deadline"}
+
+
+def module_name(path: Path) -> str:
+    for folder, dotted in FOLDERS.items():
+        try:
+            rel = path.relative_to(ROOT / folder)
+        except ValueError:
+            continue
+        parts = [p for p in rel.with_suffix("").parts if p != "__init__"]
+        return ".".join([dotted, *parts])
+    raise ValueError(path)
+
+
+def modules() -> dict:
+    return {module_name(p): p for folder in FOLDERS for p in sorted((ROOT / folder).rglob("*.py"))}
+
+
+def code_lines(source: str) -> int:
+    """Lines holding code: not blank, not only a comment, not inside a docstring."""
+    tree = ast.parse(source)
+    doc_lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                doc_lines.update(range(body[0].lineno, body[0].end_lineno + 1))
+    lines = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                          tokenize.ENDMARKER):
+            continue
+        lines.update(range(token.start[0], token.end[0] + 1))
+    return len(lines - doc_lines)
+
+
+def _package(name: str) -> str:
+    return ".".join(name.split(".")[:2])
+
+
+def imports(name: str, path: Path, known: set) -> list:
+    """(target module, imported name or None, deferred) for each import of a project module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+
+    def visit(node, deferred):
+        for child in ast.iter_child_nodes(node):
+            inner = deferred or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.name.startswith("spectr_audit"):
+                        found.append((_resolve(alias.name, known), None, deferred))
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and (child.module or "").startswith("spectr_audit"):
+                for alias in child.names:
+                    sub = f"{child.module}.{alias.name}"
+                    if sub in known:  # "from package import module"
+                        found.append((sub, None, deferred))
+                    else:
+                        found.append((_resolve(child.module, known), alias.name, deferred))
+            elif not isinstance(child, (ast.Import, ast.ImportFrom)):
+                visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def _resolve(dotted: str, known: set) -> str:
+    while dotted not in known and "." in dotted:
+        dotted = dotted.rsplit(".", 1)[0]
+    return dotted
+
+
+def cycles(edges: dict) -> list:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, result, counter = {}, {}, set(), [], [], [0]
+    for start in edges:
+        if start in index:
+            continue
+        work = [(start, iter(edges[start]))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            advanced = False
+            for child in children:
+                if child not in edges:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(edges[child])))
+                    advanced = True
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    result.append(sorted(component))
+    return sorted(result)
+
+
+def measure() -> dict:
+    found = modules()
+    known = set(found)
+    sizes = {name: code_lines(path.read_text(encoding="utf-8")) for name, path in found.items()}
+    edges = {name: set() for name in found}
+    eager = {name: set() for name in found}
+    total = deferred = 0
+    private = []
+    for name, path in found.items():
+        for target, imported, is_deferred in imports(name, path, known):
+            if target == name or target not in known:
+                continue
+            # a package importing its own submodule is not an edge of the design (its __init__ re-exports)
+            if target.startswith(name + ".") and found[name].name == "__init__.py":
+                continue
+            edges[name].add(target)
+            if not is_deferred:
+                eager[name].add(target)
+            total += 1
+            deferred += is_deferred
+            if _package(target) != _package(name) and target not in SHARED_LEAVES:
+                private_module = any(p.startswith("_") and not p.startswith("__") for p in target.split(".")[1:])
+                private_name = imported is not None and imported.startswith("_") and not imported.startswith("__")
+                if private_module or private_name:
+                    private.append(f"{name} imports {target}{'.' + imported if imported else ''}")
+    longest = sorted(sizes.items(), key=lambda item: -item[1])
+    pairs = sum(len(v) for v in edges.values())
+    deferred_pairs = sum(len(edges[n] - eager[n]) for n in edges)
+    return {"modules": len(found), "imports": total, "deferred_imports": deferred, "module_pairs": pairs,
+            "deferred_only_pairs": deferred_pairs,
+            "cycles": cycles({k: sorted(v) for k, v in edges.items()}), "private_cross_package": sorted(private),
+            "over_500_lines": [(n, s) for n, s in longest if s > 500], "longest": longest[:10]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    result = measure()
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"modules: {result['modules']}")
+    print(f"imported names between them: {result['imports']}, deferred: {result['deferred_imports']}")
+    print(f"importing module pairs: {result['module_pairs']}, reached only by deferred imports: "
+          f"{result['deferred_only_pairs']}")
+    print(f"import cycles: {len(result['cycles'])}")
+    for component in result["cycles"]:
+        print(f"  {' <-> '.join(component) if len(component) < 6 else f'{len(component)} modules: ' + ', '.join(component)}")
+    print(f"private names imported across packages: {len(result['private_cross_package'])}")
+    for line in result["private_cross_package"]:
+        print(f"  {line}")
+    print(f"modules over 500 lines of code: {len(result['over_500_lines'])}")
+    for name, size in result["longest"]:
+        print(f"  {size:5d}  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
