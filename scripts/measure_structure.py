@@ -62,6 +62,20 @@ def code_lines(source: str) -> int:
     return len(lines - doc_lines)
 
 
+def longest_functions(name: str, source: str, count: int = 5) -> list:
+    """The longest functions (lines from ``def`` to the body's end, docstring excluded) of a module."""
+    sizes = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            start = node.lineno
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                start = body[0].end_lineno + 1 if len(body) > 1 else body[0].end_lineno
+            sizes.append((node.end_lineno - start + 1, f"{name}.{node.name}"))
+    return sorted(sizes, reverse=True)[:count]
+
+
 def _package(name: str) -> str:
     return ".".join(name.split(".")[:2])
 
@@ -169,12 +183,15 @@ def measure() -> dict:
                 if private_module or private_name:
                     private.append(f"{name} imports {target}{'.' + imported if imported else ''}")
     longest = sorted(sizes.items(), key=lambda item: -item[1])
+    functions = sorted((f for name, path in found.items()
+                        for f in longest_functions(name, path.read_text(encoding="utf-8"))), reverse=True)[:5]
     pairs = sum(len(v) for v in edges.values())
     deferred_pairs = sum(len(edges[n] - eager[n]) for n in edges)
     return {"modules": len(found), "imports": total, "deferred_imports": deferred, "module_pairs": pairs,
             "deferred_only_pairs": deferred_pairs,
             "cycles": cycles({k: sorted(v) for k, v in edges.items()}), "private_cross_package": sorted(private),
-            "over_500_lines": [(n, s) for n, s in longest if s > 500], "longest": longest[:10]}
+            "over_500_lines": [(n, s) for n, s in longest if s > 500], "longest": longest[:10],
+            "longest_functions": [(n, s) for s, n in functions]}
 
 
 def main(argv=None) -> int:
@@ -197,6 +214,9 @@ def main(argv=None) -> int:
         print(f"  {line}")
     print(f"modules over 500 lines of code: {len(result['over_500_lines'])}")
     for name, size in result["longest"]:
+        print(f"  {size:5d}  {name}")
+    print("longest functions (lines of body):")
+    for name, size in result["longest_functions"]:
         print(f"  {size:5d}  {name}")
     return 0
 
