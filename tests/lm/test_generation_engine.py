@@ -72,6 +72,11 @@ def test_the_loop_refuses_a_bad_temperature(lm):
 
     with pytest.raises(InvalidArgument, match="temperature"):
         SmolLMEngine(lm, load_verifier("speculative"), temperature=0.0)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(InvalidArgument, match="^draft_temperature:"):
+            SmolLMEngine(lm, load_verifier("speculative"), draft_temperature=bad)
+    with pytest.raises(InvalidArgument, match="^draft_temperature:"):
+        smollm.TreeSession(lm, [[1, 2]], draft_temperature=0.0)
 
 
 @needs_model

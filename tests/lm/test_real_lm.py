@@ -290,15 +290,19 @@ def test_padding_does_not_change_the_law(lm32):
 
 
 @needs_model
-def test_tree_session_matches_the_model_interface(lm32):
-    """The KV-cached tree path gives the laws of whole-context calls on the same tokens (float32)."""
+@pytest.mark.parametrize("draft_temperature", [None, 0.1])
+def test_tree_session_matches_the_model_interface(lm32, draft_temperature):
+    """The KV-cached tree path gives the laws of whole-context calls on the same tokens (float32); the
+    draft view at its own temperature where one is given."""
     prompts = [_chat(lm32, "Say hi."), _chat(lm32, "Count to three.")]
-    session = smollm.TreeSession(lm32, prompts, skip_layers=smollm.DEFAULT_SKIP_LAYERS, temperature=0.8)
+    session = smollm.TreeSession(lm32, prompts, skip_layers=smollm.DEFAULT_SKIP_LAYERS, temperature=0.8,
+                                 draft_temperature=draft_temperature)
     gen = torch.Generator().manual_seed(0)
     session.commit([[28], [30, 31]])  # ragged pending tails
     tree = session.draft_tree(num_drafts=2, draft_len=3, generator=gen)
     target = smollm.SmolLMModel(lm32, temperature=0.8)
-    draft = smollm.SmolLMModel(lm32, skip_layers=smollm.DEFAULT_SKIP_LAYERS, temperature=0.8)
+    draft = smollm.SmolLMModel(lm32, skip_layers=smollm.DEFAULT_SKIP_LAYERS,
+                               temperature=0.8 if draft_temperature is None else draft_temperature)
     for b, row in enumerate(session.tokens):
         for k in range(2):
             for level in range(4):
