@@ -190,6 +190,8 @@ def run_own(args, emit) -> None:
     for method in args.methods:
         verifier = load_verifier(method)
         num_drafts, draft_len = OWN_SHAPES.get(method, (1, 2))
+        if args.draft_len is not None and verifier.supports(num_drafts, args.draft_len):
+            draft_len = args.draft_len
         if args.num_drafts is not None and verifier.supports(args.num_drafts, draft_len):
             num_drafts = args.num_drafts
         skip = {} if args.skip_layers is None else {"skip_layers": [int(i) for i in args.skip_layers.split(",")]}
@@ -223,6 +225,8 @@ def main(argv=None) -> int:
                         help="own: the draft view's temperature, when it differs from the target's (a sharper draft)")
     parser.add_argument("--num-drafts", type=int, default=None,
                         help="own: K for the verifiers that take several drafts (default: each one's smallest shape)")
+    parser.add_argument("--draft-len", type=int, default=None,
+                        help="own: L for the verifiers that take it (default: each one's smallest shape)")
     parser.add_argument("--max-tokens", type=int, default=None, help="a budget of engine tokens per audit")
     parser.add_argument("--skip-layers", default=None, help="own: the draft view's skipped layers (comma-separated)")
     parser.add_argument("--min-detectable-tv", type=float, default=0.02)
