@@ -314,3 +314,10 @@ def _conformance_result(verifier, checks: list, results: list, suite, seed: int,
                           meta={"num_cases": len(results), "seed": seed, "alpha": alpha, **(meta or {})}),
         alpha=alpha,
     )
+
+
+# The public classes are imported from spectr_audit.run.conformance, and named after it in tracebacks,
+# reprs and pickles, as before they moved here.
+for _public in (ConformanceCheck, ConformanceResult, ConformanceFailure):
+    _public.__module__ = "spectr_audit.run.conformance"
+del _public
