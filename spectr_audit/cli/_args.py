@@ -60,14 +60,18 @@ def _probability(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def _number_in(text: str, low: float, high: float, low_open: bool, high_open: bool, what: str) -> float:
@@ -87,13 +91,7 @@ def _temperature(text: str) -> float:
 
 
 def _top_k(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (0 disables top-k), got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (0 disables top-k), got {text!r}")
-    return value
+    return _int_at_least(text, 0, "an integer >= 0 (0 disables top-k)")
 
 
 def _top_p(text: str) -> float:

@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 from spectr_audit import defaults
 from spectr_audit.cli._args import (
     _check_suite_name,
+    _int_at_least,
     _number_in,
     _positive_int,
     _positive_seconds,
@@ -69,23 +70,11 @@ def _arms(text: str) -> tuple:
 
 
 def _vocab(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 2, got {text!r}") from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 2, got {text!r}")
-    return value
+    return _int_at_least(text, 2, "an integer >= 2")
 
 
 def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def _draft_noise(text: str):
