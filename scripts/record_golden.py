@@ -1,0 +1,94 @@
+"""Record (or compare) the golden audit results of the built-in suites.
+
+A restructure of the audit must leave its results as they were: this script runs the built-in suites
+``default``, ``edge-cases``, ``sampling`` and ``historic-bugs`` with every built-in verifier at a fixed
+sample budget and seed, and writes each report's JSON (without the wall times, the only field that varies
+between runs) to ``tests/run/golden/<suite>.json``, with the torch version and CPU capability they were
+recorded on.  ``tests/run/test_golden_results.py`` reruns them and compares.
+
+    python scripts/record_golden.py            # record every suite
+    python scripts/record_golden.py --check    # compare with the recorded files (exit 1 on a difference)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from spectr_audit.run.runner import AuditOptions, run_suite
+from spectr_audit.run.suite import load_suite
+
+GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "run" / "golden"
+SUITES = ("default", "edge-cases", "sampling", "historic-bugs")
+#: The sample budget of each statistical audit: small, so that the whole record takes minutes.
+MAX_SAMPLES = 20_000
+SEED = 0
+
+
+def platform() -> dict:
+    """What bit-identical results depend on beyond the code: torch's version and the CPU kernels it picks."""
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def _without_times(value):
+    if isinstance(value, dict):
+        return {k: _without_times(v) for k, v in value.items() if k != "seconds"}
+    if isinstance(value, list):
+        return [_without_times(v) for v in value]
+    return value
+
+
+def results(suite: str) -> dict:
+    """The report of ``suite`` as JSON data, wall times removed."""
+    report = run_suite(load_suite(suite), options=AuditOptions(max_samples=MAX_SAMPLES, seed=SEED))
+    # through the JSON text, as a user reads it: floats as JSON writes them
+    return _without_times(json.loads(json.dumps(report.to_dict(), allow_nan=False)))
+
+
+def differences(recorded, now, where: str = "") -> list[str]:
+    """Every path at which ``now`` differs from ``recorded`` (exact equality, floats included)."""
+    if isinstance(recorded, dict) and isinstance(now, dict):
+        out = []
+        for key in sorted(set(recorded) | set(now)):
+            if key not in now or key not in recorded:
+                out.append(f"{where}/{key}: {'missing now' if key not in now else 'new'}")
+            else:
+                out.extend(differences(recorded[key], now[key], f"{where}/{key}"))
+        return out
+    if isinstance(recorded, list) and isinstance(now, list):
+        if len(recorded) != len(now):
+            return [f"{where}: {len(recorded)} entries recorded, {len(now)} now"]
+        return [d for i, (a, b) in enumerate(zip(recorded, now)) for d in differences(a, b, f"{where}[{i}]")]
+    return [] if recorded == now and type(recorded) is type(now) else [f"{where}: recorded {recorded!r}, now {now!r}"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the recorded files instead of writing them")
+    parser.add_argument("--suite", action="append", choices=SUITES, help="only this suite (repeatable)")
+    args = parser.parse_args(argv)
+    failed = False
+    for suite in args.suite or SUITES:
+        path = GOLDEN / f"{suite}.json"
+        now = results(suite)
+        if args.check:
+            recorded = json.loads(path.read_text())
+            found = differences(recorded["report"], now)
+            print(f"{suite}: {len(now['results'])} results, {len(found)} differences"
+                  + (f" (recorded on {recorded['platform']}, now {platform()})" if found else ""))
+            for line in found[:20]:
+                print("  " + line)
+            failed |= bool(found)
+        else:
+            path.write_text(json.dumps({"platform": platform(), "max_samples": MAX_SAMPLES, "seed": SEED,
+                                        "report": now}, indent=1, sort_keys=True) + "\n")
+            print(f"{suite}: {len(now['results'])} results -> {path}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The built-in suites' results are exactly the recorded ones (``tests/run/golden``).
+
+The records are the JSON reports of ``default``, ``edge-cases``, ``sampling`` and ``historic-bugs`` with
+every built-in verifier, the sample budget and seed of ``scripts/record_golden.py``, wall times removed.
+A change of the audit's code that moves any verdict, check text, metric or detail, in the last bit of a
+float, fails here; an intended change re-records them (``python scripts/record_golden.py``) and says so in
+its commit.  Bit-identical floats hold for one torch version on one CPU kernel family: on another the
+comparison is skipped, saying what differs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "record_golden.py"
+_spec = importlib.util.spec_from_file_location("record_golden", _SCRIPT)
+record_golden = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(record_golden)
+
+
+@pytest.mark.parametrize("suite", [pytest.param(s, marks=pytest.mark.slow) if s == "default" else s
+                                   for s in record_golden.SUITES])
+def test_results_are_the_recorded_ones(suite):
+    recorded = json.loads((record_golden.GOLDEN / f"{suite}.json").read_text())
+    if recorded["platform"] != record_golden.platform():
+        pytest.skip(f"recorded on {recorded['platform']}, this machine is {record_golden.platform()}")
+    found = record_golden.differences(recorded["report"], record_golden.results(suite))
+    assert not found, f"{len(found)} differences from the recorded {suite} results:\n" + "\n".join(found[:30])
+
+
+def test_differences_names_each_changed_path():
+    recorded = {"results": [{"verdict": "PASS", "metrics": {"tv": 0.0, "n": 3}}]}
+    now = {"results": [{"verdict": "FAIL", "metrics": {"tv": 5e-324, "m": 3}}]}
+    assert record_golden.differences(recorded, now) == [
+        "/results[0]/metrics/m: new", "/results[0]/metrics/n: missing now",
+        "/results[0]/metrics/tv: recorded 0.0, now 5e-324", "/results[0]/verdict: recorded 'PASS', now 'FAIL'",
+    ]
+    assert record_golden.differences(recorded, json.loads(json.dumps(recorded))) == []
+    # an int where a float was recorded is a difference too (1 == 1.0 in Python)
+    assert record_golden.differences({"x": 1.0}, {"x": 1}) == ["/x: recorded 1.0, now 1"]
+
+
+def test_wall_times_are_the_only_field_removed():
+    assert record_golden._without_times({"seconds": 1.0, "a": [{"seconds": 2, "b": 3}]}) == {"a": [{"b": 3}]}
