@@ -1,0 +1,136 @@
+"""The generation audit's JUnit XML report: one ``<testcase>`` per deciding test and decisive check."""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+from typing import Any, Mapping, Optional
+
+from spectr_audit.reports.generation_reading import (
+    _CHECKS,
+    _alpha,
+    _outcome,
+    _rejected,
+    _role,
+    _subtests,
+    _tokens_needed,
+    _verdict_text,
+    generation_dict,
+)
+from spectr_audit.reports.markdown import _detectable, _finite, _fixed
+
+__all__ = ["render_generation_junit"]
+
+
+def _property(parent: ET.Element, name: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool):
+        text = str(value).lower()
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            return
+        text = repr(value)
+    else:
+        text = str(value)
+    ET.SubElement(parent, "property", name=name, value=text)
+
+
+def render_generation_junit(result: Any) -> str:
+    """The generation audit as JUnit XML: one ``<testcase>`` per deciding test and decisive check.
+
+    A deciding test that rejects (adjusted p at most alpha) or a check that found a violation is a
+    ``<failure>``; when the verdict is INCONCLUSIVE, the tests that did not reject are ``<skipped>``
+    (nothing rejected, below the planned power), with a ``minimum detectable TV`` test case saying
+    how far the power fell short; an ERROR is one ``<error>``.  Tests the verdict does not rest on
+    (reported only) are left out.  Every test case carries its numbers as ``<property>`` elements.
+    """
+    d = generation_dict(result)
+    verdict = str(d.get("verdict", "?"))
+    alpha = _alpha(d)
+    seconds = d.get("seconds") if isinstance(d.get("seconds"), Mapping) else {}
+    total = sum(v for v in (_finite(x) for x in seconds.values()) if v is not None)
+    classname = f"spectr_audit.generation.{d.get('generator', 'generator')}"
+    suite = ET.Element("testsuite", name=f"spectr-audit.generation.{d.get('generator', 'generator')}")
+    properties = ET.SubElement(suite, "properties")
+    for key in ("verdict", "test", "pvalue", "alpha", "power", "decided_by", "num_tokens", "num_continuations",
+                "num_jobs", "min_detectable_tv", "requested_tv", "tv_lower", "greedy", "stop_reason", "incomplete",
+                "logit_tolerance", "scorer"):
+        _property(properties, key, d.get(key))
+    counts = {"failures": 0, "errors": 0, "skipped": 0}
+    verdict_text = " ".join(_verdict_text(d, lambda s: f"'{s}'"))
+
+    def case(name: str, test: Optional[dict] = None):
+        element = ET.SubElement(suite, "testcase", classname=classname, name=name, time="0")
+        props = ET.SubElement(element, "properties")
+        _property(props, "verdict", verdict)
+        for key in ("statistic", "pvalue", "pvalue_adjusted", "df", "num_samples", "min_detectable_tv"):
+            _property(props, key, (test or {}).get(key))
+        _property(props, "alpha", alpha)
+        if test is not None:
+            _property(props, "role", _role(d, test))
+        return element
+
+    if verdict == "ERROR":
+        element = case("generation audit")
+        error = ET.SubElement(element, "error", message=verdict_text[:500], type="AuditError")
+        error.text = "\n".join(str(f) for f in d.get("failures") or ()) or verdict_text
+        counts["errors"] += 1
+    else:
+        deciding = set(d.get("deciding") or ())
+        for test in _subtests(d):
+            name = test.get("name")
+            if name not in deciding and name not in _CHECKS:
+                continue  # reported only: the verdict does not rest on it
+            element = case(str(name), test)
+            outcome = _outcome(d, test)
+            what = "; ".join(x for x in (test.get("detail"), test.get("null")) if x)
+            if _rejected(d, test):
+                failure = ET.SubElement(element, "failure", message=f"FINDING: {name}: {outcome}"[:500],
+                                        type="Finding")
+                failure.text = f"{outcome}\n{what}\n{verdict_text}"
+                counts["failures"] += 1
+            elif verdict == "INCONCLUSIVE" and name not in _CHECKS:
+                skipped = ET.SubElement(element, "skipped", message=(
+                    f"INCONCLUSIVE: {outcome}, but the audit's minimum detectable TV "
+                    f"{_detectable(d.get('min_detectable_tv'))} is above the {_fixed(d.get('requested_tv'))} "
+                    "requested")[:500])
+                skipped.text = "nothing rejected, but below the planned power"
+                counts["skipped"] += 1
+            else:
+                ET.SubElement(element, "system-out").text = f"{outcome}. {what}".strip()
+        if verdict in ("PASS", "INCONCLUSIVE") and not d.get("greedy"):
+            element = case("minimum detectable TV")
+            _property(element.find("properties"), "min_detectable_tv", d.get("min_detectable_tv"))
+            _property(element.find("properties"), "requested_tv", d.get("requested_tv"))
+            reached, requested = _detectable(d.get("min_detectable_tv")), _fixed(d.get("requested_tv"))
+            if verdict == "INCONCLUSIVE":
+                skipped = ET.SubElement(element, "skipped", message=(
+                    f"INCONCLUSIVE: the minimum detectable TV reached, {reached}, is above the {requested} "
+                    f"requested ({d.get('num_tokens', 0)} tokens scored)")[:500])
+                needed = _tokens_needed(d)
+                skipped.text = ("nothing rejected, but below the planned power"
+                                + (f"; about {needed} tokens would reach it" if needed else ""))
+                counts["skipped"] += 1
+            else:
+                ET.SubElement(element, "system-out").text = (f"the minimum detectable TV reached, {reached}, is "
+                                                            f"within the {requested} requested")
+    failures = d.get("failures") or []
+    if failures and verdict != "ERROR":
+        ET.SubElement(suite, "system-err").text = "failed jobs (their arm's other jobs were kept):\n" + "\n".join(
+            str(f) for f in failures)
+    ET.SubElement(suite, "system-out").text = verdict_text
+    suite.set("tests", str(len(suite.findall("testcase"))))
+    suite.set("failures", str(counts["failures"]))
+    suite.set("errors", str(counts["errors"]))
+    suite.set("skipped", str(counts["skipped"]))
+    suite.set("time", f"{total:.6f}")
+    suites = ET.Element("testsuites", name="spectr-audit")
+    suites.append(suite)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+# Its public home is spectr_audit.reports.generation, which re-exports it: reprs, pickles and help
+# name that module.
+render_generation_junit.__module__ = "spectr_audit.reports.generation"
