@@ -264,7 +264,7 @@ def _emitted_laws(verifier: Verifier, enumeration: DraftEnumeration, num_drafts:
     membership = torch.zeros((), dtype=torch.float64)
     # Every tuple is made of the enumerated sequences: validate their conditionals once (as one-draft
     # inputs) instead of every tuple's copy of them, where the verifier takes the standard entry point.
-    validate_tuples = type(verifier).output_probs is not Verifier.output_probs
+    validate_tuples = verifier.__class__.output_probs is not Verifier.output_probs
     if not validate_tuples:
         check_verify_inputs(enumeration.sequences.unsqueeze(1), enumeration.sequence_draft_probs.unsqueeze(1),
                             enumeration.sequence_target_probs.unsqueeze(1))

@@ -543,13 +543,14 @@ def check_verifier(
     budget.check_conformance(verifier, combos, cases, batch_size=batch_size, num_samples=num_samples, options=options)
     checks: list[ConformanceCheck] = []
     results = []
-    with guard.time_limited(verifier, verifier_timeout):
+    with guard.time_limited(verifier, verifier_timeout) as limited:
         for k, length in combos:
-            checks += _contract_checks(verifier, k, length, seed, batch_size, num_samples, test_alpha)
+            checks += _contract_checks(limited, k, length, seed, batch_size, num_samples, test_alpha)
         for case in cases:
+            # audit_case limits the calls itself (the outer limit holds where both do)
             result = audit_case(verifier, case, options)
             if result.error is None and not _measured_fidelity(result):
-                result = _sampled_fidelity(verifier, case, result, options)
+                result = _sampled_fidelity(limited, case, result, options)
             results.append(result)
     report = _conformance_result(verifier, checks, results, suite, seed, alpha,
                                  {} if settings == [None] else {"sampling": [p.describe() for p in settings],

@@ -6,9 +6,10 @@ Every path that runs a verifier under audit (:func:`~spectr_audit.run.runner.aud
 
 The time limit
 --------------
-:func:`time_limited` makes every call of a verifier's ``verify`` and ``output_probs`` (and
-``verify_logits`` / ``output_probs_logits`` where present) raise :class:`VerifierTimeout` when it
-runs longer than ``seconds``; the runner turns it into an error result naming the verifier and
+:func:`time_limited` hands out a :class:`TimeLimited` proxy of the verifier whose every call of
+``verify`` and ``output_probs`` (and ``verify_logits`` / ``output_probs_logits`` where present) raises
+:class:`VerifierTimeout` when it runs longer than ``seconds``; the verifier's own object is not
+modified (a frozen dataclass or a class with ``__slots__`` is limited alike); the runner turns it into an error result naming the verifier and
 the case, and the other results are kept.  The mechanism:
 
 * in the main thread on POSIX, ``signal.setitimer(ITIMER_REAL)`` and a ``SIGALRM`` handler that
@@ -42,7 +43,7 @@ from spectr_audit import defaults
 from spectr_audit import _deadline
 from spectr_audit.errors import InvalidArgument, VerifierError
 
-__all__ = ["VerifierTimeout", "call_limit", "check_timeout", "dense_mutations", "probe_checks", "time_limited"]
+__all__ = ["TimeLimited", "VerifierTimeout", "call_limit", "check_timeout", "dense_mutations", "probe_checks", "time_limited"]
 
 #: The verifier methods that :func:`time_limited` wraps.
 _METHODS = ("verify", "output_probs", "verify_logits", "output_probs_logits")
@@ -80,30 +81,54 @@ def _limited(method, seconds: float, who: str, name: str):
     return call
 
 
+class TimeLimited:
+    """A verifier under audit seen through a per-call time limit: its own object is never modified.
+
+    Every attribute reads through to the wrapped verifier; its methods in ``_METHODS`` come back
+    limited to ``seconds`` (:func:`call_limit`).  ``__class__`` is the wrapped verifier's class, so
+    ``isinstance`` and the audit's dispatch on the verifier's class see the verifier itself;
+    ``type()`` shows the proxy.  Attributes set on the proxy are set on the verifier.
+    """
+
+    __slots__ = ("_verifier", "_seconds")
+
+    def __init__(self, verifier: Any, seconds: float):
+        object.__setattr__(self, "_verifier", verifier)
+        object.__setattr__(self, "_seconds", seconds)
+
+    @property  # type: ignore[misc]
+    def __class__(self):
+        return self._verifier.__class__
+
+    @property
+    def wrapped(self) -> Any:
+        """The verifier itself."""
+        return self._verifier
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._verifier, name)
+        if name in _METHODS and callable(value):
+            return _limited(value, self._seconds, getattr(self._verifier, "name", "?"), name)
+        return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._verifier, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._verifier, name)
+
+    def __repr__(self) -> str:
+        return f"TimeLimited({self._verifier!r}, {self._seconds:g} s)"
+
+
 @contextlib.contextmanager
 def time_limited(verifier: Any, seconds: Optional[float]) -> Iterator[Any]:
-    """Within the block, every call of ``verifier``'s methods is limited to ``seconds`` (None: no limit).
+    """Within the block, the yielded verifier limits every call of ``verifier``'s methods to ``seconds``.
 
-    The limits are instance attributes that shadow the methods and are removed on exit; the
-    verifier is otherwise untouched.
+    With a limit it is a :class:`TimeLimited` proxy (the caller audits that, never ``verifier``
+    itself, which is left untouched); without (None or 0), ``verifier`` itself.
     """
-    if not seconds:
-        yield verifier
-        return
-    patched = []
-    try:
-        for name in _METHODS:
-            if callable(getattr(verifier, name, None)) and name not in vars(verifier):
-                try:
-                    setattr(verifier, name, _limited(getattr(verifier, name), seconds, verifier.name, name))
-                except (AttributeError, TypeError):  # slots or a read-only attribute: no limit there
-                    continue
-                patched.append(name)
-        yield verifier
-    finally:
-        for name in patched:
-            with contextlib.suppress(AttributeError):
-                delattr(verifier, name)
+    yield TimeLimited(verifier, seconds) if seconds else verifier
 
 
 # ---------------------------------------------------------------------------------------------

@@ -493,8 +493,8 @@ def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOpti
     if getattr(case, "tree", None) is not None:
         return audit_tree_case(verifier, case.laws() if hasattr(case, "laws") else case, options)
     budget.check_audit(verifier, case.laws() if hasattr(case, "laws") else case, options)
-    with guard.time_limited(verifier, guard.check_timeout(options.verifier_timeout)):
-        return _audit_case(verifier, case, options)
+    with guard.time_limited(verifier, guard.check_timeout(options.verifier_timeout)) as limited:
+        return _audit_case(limited, case, options)
 
 
 def _audit_case(verifier: Verifier, case: Case, options: AuditOptions) -> AuditResult:

@@ -130,7 +130,7 @@ def verify_batch(verifier: Verifier, batch: DraftBatch, generator: RandomSource,
     unless the verifier overrides ``verify`` itself.
     """
     batch_size, num_drafts, draft_len = batch.draft_tokens.shape
-    if validate_inputs or type(verifier).verify is not Verifier.verify:
+    if validate_inputs or verifier.__class__.verify is not Verifier.verify:
         raw = verifier.verify(batch.draft_tokens, batch.draft_probs, batch.target_probs, generator)
     else:
         raw = verifier._verify(batch.draft_tokens, batch.draft_probs, batch.target_probs, generator)
@@ -286,7 +286,7 @@ def verify_tree_batch(verifier, batch, generator: RandomSource, *, validate_inpu
 
     tree = batch.tree
     batch_size = batch.node_tokens.shape[0]
-    if validate_inputs or type(verifier).verify_tree is not TreeVerifier.verify_tree:
+    if validate_inputs or verifier.__class__.verify_tree is not TreeVerifier.verify_tree:
         raw = verifier.verify_tree(tree, batch.node_tokens, batch.draft_probs, batch.target_probs, generator)
     else:
         raw = verifier._verify_tree(tree, batch.node_tokens, batch.draft_probs, batch.target_probs, generator)

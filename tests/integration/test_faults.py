@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 from spectr_audit.cli import main
@@ -599,3 +600,49 @@ def test_an_unwritable_ini_report_is_a_usage_error(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "ini option spectr_audit_report" in result.stderr.str() and "which is a file" in result.stderr.str()
+
+
+def test_the_time_limit_leaves_the_verifiers_object_as_it_was():
+    # A proxy limits the calls: the verifier's own object gains no attributes, and a class with
+    # __slots__ (whose instances take no new attributes) is limited as well as any other.
+    from spectr_audit.run.guard import TimeLimited, VerifierTimeout, time_limited
+    from spectr_audit.verifiers.speculative import SpeculativeSampling
+
+    class Slotted(SpeculativeSampling):
+        __slots__ = ()
+
+        def verify(self, *args, **kwargs):
+            time.sleep(5)
+
+    verifier = Slotted()
+    before = dict(getattr(verifier, "__dict__", {}))
+    with time_limited(verifier, 0.3) as limited:
+        assert isinstance(limited, TimeLimited) and isinstance(limited, Slotted)
+        assert limited.name == verifier.name and limited.wrapped is verifier
+        start = time.monotonic()
+        with pytest.raises(VerifierTimeout, match="verify did not return within 0.3 s"):
+            limited.verify(None, None, None, None)
+        assert time.monotonic() - start < 3
+        assert dict(getattr(verifier, "__dict__", {})) == before  # nothing patched in
+    with time_limited(verifier, None) as unlimited:
+        assert unlimited is verifier
+
+
+def test_the_audit_runs_the_verifier_through_the_limit_without_patching_it():
+    from spectr_audit.drafting.models import ContextFreeModel
+    from spectr_audit.run.runner import AuditOptions, Case, audit_case
+    from spectr_audit.verifiers.speculative import SpeculativeSampling
+
+    seen = []
+
+    class Watching(SpeculativeSampling):
+        def verify(self, *args, **kwargs):
+            seen.append(sorted(vars(self)))
+            return super().verify(*args, **kwargs)
+
+    verifier = Watching()
+    case = Case("tiny", ContextFreeModel(torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)),
+                ContextFreeModel(torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)), num_drafts=1, draft_len=1)
+    result = audit_case(verifier, case, AuditOptions(verifier_timeout=30))
+    assert result.error is None and result.passed
+    assert seen and all(not set(names) & {"verify", "output_probs"} for names in seen)
