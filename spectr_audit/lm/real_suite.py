@@ -32,52 +32,45 @@ results (:func:`spectr_audit.run.runner.error_result`), collected in an
 (:class:`spectr_audit.lm.tables.RealLMTables`) ride in ``meta["real_lm"]``, rendered by
 :mod:`spectr_audit.reports`.
 
-Entry point: :func:`run_real_lm_suite`.
+Entry point: :func:`run_real_lm_suite`.  The sequence level and the suite itself are here; the
+options and prompts are in ``spectr_audit.lm.real_options``, the token level in
+``spectr_audit.lm.real_token`` and the verdicts both levels share in ``spectr_audit.lm.real_verdicts``
+(their public names are importable from this module too).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
-from scipy import stats
 
 from spectr_audit import defaults
 from spectr_audit.bounds.acceptance import kseq_acceptance, optimal_acceptance, spectr_guarantee
 from spectr_audit.contract.correction import CorrectionChain
-from spectr_audit.contract.randomness import sample_categorical, uniform
 from spectr_audit.contract.verifier import Verifier
 from spectr_audit.drafting.decoding import emitted_tokens
 from spectr_audit.drafting.harness import DraftBatch
-from spectr_audit.errors import InvalidArgument
 from spectr_audit.lm.fidelity import (
     FirstTokenTally,
     RatioPartition,
     describe_ratio_cells,
-    first_token_law,
-    mean_zero_test,
     planned_num_cells,
     ratio_partition,
 )
-from spectr_audit.lm.smollm import DEFAULT_SKIP_LAYERS, SmolLM, TreeSession, load_smollm
+from spectr_audit.lm.real_options import Prompt, RealLMOptions, load_prompts
+from spectr_audit.lm.real_token import TokenRows, _token_audit, sample_token_rows
+from spectr_audit.lm.real_verdicts import _Audit, _holm_checks, _mark_underpowered, _mean_ci, _verdict_metrics
+from spectr_audit.lm.smollm import SmolLM, TreeSession, load_smollm
 from spectr_audit.lm.tables import AcceptanceRow, BlockEfficiencyRow, FidelityRow, RealLMTables
 from spectr_audit.registry import load_verifier
 from spectr_audit.results import AuditReport, AuditResult, Check
 from spectr_audit.run.incomplete import RunInterrupted, incomplete_report
 from spectr_audit.run.runner import declared_verdict, error_result
-from spectr_audit.statistical.gof import TestResult, holm, mean_above, mean_below
 from spectr_audit.statistical.sampling import verify_batch
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 __all__ = [
     "METHOD_LABELS",
@@ -98,358 +91,6 @@ METHOD_LABELS = {
     "rrs": "recursive rejection tree",
     "multi-block": "multi-draft block verification",
 }
-
-
-# ---------------------------------------------------------------------------------------------
-# Options and prompts
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class RealLMOptions:
-    """Knobs of the real-LM suite; the defaults are the documented ``real-lm`` run.
-
-    Attributes
-    ----------
-    temperature : float
-        Sampling temperature of both draft and target.
-    skip_layers : tuple of int
-        Layers the self-speculative draft skips.
-    num_prompts : int or None
-        Use the first this many prompts of :file:`prompts.toml` (None: all 24).
-    positions_per_prompt : int
-        Token-level contexts per prompt (consecutive positions of a target-sampled answer).
-    token_num_drafts : tuple of int
-        K values of the token-level tables.
-    token_verifiers : tuple of str
-        Token-level verifiers (``speculative`` runs at K = 1 only).
-    rb_draws : int
-        Draft tuples drawn per context for the Rao-Blackwellised and sampled tests (>= 2 gives
-        the unbiased L2 estimate).
-    kseq_rb_contexts : int
-        K-SEQ's exact law costs K bisections over V per draw: its Rao-Blackwellised
-        acceptance and fidelity use only the first this many contexts, at ``kseq_rb_num_drafts``.
-    kseq_rb_num_drafts : tuple of int
-    seq_methods : tuple of str
-        Sequence-level verifiers (short names).
-    seq_num_drafts, seq_draft_lens : tuple of int
-        The (K, L) grid; single-draft methods run at K = 1 only, the SpecTr tree at K >= 2
-        (at K = 1 it is token-by-token speculative sampling).
-    iterations : int
-        Decoding iterations per (method, K, L), spread evenly over the prompts.
-    num_cells : int
-        Most cells of the ratio partition used by the fidelity tests (fewer when a test has
-        too few draws for them, see :func:`spectr_audit.lm.fidelity.planned_num_cells`).
-    seed : int
-    alpha : float
-        False-alarm rate of one result's checks (Holm within the result).
-    power : float
-        Power used to state the sampled test's minimum detectable TV.
-    min_detectable_tv : float
-        The minimum detectable TV planned: a result whose sampled test rejects nothing while
-        detecting only larger TVs is INCONCLUSIVE (the ``--quick`` preset reaches about 0.6).
-    dtype : {"auto", "bfloat16", "float32"}
-    num_threads : int or None
-        ``torch.set_num_threads`` for the run (None: leave torch's setting).
-    max_tree_rows : int
-        Rows decoded together are capped so that ``rows * K * (L + 1) <= max_tree_rows``
-        (memory: each such row is a V-long float64 distribution).
-    """
-
-    temperature: float = 1.0
-    skip_layers: tuple = DEFAULT_SKIP_LAYERS
-    num_prompts: Optional[int] = None
-    positions_per_prompt: int = 4
-    token_num_drafts: tuple = (1, 2, 3, 4, 5, 6, 7, 8)
-    token_verifiers: tuple = ("speculative", "kseq", "rrs")
-    rb_draws: int = 2
-    kseq_rb_contexts: int = 24
-    kseq_rb_num_drafts: tuple = (1, 2, 4, 8)
-    seq_methods: tuple = ("speculative", "block", "spectr-tree", "multi-block", "spectr-gbv-published")
-    seq_num_drafts: tuple = (1, 2, 4, 8)
-    seq_draft_lens: tuple = (2, 4, 8)
-    iterations: int = 96
-    num_cells: int = 8
-    seed: int = defaults.SEED
-    alpha: float = defaults.ALPHA
-    power: float = defaults.POWER
-    min_detectable_tv: float = defaults.MIN_DETECTABLE_TV
-    dtype: str = "auto"
-    num_threads: Optional[int] = None
-    max_tree_rows: int = 576
-
-    @classmethod
-    def quick(cls, **overrides) -> "RealLMOptions":
-        """A small preset for smoke tests and CI (about 1.5 minutes on 2 cores, model cached)."""
-        base = dict(num_prompts=4, positions_per_prompt=3, token_num_drafts=(1, 2, 4), kseq_rb_contexts=6,
-                    kseq_rb_num_drafts=(2,), seq_num_drafts=(1, 2), seq_draft_lens=(2,), iterations=16)
-        base.update(overrides)
-        return cls(**base)
-
-    def __post_init__(self):
-        if not self.temperature > 0:
-            raise InvalidArgument(f"temperature: must be > 0, got {self.temperature}")
-        if self.rb_draws < 1 or self.positions_per_prompt < 1 or self.iterations < 1:
-            raise InvalidArgument("rb_draws, positions_per_prompt, iterations: must be >= 1")
-        if self.num_cells < 2:
-            raise InvalidArgument(f"num_cells: must be >= 2, got {self.num_cells}")
-        for name in ("token_num_drafts", "seq_num_drafts", "seq_draft_lens", "kseq_rb_num_drafts"):
-            values = getattr(self, name)
-            if not values or any(int(v) < 1 for v in values):
-                raise InvalidArgument(f"{name}: expected positive integers, got {values!r}")
-        if not 0 < self.alpha < 1 or not 0 < self.power < 1:
-            raise InvalidArgument(f"alpha, power: must lie in (0, 1), got {self.alpha}, {self.power}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Prompt:
-    """One shipped prompt: a name and the user message."""
-
-    name: str
-    text: str
-
-
-def load_prompts(path: Optional[Path] = None) -> tuple[list[Prompt], str]:
-    """The prompts shipped as :file:`spectr_audit/lm/prompts.toml` and the chat format string.
-
-    Examples
-    --------
-    >>> prompts, template = load_prompts()
-    >>> len(prompts), "{text}" in template
-    (24, True)
-    """
-    path = Path(path) if path is not None else Path(__file__).with_name("prompts.toml")
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    prompts = [Prompt(str(p["name"]), str(p["text"])) for p in data.get("prompt", [])]
-    if not prompts:
-        raise InvalidArgument(f"prompts: {path} holds no [[prompt]] entries")
-    return prompts, str(data.get("format", "{text}"))
-
-
-# ---------------------------------------------------------------------------------------------
-# Real (draft, target) rows at target-sampled contexts
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenRows:
-    """Draft and target laws at contexts drawn from the target (one row per context)."""
-
-    # [num_contexts, vocab_size] float64
-    draft_probs: torch.Tensor
-    # [num_contexts, vocab_size] float64
-    target_probs: torch.Tensor
-    # [num_contexts] index of the prompt each context continues
-    prompt_index: torch.Tensor
-    # [num_contexts] tokens of the answer before the context's end
-    position: torch.Tensor
-    #: the token ids of each context (prompt + answer so far)
-    contexts: tuple = ()
-
-
-def sample_token_rows(
-    lm: SmolLM,
-    prompt_ids: Sequence[Sequence[int]],
-    positions_per_prompt: int,
-    *,
-    temperature: float = 1.0,
-    skip_layers: Sequence[int] = DEFAULT_SKIP_LAYERS,
-    generator: Optional[torch.Generator] = None,
-) -> TokenRows:
-    """Sample an answer from the target for each prompt; keep (draft, target) laws at its positions."""
-    session = TreeSession(lm, prompt_ids, skip_layers=skip_layers, temperature=temperature)
-    draft, target = session.sample_target(positions_per_prompt, generator)  # [B, P, V] each
-    num_prompts = len(prompt_ids)
-    contexts = tuple(tuple(tokens[:len(prompt) + j]) for prompt, tokens in zip(prompt_ids, session.tokens)
-                     for j in range(positions_per_prompt))
-    return TokenRows(
-        draft_probs=draft.reshape(-1, draft.shape[-1]),
-        target_probs=target.reshape(-1, target.shape[-1]),
-        prompt_index=torch.arange(num_prompts).repeat_interleave(positions_per_prompt),
-        position=torch.arange(positions_per_prompt).repeat(num_prompts),
-        contexts=contexts,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Verdicts: Holm within a result, the runner's declarations
-# ---------------------------------------------------------------------------------------------
-
-
-def _mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
-    """Mean and a t-interval over independent values (few rows: a normal interval would be too narrow)."""
-    values = np.asarray(values, dtype=np.float64)
-    mean = float(values.mean()) if values.size else math.nan
-    if values.size < 2:
-        return mean, math.nan, math.nan
-    half = float(stats.t.ppf(0.5 + level / 2, values.size - 1) * values.std(ddof=1) / math.sqrt(values.size))
-    return mean, mean - half, mean + half
-
-
-def _holm_checks(tests: Sequence[TestResult], alpha: float) -> tuple[list[TestResult], tuple]:
-    """The tests with their Holm-adjusted p-values, and one check per test at false-alarm rate ``alpha``."""
-    adjusted = [dataclasses.replace(t, pvalue_adjusted=p) for t, p in zip(tests, holm([t.pvalue for t in tests]))]
-    checks = []
-    for t in adjusted:
-        held = t.pvalue_adjusted >= alpha
-        outcome = "not rejected" if held else "REJECTED"
-        checks.append(Check(t.name, held, t.pvalue_adjusted, alpha,
-                            f"{t.detail}: Holm-adjusted p-value {t.pvalue_adjusted:.3g} "
-                            f"{'>=' if held else '<'} {alpha:g}, exactness {outcome}"))
-    return adjusted, tuple(checks)
-
-
-def _mark_underpowered(checks: tuple, sampled: TestResult, planned: float) -> tuple:
-    """The checks, the sampled test's marked INCONCLUSIVE when nothing failed and it detects only TVs above ``planned``."""
-    detectable = sampled.min_detectable_tv
-    if any(not c.passed for c in checks) or detectable is None or not detectable > planned:
-        return checks
-    note = (f"; minimum detectable TV {detectable:.3g}, above the {planned:g} planned: INCONCLUSIVE "
-            "(nothing rejected, too few samples to show exactness at the planned power)")
-    return tuple(dataclasses.replace(c, inconclusive=True, detail=c.detail + note) if c.name == sampled.name else c
-                 for c in checks)
-
-
-def _verdict_metrics(tests: Sequence[TestResult], sampled: TestResult, alpha: float) -> dict:
-    """The runner's names for a result's statistical summary (``pvalue``, ``min_detectable_tv``, ...)."""
-    return {"pvalue": min(t.pvalue_adjusted for t in tests), "alpha": alpha, "test": sampled.name,
-            "min_detectable_tv": sampled.min_detectable_tv, "test_alpha": alpha / len(tests)}
-
-
-@dataclasses.dataclass(frozen=True)
-class _Audit:
-    """One (verifier, K, L) of the grid: its result (None when it is measured, not judged) and table rows."""
-
-    result: Optional[AuditResult]
-    fidelity: FidelityRow
-    acceptance: tuple = (math.nan, math.nan, math.nan)  # (mean, 95% half-width, alpha* on its contexts)
-    block: Optional[BlockEfficiencyRow] = None
-
-
-# ---------------------------------------------------------------------------------------------
-# Token level
-# ---------------------------------------------------------------------------------------------
-
-
-def _draw_first_level(draft_probs, rows, num_drafts, generator):  # -> [n, K, 1]
-    probs = draft_probs[rows].unsqueeze(1).expand(-1, num_drafts, -1)
-    u = uniform(generator, (rows.shape[0], num_drafts), draft_probs.device)
-    return sample_categorical(probs, u).unsqueeze(-1)
-
-
-@dataclasses.dataclass
-class _TokenDraws:
-    """What the token-level draws of one verifier at one K leave behind."""
-
-    tally: FirstTokenTally
-    sampled_accept: list = dataclasses.field(default_factory=list)
-    rb_accept: list = dataclasses.field(default_factory=list)
-    rb_cells: list = dataclasses.field(default_factory=list)  # [n, cells] deviations of the RB law on the cells
-    rb_full: list = dataclasses.field(default_factory=list)  # [n, V] deviations of the RB law from q
-
-
-def _token_draws(verifier, K, token_rows: TokenRows, sampled: RatioPartition, rb: RatioPartition, rows,
-                 generator) -> _TokenDraws:
-    """Verify K drafts at each of ``rows`` (context indices); tally first tokens (on the ``sampled`` cells)
-    and the exact laws (on the ``rb`` cells: a mean test needs no five draws per cell)."""
-    V = token_rows.draft_probs.shape[1]
-    draws = _TokenDraws(FirstTokenTally(sampled.num_cells))
-    chunk = max(1, int(64 // K))
-    for lo in range(0, rows.shape[0], chunk):
-        r = rows[lo:lo + chunk]
-        target_rows = token_rows.target_probs[r]
-        draft_tokens = _draw_first_level(token_rows.draft_probs, r, K, generator)
-        # The bonus row (level 1) is a stand-in, q at the context: token-level metrics read the first token only.
-        batch = DraftBatch(draft_tokens, token_rows.draft_probs[r].view(-1, 1, 1, V).expand(-1, K, 1, V),
-                           target_rows.view(-1, 1, 1, V).expand(-1, K, 2, V))
-        out = verify_batch(verifier, batch, generator, validate_inputs=lo == 0)
-        first = emitted_tokens(draft_tokens, out)[0][:, 0]
-        draws.tally.add(sampled.cell_of(first, r), sampled.cells(target_rows, r))
-        draws.sampled_accept.append((draft_tokens[:, :, 0] == first.unsqueeze(1)).any(-1).double())
-        if verifier.has_exact_law:
-            law = verifier.output_probs(draft_tokens, batch.draft_probs, batch.target_probs)
-            token_law, accept = first_token_law(draft_tokens, law)
-            draws.rb_accept.append(accept)
-            draws.rb_cells.append(rb.cells(token_law, r) - rb.cells(target_rows, r))
-            draws.rb_full.append(token_law - target_rows)
-    return draws
-
-
-def _rb_tests(draws: _TokenDraws, verifier, K, a_star, num_draws, metrics) -> list[TestResult]:
-    """Rao-Blackwellised acceptance and fidelity (verifiers with an exact law); fills ``metrics``."""
-    accept = torch.cat(draws.rb_accept)
-    n = accept.shape[0]
-    mean, low, high = _mean_ci(accept.view(-1, num_draws).mean(1).numpy())
-    metrics.update(acceptance=mean, acceptance_ci_low=low, acceptance_ci_high=high)
-    metrics["acceptance_ratio"] = mean / metrics["optimal_acceptance"] if metrics["optimal_acceptance"] > 0 else None
-    deviations = torch.cat(draws.rb_cells)
-    metrics["rb_tv_partition"] = 0.5 * float(deviations.mean(0).abs().sum())
-    if num_draws >= 2:
-        dev = torch.cat(draws.rb_full).view(-1, num_draws, draws.rb_full[0].shape[-1])
-        cross = (dev[:, 0] * dev[:, 1]).sum(-1).numpy()  # E[d_1 . d_2] = ||bias||^2 per context
-        metrics["rb_l2sq"] = float(cross.mean())
-        metrics["rb_l2sq_se"] = float(cross.std(ddof=1) / math.sqrt(cross.size)) if cross.size > 1 else math.nan
-    over = accept - a_star
-    tests = [mean_zero_test(deviations),
-             mean_above(float(over.sum()), float((over**2).sum()), n, 0.0, "acceptance<=optimal",
-                        "Rao-Blackwellised acceptance minus alpha* at each context, mean <= 0")]
-    if "spectr" in verifier.guarantees:
-        floor = accept - spectr_guarantee(K) * a_star
-        tests.append(mean_below(float(floor.sum()), float((floor**2).sum()), n, 0.0, "spectr-guarantee",
-                                "Rao-Blackwellised acceptance minus SpecTr's bound at each context, mean >= 0"))
-    return tests
-
-
-def _token_audit(
-    verifier: Verifier,
-    num_drafts: int,
-    token_rows: TokenRows,
-    partition_for: Callable[[int], RatioPartition],
-    contexts: torch.Tensor,  # [num_used] indices of contexts used
-    alpha_star: torch.Tensor,  # [num_contexts]
-    options: RealLMOptions,
-    generator: torch.Generator,
-) -> _Audit:
-    """Acceptance and first-token fidelity of one token-level verifier at one K."""
-    start = time.perf_counter()
-    K, draws = num_drafts, options.rb_draws
-    rows = contexts.repeat_interleave(draws)  # [n]
-    n = rows.shape[0]
-    partition = partition_for(options.num_cells)
-    tallied = _token_draws(verifier, K, token_rows, partition_for(planned_num_cells(n, options.num_cells)), partition,
-                           rows, generator)
-    optimal = float(alpha_star[contexts].mean())
-    metrics: dict = {"num_drafts": K, "draft_len": 1, "num_contexts": int(contexts.numel()), "num_samples": n,
-                     "optimal_acceptance": optimal, "spectr_bound": spectr_guarantee(K) * optimal,
-                     "e_bound": (1 - math.exp(-1)) * optimal,
-                     "acceptance_sampled": float(torch.cat(tallied.sampled_accept).mean())}
-    details: dict = {"partition": partition.describe(), "vocab_size": token_rows.draft_probs.shape[1],
-                     "note": "contexts: positions of target-sampled answers; bonus rows are q at the context "
-                             "(token-level metrics use the first emitted token only)"}
-    tests: list = []
-    if verifier.has_exact_law:
-        tests = _rb_tests(tallied, verifier, K, alpha_star[rows], draws, metrics)
-    else:
-        metrics["acceptance"] = metrics["acceptance_sampled"]
-    # The sampled test counts at the Holm level alpha / m at worst: its power is stated there.
-    sampled = tallied.tally.test(options.alpha / (len(tests) + 1), options.power)
-    tests, checks = _holm_checks([sampled, *tests], options.alpha)
-    checks = _mark_underpowered(checks, tests[0], options.min_detectable_tv)
-    metrics.update(_verdict_metrics(tests, tests[0], options.alpha), requested_tv=options.min_detectable_tv)
-    metrics.update(first_token_pvalue=sampled.pvalue, first_token_min_detectable_tv=sampled.min_detectable_tv)
-    if len(tests) > 1:
-        metrics["rb_pvalue"] = tests[1].pvalue
-    details.update(sampled_test=tests[0].to_dict(), tests=[t.to_dict() for t in tests])
-    metrics["seconds"] = time.perf_counter() - start
-    judged = declared_verdict(verifier) is not False
-    result = AuditResult(verifier=verifier.name, case=f"real-lm/token/K={K}", checks=checks, metrics=metrics,
-                         expected=declared_verdict(verifier), details=details) if judged else None
-    fidelity = FidelityRow(verifier.name, "token", K, 1, n, sampled.pvalue, sampled.min_detectable_tv,
-                           metrics.get("rb_pvalue", math.nan), metrics.get("rb_tv_partition", math.nan),
-                           metrics.get("rb_l2sq", math.nan), metrics.get("rb_l2sq_se", math.nan),
-                           num_cells=int(sampled.num_cells or 0), test_alpha=metrics["test_alpha"], judged=judged)
-    half = (metrics.get("acceptance_ci_high", math.nan) - metrics.get("acceptance_ci_low", math.nan)) / 2
-    return _Audit(result, fidelity, (metrics["acceptance"], half, optimal))
 
 
 # ---------------------------------------------------------------------------------------------
