@@ -61,8 +61,10 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from spectr_audit.contract.tree_verifier import TreeVerifier, as_tree_verifier
-from spectr_audit.contract.verifier import Verifier, as_verifier
+from spectr_audit.contract.tree_verifier import TreeVerifier
+from spectr_audit.contract.convert import as_tree_verifier
+from spectr_audit.contract.verifier import Verifier
+from spectr_audit.contract.convert import as_verifier
 from spectr_audit.errors import InvalidArgument
 
 __all__ = [
@@ -608,7 +610,7 @@ def load_verifier(spec: Any) -> Verifier:
     spec : str or object
         A short name of any namespace (``"kseq"``, ``"always-accept"``, a plugin's name),
         ``"namespace:name"``, ``"package.module:attr"``, ``"path/to/file.py:attr"``, or a
-        verifier object, class or function (see :func:`~spectr_audit.contract.verifier.as_verifier`).
+        verifier object, class or function (see :func:`~spectr_audit.contract.convert.as_verifier`).
 
     Raises
     ------

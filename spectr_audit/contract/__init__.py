@@ -2,7 +2,7 @@
 
 The contract (:mod:`.verifier`), carried corrections (:mod:`.correction`), the one
 randomness seam (:mod:`.randomness`), draft trees (:mod:`.tree`), the tree-verifier
-contract (:mod:`.tree_verifier`), chains as trees (:mod:`.chain_trees`), sampling parameters
+contract (:mod:`.tree_verifier`), chains as trees (:mod:`.chain_trees`), the converters (:mod:`.convert`), sampling parameters
 (:mod:`.sampling`) and verifiers that take logits (:mod:`.logits`).  It imports nothing of the audit.
 """
 
@@ -15,7 +15,6 @@ from .verifier import (
     Verifier,
     FunctionVerifier,
     VerifyOutput,
-    as_verifier,
     check_verify_inputs,
     check_verify_output,
     check_output_probs,
@@ -48,11 +47,11 @@ from .tree_verifier import (
     TreeVerifier,
     TreeVerifyOutput,
     FunctionTreeVerifier,
-    as_tree_verifier,
     check_tree_inputs,
     check_tree_output,
     check_tree_output_probs,
 )
+from .convert import as_tree_verifier, as_verifier
 from .chain_trees import (
     TreeInputs,
     ChainVerifierAsTree,

@@ -45,8 +45,6 @@ from spectr_audit.contract._checks import (
     check_shape,
     check_token_tensor,
     check_verify_function,
-    instantiate,
-    renamed,
 )
 from spectr_audit.contract.randomness import RandomSource
 from spectr_audit.contract.tree import TREE_DRAFT_SCHEMES, DraftTree, draft_scheme_violation
@@ -57,7 +55,6 @@ __all__ = [
     "TreeVerifier",
     "TreeVerifyOutput",
     "FunctionTreeVerifier",
-    "as_tree_verifier",
     "check_tree_inputs",
     "check_tree_output",
     "check_tree_output_probs",
@@ -360,47 +357,3 @@ class FunctionTreeVerifier(TreeVerifier):
     def _tree_output_probs(self, tree, node_tokens, draft_probs, target_probs) -> torch.Tensor:
         law = call_third_party(self.name, "tree_output_probs", self._law, tree, node_tokens, draft_probs, target_probs)
         return check_tree_output_probs(law, tree, node_tokens.shape[0], target_probs.shape[-1], who=self.name)
-
-
-def as_tree_verifier(obj: Any, name: Optional[str] = None) -> TreeVerifier:
-    """Turn a tree verifier, a chain verifier, or a plain function into a :class:`TreeVerifier`.
-
-    * a :class:`TreeVerifier` instance is returned as it is (renamed if ``name`` is given);
-    * a class is instantiated with no arguments, then converted;
-    * a chain :class:`~spectr_audit.contract.verifier.Verifier` runs on chain trees
-      (:class:`~spectr_audit.contract.chain_trees.ChainVerifierAsTree`), except a
-      :class:`~spectr_audit.contract.chain_trees.TreeVerifierAsChain`, whose tree verifier is
-      returned (renamed if ``name`` is given);
-    * an object with a ``verify_tree`` method is wrapped, keeping its ``tree_output_probs``,
-      ``draft_schemes`` and ``supports_tree``;
-    * a plain callable of the ``verify_tree`` signature is wrapped by :class:`FunctionTreeVerifier`.
-    """
-    from spectr_audit.contract.chain_trees import ChainVerifierAsTree, TreeVerifierAsChain
-    from spectr_audit.contract.verifier import Verifier
-
-    obj = instantiate(obj)
-    if isinstance(obj, TreeVerifier):
-        return renamed(obj, name)
-    if isinstance(obj, TreeVerifierAsChain):
-        return renamed(obj.tree_verifier, name)
-    if isinstance(obj, Verifier):
-        return ChainVerifierAsTree(obj, name=name)
-    if hasattr(obj, "verify_tree") and callable(obj.verify_tree):
-        law = getattr(obj, "tree_output_probs", None)
-        supports = getattr(obj, "supports_tree", None)
-        return FunctionTreeVerifier(
-            obj.verify_tree,
-            name=name or getattr(obj, "name", None) or type(obj).__name__,
-            tree_output_probs=law if callable(law) else None,
-            draft_schemes=getattr(obj, "draft_schemes", ("iid",)),
-            supports_tree=supports if callable(supports) else None,
-            expected=getattr(obj, "expected", None),
-            guarantees=getattr(obj, "guarantees", frozenset()),
-            description=getattr(obj, "description", ""),
-        )
-    if callable(obj):
-        return FunctionTreeVerifier(obj, name=name)
-    raise InvalidArgument(
-        f"verifier: expected a TreeVerifier, a Verifier, a class, an object with a verify_tree method, or a "
-        f"function; got {type(obj).__name__}"
-    )

@@ -43,8 +43,6 @@ from spectr_audit.contract._checks import (
     check_token_range,
     check_token_tensor,
     check_verify_function,
-    instantiate,
-    renamed,
 )
 from spectr_audit.contract.randomness import RandomSource
 
@@ -55,7 +53,6 @@ __all__ = [
     "Verifier",
     "FunctionVerifier",
     "VerifyOutput",
-    "as_verifier",
     "check_verify_inputs",
     "check_verify_output",
     "check_output_probs",
@@ -392,55 +389,3 @@ class FunctionVerifier(_FunctionAdapter, Verifier):
         batch_size, num_drafts, draft_len = draft_tokens.shape
         law = call_third_party(self.name, "output_probs", self._law, draft_tokens, draft_probs, target_probs)
         return check_output_probs(law, batch_size, num_drafts, draft_len, draft_probs.shape[-1], who=self.name)
-
-
-_PASSTHROUGH_ATTRS = (
-    "draft_scheme",
-    "min_drafts",
-    "max_drafts",
-    "min_draft_len",
-    "max_draft_len",
-    "expected",
-    "guarantees",
-    "description",
-)
-
-
-def as_verifier(obj: Any, name: Optional[str] = None) -> Verifier:
-    """Turn a verifier class, instance, or plain function into a :class:`Verifier`.
-
-    * a :class:`Verifier` instance is returned as it is (renamed if ``name`` is given);
-    * a class is instantiated with no arguments, then converted;
-    * an object with a ``verify`` method is wrapped, keeping its ``output_probs``
-      and the contract attributes it declares;
-    * an object or function that declares ``takes_logits = True``, or has a ``verify_logits``
-      method, goes through :func:`~spectr_audit.contract.logits.as_logits_verifier`;
-    * a plain callable of the ``verify`` signature is wrapped by :class:`FunctionVerifier`.
-    """
-    obj = instantiate(obj)
-    if isinstance(obj, Verifier):
-        return renamed(obj, name)
-    if getattr(obj, "takes_logits", False) or callable(getattr(obj, "verify_logits", None)):
-        # it takes raw logits and sampling parameters (docs/sampling.md)
-        from spectr_audit.contract.logits import as_logits_verifier
-
-        return as_logits_verifier(obj, name=name)
-    if hasattr(obj, "verify") and callable(obj.verify):
-        kwargs = {attr: getattr(obj, attr) for attr in _PASSTHROUGH_ATTRS if hasattr(obj, attr)}
-        law = getattr(obj, "output_probs", None)
-        wrapped = FunctionVerifier(
-            obj.verify,
-            name=name or getattr(obj, "name", None) or type(obj).__name__,
-            output_probs=law if callable(law) else None,
-            **kwargs,
-        )
-        if callable(getattr(obj, "carried_correction", None)):
-            # verifiers that repair the next iteration are judged by the multi-iteration audit
-            wrapped.carried_correction = obj.carried_correction
-        return wrapped
-    if callable(obj):
-        return FunctionVerifier(obj, name=name)
-    raise InvalidArgument(
-        f"verifier: expected a Verifier, a class, an object with a verify method, or a function; "
-        f"got {type(obj).__name__}"
-    )

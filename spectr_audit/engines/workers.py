@@ -62,7 +62,7 @@ def row_generator(seed: int, row: int) -> torch.Generator:
 
 def _build(factory: Factory) -> Verifier:
     """A verifier from a registered name or import string, a zero-argument callable, or an instance."""
-    from spectr_audit.contract.verifier import as_verifier
+    from spectr_audit.contract.convert import as_verifier
 
     if isinstance(factory, str):
         from spectr_audit.registry import load_verifier

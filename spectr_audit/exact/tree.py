@@ -44,7 +44,8 @@ import torch
 
 from spectr_audit import defaults
 from spectr_audit.contract.tree import TREE_DRAFT_SCHEMES, DraftTree, topk_order
-from spectr_audit.contract.tree_verifier import TreeVerifier, as_tree_verifier, check_tree_output_probs
+from spectr_audit.contract.tree_verifier import TreeVerifier, check_tree_output_probs
+from spectr_audit.contract.convert import as_tree_verifier
 from spectr_audit.drafting.models import Model, contexts_from
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.exact.iteration import ExactIterationResult, _accumulate, check_vocab, _law_fields, _product_grid
@@ -333,7 +334,7 @@ def exact_tree(
 
     Parameters
     ----------
-    verifier : TreeVerifier, or anything :func:`~spectr_audit.contract.tree_verifier.as_tree_verifier` takes
+    verifier : TreeVerifier, or anything :func:`~spectr_audit.contract.convert.as_tree_verifier` takes
         Must have an exact law (``tree_output_probs``).  A chain verifier runs on chain trees.
     draft_model, target_model : Model
         Context-free, Markov, or any :class:`~spectr_audit.drafting.models.Model`.

@@ -62,7 +62,7 @@ class SmolLMEngine:
 
     def __init__(self, lm: SmolLM, verifier, *, num_drafts: int = 1, draft_len: int = 2, temperature: float = 1.0,
                  skip_layers: Sequence[int] = DEFAULT_SKIP_LAYERS, draft_temperature: Optional[float] = None):
-        from spectr_audit.contract.verifier import as_verifier
+        from spectr_audit.contract.convert import as_verifier
 
         verifier = as_verifier(verifier)
         verifier.check_supports(num_drafts, draft_len)

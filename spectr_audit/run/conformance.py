@@ -120,7 +120,8 @@ def standard_suite(num_drafts: IntOrInts = (1, 2), draft_len: IntOrInts = 1) -> 
 
 
 def _to_verifier(verifier: Any, name: Optional[str], output_probs: Optional[Callable], draft_scheme: Optional[str]):
-    from spectr_audit.contract.verifier import FunctionVerifier, Verifier, as_verifier
+    from spectr_audit.contract.verifier import FunctionVerifier, Verifier
+    from spectr_audit.contract.convert import as_verifier
     from spectr_audit.registry import load_verifier
 
     is_plain_function = (callable(verifier) and not isinstance(verifier, (type, str, Verifier))

@@ -664,7 +664,7 @@ def tree_fits(verifier, case: Case) -> bool:
     scheme must be able to draft the tree: without replacement, the root's draft law has as many
     tokens as the widest node has children; under ``topk`` / ``none``, every rank is a token.
     """
-    from spectr_audit.contract.tree_verifier import as_tree_verifier
+    from spectr_audit.contract.convert import as_tree_verifier
 
     try:
         tree_verifier = as_tree_verifier(verifier)
@@ -696,7 +696,7 @@ def audit_tree_case(verifier, case: Case, options: AuditOptions = AuditOptions()
     Acceptance and accepted length are checked against the tree's bound
     (:func:`spectr_audit.bounds.tree_lp.tree_bound`).  ``details["tree"]`` describes the tree.
     """
-    from spectr_audit.contract.tree_verifier import as_tree_verifier
+    from spectr_audit.contract.convert import as_tree_verifier
     from spectr_audit.run.suite import describe_tree_case
 
     checks: list[Check] = []
@@ -777,7 +777,7 @@ def _listed_verifiers(case: Case, kind: str, load: Callable, loaded: dict, error
 def _plan_tree_case(case: Case, explicit, builtins, tree_builtins, loaded: dict):
     """The jobs of a tree case: the given verifiers as tree verifiers, the case's own list (loaded as tree
     verifiers), or the tree built-ins and the chain built-ins (on chain trees); returns the caches too."""
-    from spectr_audit.contract.tree_verifier import as_tree_verifier
+    from spectr_audit.contract.convert import as_tree_verifier
     from spectr_audit.registry import load_tree_verifier, tree_verifiers
 
     errors: list = []

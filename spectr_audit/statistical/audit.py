@@ -127,7 +127,7 @@ def statistical_audit(
     Parameters
     ----------
     verifier : Verifier, class, object with ``verify``, or function
-        Converted with :func:`spectr_audit.contract.verifier.as_verifier`; only ``verify`` is used.
+        Converted with :func:`spectr_audit.contract.convert.as_verifier`; only ``verify`` is used.
     draft_model, target_model : Model
         Draft and target next-token models (context-free, Markov, or any
         :class:`~spectr_audit.drafting.models.Model`).
@@ -273,7 +273,7 @@ def statistical_tree_audit(
 
     Parameters
     ----------
-    verifier : TreeVerifier, or anything :func:`~spectr_audit.contract.tree_verifier.as_tree_verifier` takes
+    verifier : TreeVerifier, or anything :func:`~spectr_audit.contract.convert.as_tree_verifier` takes
     draft_model, target_model : Model
     tree : DraftTree
     draft_scheme : str, optional

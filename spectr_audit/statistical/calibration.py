@@ -340,7 +340,7 @@ def stratified_null(verifier, draft_probs, target_probs, num_drafts: int) -> Str
     completed to two tokens (emitted ``(y)`` completed by the target, or ``(draft_k, y)``).  For an
     exact verifier the strata mix to ``q x q``.
     """
-    from spectr_audit.contract.verifier import as_verifier
+    from spectr_audit.contract.convert import as_verifier
     from spectr_audit.drafting.models import ContextFreeModel
     from spectr_audit.exact.iteration import enumerate_drafts
 
@@ -548,7 +548,8 @@ def as_black_box(verifier, tree: bool = False):
     the audit's familywise false-alarm rate.
     """
     if tree:
-        from spectr_audit.contract.tree_verifier import TreeVerifier, as_tree_verifier
+        from spectr_audit.contract.tree_verifier import TreeVerifier
+        from spectr_audit.contract.convert import as_tree_verifier
 
         inner = as_tree_verifier(verifier)
 
@@ -563,7 +564,8 @@ def as_black_box(verifier, tree: bool = False):
                 return inner._verify_tree(tree_, node_tokens, draft_probs, target_probs, generator)
 
         return _TreeBlackBox()
-    from spectr_audit.contract.verifier import FunctionVerifier, as_verifier
+    from spectr_audit.contract.verifier import FunctionVerifier
+    from spectr_audit.contract.convert import as_verifier
 
     inner = as_verifier(verifier)
     limits = {attr: getattr(inner, attr) for attr in ("draft_scheme", "min_drafts", "max_drafts", "min_draft_len",

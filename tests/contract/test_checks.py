@@ -12,8 +12,10 @@ import torch
 
 from spectr_audit.contract.logits import FunctionLogitsVerifier, as_logits_verifier, check_logits_inputs
 from spectr_audit.contract.tree import DraftTree
-from spectr_audit.contract.tree_verifier import FunctionTreeVerifier, as_tree_verifier, check_tree_inputs
-from spectr_audit.contract.verifier import FunctionVerifier, as_verifier, check_verify_inputs
+from spectr_audit.contract.tree_verifier import FunctionTreeVerifier, check_tree_inputs
+from spectr_audit.contract.convert import as_tree_verifier
+from spectr_audit.contract.verifier import FunctionVerifier, check_verify_inputs
+from spectr_audit.contract.convert import as_verifier
 from spectr_audit.errors import InvalidArgument, VerifierError
 
 ADAPTERS = [FunctionVerifier, FunctionLogitsVerifier, FunctionTreeVerifier]

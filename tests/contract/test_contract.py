@@ -8,7 +8,8 @@ import textwrap
 import pytest
 import torch
 
-from spectr_audit.contract.verifier import FunctionVerifier, VerifyOutput, as_verifier, check_verify_inputs
+from spectr_audit.contract.verifier import FunctionVerifier, VerifyOutput, check_verify_inputs
+from spectr_audit.contract.convert import as_verifier
 from spectr_audit.errors import InvalidArgument, SpectrAuditError, VerifierError
 from spectr_audit.registry import builtin_names, load_verifier
 

@@ -23,9 +23,9 @@ from spectr_audit.contract.tree_verifier import (
     FunctionTreeVerifier,
     TreeVerifier,
     TreeVerifyOutput,
-    as_tree_verifier,
     check_tree_inputs,
 )
+from spectr_audit.contract.convert import as_tree_verifier
 from spectr_audit.contract.verifier import VerifyOutput
 from spectr_audit.errors import InvalidArgument, SpectrAuditError, VerifierError
 from spectr_audit.registry import load_verifier

@@ -69,7 +69,7 @@ def test_without_replacement_needs_enough_support():
 
 
 def test_verifier_without_exact_law_is_refused():
-    from spectr_audit.contract.verifier import as_verifier
+    from spectr_audit.contract.convert import as_verifier
 
     blind = as_verifier(lambda *a: None)
     with pytest.raises(InvalidArgument, match="has no exact law"):
