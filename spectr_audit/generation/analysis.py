@@ -1,0 +1,409 @@
+"""The generation audit's analysis: from the finished jobs' records to the Holm family, the verdict and the result."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+from scipy import stats
+
+from spectr_audit.generation.designs import ARMS
+from spectr_audit.generation.options import _bucket_names, _Options
+from spectr_audit.generation.results import Divergence, GenerationAuditResult, StratumRow, ZeroMassToken
+from spectr_audit.generation.tests import (
+    NUM_BINS,
+    agreement_test,
+    held_out_tv,
+    pit_test,
+    surprisal_test,
+    two_sample_test,
+)
+from spectr_audit.statistical.gof import TestResult, holm
+
+#: A stratum is tested when it holds at least this many tokens (the bins' expected count is then >= 5).
+MIN_STRATUM_TOKENS = 5 * NUM_BINS
+
+
+@dataclasses.dataclass
+class _Tokens:
+    """Every scored token of one source (engine or reference), columns concatenated over jobs."""
+
+    pit: dict
+    arm: np.ndarray
+    job: np.ndarray
+    row: np.ndarray
+    prompt: np.ndarray
+    position: np.ndarray
+    token: np.ndarray
+    mass: np.ndarray
+    surprisal: np.ndarray
+    entropy: np.ndarray
+    var: np.ndarray
+    margin: np.ndarray
+    accept: Optional[np.ndarray]
+
+    @property
+    def size(self) -> int:
+        return int(self.token.size)
+
+
+def _collect(jobs: dict, stored: list, options: _Options, prefix: str) -> _Tokens:
+    columns = {k: [] for k in ("arm", "job", "row", "prompt", "position", "token", "mass", "surprisal", "entropy",
+                               "var", "margin", "accept")}
+    pits = {o: [] for o in options.orderings}
+    for index, _, rec in stored:
+        job = jobs[index]
+        rows = rec[f"{prefix}tok_row"].astype(np.int64)
+        if rows.size == 0:
+            continue
+        columns["arm"].append(np.full(rows.size, ARMS.index(job.arm)))
+        columns["job"].append(np.full(rows.size, index))
+        columns["row"].append(rows)
+        columns["prompt"].append(np.asarray(job.prompt_ids)[rows])
+        columns["position"].append(rec[f"{prefix}tok_pos"].astype(np.int64))
+        for name, key in (("token", "token"), ("mass", "mass"), ("surprisal", "surprisal"), ("entropy", "entropy"),
+                          ("var", "var"), ("margin", "margin")):
+            columns[name].append(rec[f"{prefix}tok_{key}"])
+        if f"{prefix}tok_accept" in rec:
+            columns["accept"].append(rec[f"{prefix}tok_accept"])
+        for order in options.orderings:
+            pits[order].append(rec[f"{prefix}tok_pit_{order}"])
+
+    def cat(values, dtype=np.float64):
+        return np.concatenate(values).astype(dtype) if values else np.zeros(0, dtype=dtype)
+
+    accept = cat(columns["accept"]) if columns["accept"] else None
+    return _Tokens({o: cat(v) for o, v in pits.items()}, cat(columns["arm"], np.int64), cat(columns["job"], np.int64),
+                   cat(columns["row"], np.int64), cat(columns["prompt"], np.int64),
+                   cat(columns["position"], np.int64), cat(columns["token"], np.int64), cat(columns["mass"]),
+                   cat(columns["surprisal"]), cat(columns["entropy"]), cat(columns["var"]), cat(columns["margin"]),
+                   accept)
+
+
+def _strata(tokens: _Tokens, options: _Options, prompts: list) -> list:
+    """``(name, mask)`` of every stratum worth a test: all, each arm, each position bucket, each prompt."""
+    out = [("all", np.ones(tokens.size, dtype=bool))]
+    for a, arm in enumerate(ARMS):
+        if arm in options.arms:
+            out.append((f"arm {arm}", tokens.arm == a))
+    edges = (0,) + options.position_buckets + (np.iinfo(np.int64).max,)
+    for name, low, high in zip(_bucket_names(options.position_buckets), edges, edges[1:]):
+        out.append((name, (tokens.position >= low) & (tokens.position < high)))
+    if len(prompts) > 1:
+        for p in range(len(prompts)):
+            out.append((f"prompt {p}", tokens.prompt == p))
+    return [(name, mask) for name, mask in out if int(mask.sum()) >= MIN_STRATUM_TOKENS or name == "all"]
+
+
+def _family_size(tokens: _Tokens, options: _Options, prompts: list, has_reference: bool) -> int:
+    """The size of the Holm family (an upper bound): each test's minimum detectable TV is quoted at alpha / size."""
+    strata = _strata(tokens, options, prompts)
+    plain = sum(not name.startswith("prompt") for name, _ in strata)
+    two = (1 + len(options.arms)) * len(options.orderings) if has_reference else 0
+    return len(strata) * len(options.orderings) + plain + two + 4
+
+
+def _max_family_size(options: _Options, num_prompts: int, has_reference: bool) -> int:
+    """The largest Holm family the analysis can build (every stratum filled), known before any job runs."""
+    plain = 1 + len(options.arms) + len(options.position_buckets) + 1
+    strata = plain + (num_prompts if num_prompts > 1 else 0)
+    two = (1 + len(options.arms)) * len(options.orderings) if has_reference else 0
+    return strata * len(options.orderings) + plain + two + 3  # + agreement within, across, e-process
+
+
+def _one_sample(tokens: _Tokens, options: _Options, prompts: list, level: float, label: str = "") -> list:
+    """The PIT tests per order and stratum, and the surprisal tests per stratum (unadjusted)."""
+    tests = []
+    strata = _strata(tokens, options, prompts)
+    for order in options.orderings:
+        pit = torch.from_numpy(tokens.pit[order])
+        for name, mask in strata:
+            if int(mask.sum()) == 0:
+                continue
+            tests.append(pit_test(pit[torch.from_numpy(mask)], f"{label}pit {order} / {name}", level=level,
+                                  power=options.power))
+    surprisal, entropy, var = (torch.from_numpy(x) for x in (tokens.surprisal, tokens.entropy, tokens.var))
+    for name, mask in strata:
+        if name.startswith("prompt") or int(mask.sum()) == 0:
+            continue
+        m = torch.from_numpy(mask)
+        tests.append(surprisal_test(surprisal[m], entropy[m], var[m], f"{label}surprisal / {name}"))
+    return tests
+
+
+def _agreement(jobs: dict, stored: list) -> tuple[list, dict]:
+    """Repeated requests' first tokens: pairs within a batch (repeated arm) and across rounds (same prompt)."""
+    agree, chance, identical = [], [], 0
+    by_prompt: dict = {}
+    for index, _, rec in stored:
+        job = jobs[index]
+        first, prob, lengths = rec["cont_first"], rec["cont_chance"], rec["cont_len"]
+        tokens = rec["cont_tokens"]
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        if job.arm == "repeated":
+            for r in range(0, len(job.prompt_ids) - 1, 2):
+                if first[r] < 0 or first[r + 1] < 0 or not np.isfinite(prob[r]):
+                    continue
+                agree.append(bool(first[r] == first[r + 1]))
+                chance.append(float(prob[r]))
+                identical += bool(np.array_equal(tokens[offsets[r]:offsets[r + 1]],
+                                                 tokens[offsets[r + 1]:offsets[r + 2]]))
+        if job.arm in ("single", "repeated") and first.size and first[0] >= 0:
+            by_prompt.setdefault((job.arm, job.prompt_ids[0]), []).append((first[0], prob[0]))
+    across_agree, across_chance = [], []
+    for draws in by_prompt.values():
+        for (a, pa), (b, _) in zip(draws[::2], draws[1::2]):
+            across_agree.append(bool(a == b))
+            across_chance.append(float(pa))
+    tests = []
+    if agree:
+        tests.append(agreement_test(agree, chance, "independence / within a batch"))
+    if across_agree:
+        tests.append(agreement_test(across_agree, across_chance, "independence / across calls"))
+    summary = {"pairs_within": len(agree), "agree_within": int(sum(agree)), "expected_within": float(sum(chance)),
+               "identical_within": int(identical), "pairs_across": len(across_agree),
+               "agree_across": int(sum(across_agree)), "expected_across": float(sum(across_chance))}
+    return tests, summary
+
+
+def _acceptance(tokens: _Tokens, stored: list) -> dict:
+    accepted = np.concatenate([rec["cont_accepted"] for _, _, rec in stored]) if stored else np.zeros(0)
+    calls = np.concatenate([rec["cont_calls"] for _, _, rec in stored]) if stored else np.zeros(0)
+    lengths = np.concatenate([rec["cont_len"] for _, _, rec in stored]) if stored else np.zeros(0)
+    out: dict = {}
+    reported = calls >= 0
+    if reported.any() and calls[reported].sum() > 0:
+        out["tokens_per_target_call"] = float(lengths[reported].sum() / calls[reported].sum())
+    if (accepted >= 0).any():
+        out["accepted_draft_tokens"] = int(accepted[accepted >= 0].sum())
+    if tokens.accept is not None and tokens.accept.size:
+        out["expected_acceptance_per_drafted_token"] = float(tokens.accept.mean())
+        out["note"] = ("the expected acceptance is single-draft speculative sampling's, 1 - TV(draft, target), "
+                       "averaged over the emitted contexts (drafted contexts after a rejection differ)")
+    return out
+
+
+def _decide(family: list, deciding: set, alpha: float) -> tuple:
+    adjusted = holm([t.pvalue for t in family]) if family else []
+    family = [dataclasses.replace(t, pvalue_adjusted=a) for t, a in zip(family, adjusted)]
+    inside = [t for t in family if t.name in deciding]
+    if not inside:
+        return family, 1.0, "none"
+    # Holm over the whole family, then only the deciding tests decide: their rejections are a subset
+    best = min(inside, key=lambda t: t.pvalue_adjusted)
+    return family, float(best.pvalue_adjusted), best.name
+
+
+def _eprocess_tests(eprocess_p: float, tokens: _Tokens) -> list:
+    """The e-process's entry of the family: none when it saw no token and gathered no evidence."""
+    if eprocess_p < 1.0 or tokens.size:
+        return [TestResult("e-process", -math.log(max(eprocess_p, 1e-300)), eprocess_p, None, tokens.size,
+                           detail="anytime-valid plug-in e-process on binned PIT values, averaged over the "
+                                  "orders (statistic: max log E)")]
+    return []
+
+
+def _against_reference(tokens: _Tokens, reference: _Tokens, options: _Options, prompts: list, level: float,
+                       confidence: float, greedy: bool) -> tuple:
+    """``(reference_rejected, numerics_floor, two_sample_tests)``: whether the one-sample tests reject the
+    reference itself, its held-out TV bounds, and the engine-against-reference tests (none when greedy)."""
+    ref_tests = _one_sample(reference, options, prompts, level, label="reference ")
+    ref_family = holm([t.pvalue for t in ref_tests])
+    reference_rejected = bool(ref_family and min(ref_family) <= options.alpha)
+    floor = tuple(held_out_tv(torch.from_numpy(reference.pit[o]), torch.from_numpy(reference.job % 2), o,
+                              confidence) for o in options.orderings)
+    two = []
+    if not greedy:
+        for order in options.orderings:
+            engine_pit, ref_pit = torch.from_numpy(tokens.pit[order]), torch.from_numpy(reference.pit[order])
+            two.append(two_sample_test(engine_pit, ref_pit, f"two-sample {order} / all"))
+            for a, arm in enumerate(ARMS):
+                e, r = tokens.arm == a, reference.arm == a
+                if arm in options.arms and e.sum() >= MIN_STRATUM_TOKENS and r.sum() >= MIN_STRATUM_TOKENS:
+                    two.append(two_sample_test(engine_pit[torch.from_numpy(e)], ref_pit[torch.from_numpy(r)],
+                                               f"two-sample {order} / arm {arm}"))
+    return reference_rejected, floor, two
+
+
+def _numerics_tolerance(reference: Optional[_Tokens], options: _Options) -> float:
+    """The logit tolerance a zero-mass token is numerics within: ``logit_tol``, raised to the reference's floor."""
+    # the numerics floor in logits: the largest margin at which the reference (no speculation) itself
+    # emits tokens the scorer gives no mass; an engine token within it is the engines' numerics too
+    tolerance = options.logit_tol
+    if reference is not None and reference.size:
+        ref_zero = reference.margin[reference.mass <= options.zero_mass_tol]
+        ref_zero = ref_zero[np.isfinite(ref_zero)]  # a margin the scorer did not give (no logits) sets no floor
+        if ref_zero.size:
+            tolerance = max(tolerance, float(ref_zero.max()))
+    return tolerance
+
+
+def _zero_mass_tokens(tokens: _Tokens, options: _Options, tolerance: float) -> list:
+    """The first 1000 emitted tokens of zero target mass, each marked numerics or not."""
+    zero = []
+    for i in np.flatnonzero(tokens.mass <= options.zero_mass_tol)[:1000]:
+        margin = None if not np.isfinite(tokens.margin[i]) else float(tokens.margin[i])
+        zero.append(ZeroMassToken(ARMS[tokens.arm[i]], int(tokens.job[i]), int(tokens.row[i]), int(tokens.prompt[i]),
+                                  int(tokens.position[i]), int(tokens.token[i]), margin,
+                                  margin is not None and margin <= tolerance))
+    return zero
+
+
+def _after_eos(stored: list) -> list:
+    """``(job, row, position)`` of every continuation that goes on after an end-of-sequence token."""
+    return [(index, r, int(pos)) for index, _, rec in stored
+            for r, pos in enumerate(rec.get("cont_after_eos", np.zeros(0))) if pos >= 0]
+
+
+def _decisive_checks(tokens: _Tokens, stored: list, options: _Options, violations: list, after_eos: list,
+                     divergences: list, with_greedy: bool) -> list:
+    """The checks any one violation of decides: support, end-of-sequence (with an eos id), greedy (if asked)."""
+    real_divergences = [d for d in divergences if not d.numerics]
+    checks = [TestResult("support", float(len(violations)), 0.0 if violations else 1.0, None, tokens.size,
+                         pvalue_adjusted=0.0 if violations else 1.0,
+                         detail="emitted tokens of zero target mass beyond the numerics tolerance (any one is a "
+                                "finding)")]
+    if options.eos_token_id is not None:
+        checks.append(TestResult("end-of-sequence", float(len(after_eos)), 0.0 if after_eos else 1.0, None,
+                                 int(sum(rec["cont_len"].size for _, _, rec in stored)),
+                                 pvalue_adjusted=0.0 if after_eos else 1.0,
+                                 detail=f"continuations that go on after the end-of-sequence token "
+                                        f"{options.eos_token_id} (any one is a finding)"))
+    if with_greedy:
+        checks.append(TestResult("greedy", float(len(real_divergences)), 0.0 if real_divergences else 1.0, None,
+                                 len(divergences), pvalue_adjusted=0.0 if real_divergences else 1.0,
+                                 detail="greedy continuations that depart from the reference at a logit margin "
+                                        "above the tolerance"))
+    return checks
+
+
+def _decisive(pvalue: float, test: str, violations: list, after_eos: list, divergences: list) -> tuple:
+    """``(pvalue, test)``: the family's decision, unless a decisive violation overrules it."""
+    if violations:
+        return 0.0, "support"
+    if after_eos:
+        return 0.0, "end-of-sequence"
+    if any(not d.numerics for d in divergences):
+        return 0.0, "greedy"
+    return pvalue, test
+
+
+def _power(tokens: _Tokens, options: _Options, level: float, confidence: float) -> tuple:
+    """``(held_out_tv, min_detectable_tv, surprisal_z)`` over all of the engine's tokens."""
+    held = tuple(held_out_tv(torch.from_numpy(tokens.pit[o]), torch.from_numpy(tokens.job % 2), o, confidence)
+                 for o in options.orderings)
+    all_tokens = torch.from_numpy(tokens.pit["probability"]) if tokens.size else torch.zeros(0)
+    mdtv = (pit_test(all_tokens, "pit probability / all", level=level, power=options.power).min_detectable_tv
+            if tokens.size else math.inf)
+    z = surprisal_test(torch.from_numpy(tokens.surprisal), torch.from_numpy(tokens.entropy),
+                       torch.from_numpy(tokens.var), "surprisal").statistic if tokens.size else 0.0
+    return held, mdtv, z
+
+
+def _verdict(stored: list, pvalue: float, options: _Options, greedy: bool, has_reference: bool, violations: list,
+             mdtv: float) -> str:
+    """ERROR (no job finished), FINDING, PASS, or INCONCLUSIVE (the power falls short of the request)."""
+    if not stored:
+        return "ERROR"
+    if pvalue <= options.alpha:
+        return "FINDING"
+    if greedy and not has_reference and not violations:
+        return "PASS"  # greedy against the scorer: every token was the scorer's argmax (or a near-tie)
+    if greedy and has_reference:
+        return "PASS"
+    return "INCONCLUSIVE" if not mdtv <= options.min_detectable_tv * (1 + 1e-9) else "PASS"
+
+
+def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompts: list, names: tuple,
+             has_reference: bool, greedy: Optional[bool], stop_reason: str, eprocess_p: float, seconds: dict,
+             incomplete: bool, num_processes: int) -> GenerationAuditResult:
+    tokens = _collect(jobs, stored, options, "")
+    if greedy is None:  # detected: every scored law one-hot (on every job, whichever ran first)
+        greedy = bool(tokens.size) and bool(np.all((tokens.var <= 1e-12) & (tokens.entropy <= 1e-12)))
+    reference = _collect(jobs, stored, options, "ref_") if has_reference else None
+    confidence = 1.0 - options.alpha
+    # the family's size fixes the level each test's minimum detectable TV is quoted at (its Bonferroni share)
+    level = options.alpha / _family_size(tokens, options, prompts, has_reference)
+    one = _one_sample(tokens, options, prompts, level)
+    agreement_tests, agreement = _agreement(jobs, stored)
+    family = one + agreement_tests + _eprocess_tests(eprocess_p, tokens)
+    deciding = {t.name for t in family}
+    decided_by, reference_rejected, floor = "one-sample", None, ()
+    if has_reference and reference is not None and reference.size:
+        reference_rejected, floor, two = _against_reference(tokens, reference, options, prompts, level, confidence,
+                                                            greedy)
+        family += two
+        deciding |= {t.name for t in two}
+        if not greedy and reference_rejected:
+            # the scorer's numerics differ from the engine's beyond their noise: judge against the reference
+            decided_by = "two-sample"
+            deciding -= {t.name for t in one} | {"e-process"}
+    # decisive violations: tokens of zero target mass; greedy divergences at a margin
+    tolerance = _numerics_tolerance(reference, options)
+    zero = _zero_mass_tokens(tokens, options, tolerance)
+    violations = [z for z in zero if not z.numerics]
+    after_eos = _after_eos(stored)
+    divergences = _divergence_rows(jobs, stored, options) if greedy and has_reference else []
+    if greedy:
+        # every law one-hot: an emitted argmax has PIT = U (noise) and surprisal 0, so the one-sample
+        # tests carry nothing the support check does not; and a token within the numerics tolerance
+        # (PIT 1: past the whole mass) must not become a finding through them
+        decided_by = "greedy"
+        deciding -= {t.name for t in one} | {"e-process"}
+    family, pvalue, test = _decide(family, deciding, options.alpha)
+    family += _decisive_checks(tokens, stored, options, violations, after_eos, divergences, greedy and has_reference)
+    pvalue, test = _decisive(pvalue, test, violations, after_eos, divergences)
+    held, mdtv, z = _power(tokens, options, level, confidence)
+    verdict = _verdict(stored, pvalue, options, greedy, has_reference, violations, mdtv)
+    strata_rows = tuple(_stratum_row(t, tokens, options, prompts) for t in family if t.name.startswith("pit "))
+    arm_tokens = {arm: int((tokens.arm == a).sum()) for a, arm in enumerate(ARMS) if arm in options.arms}
+    return GenerationAuditResult(
+        generator=names[0], scorer=names[1], verdict=verdict, pvalue=pvalue, test=test, alpha=options.alpha,
+        power=options.power, min_detectable_tv=mdtv, requested_tv=options.min_detectable_tv, num_tokens=tokens.size,
+        num_continuations=int(sum(rec["cont_len"].size for _, _, rec in stored)), num_jobs=len(stored),
+        tokens_by_arm=arm_tokens, subtests=tuple(family), deciding=tuple(sorted(deciding)), decided_by=decided_by,
+        held_out_tv=held, numerics_floor=floor, reference_rejected=reference_rejected, zero_mass=tuple(zero[:50]),
+        divergences=tuple(divergences[:50]), strata=strata_rows, surprisal_z=float(z), agreement=agreement,
+        acceptance=_acceptance(tokens, stored), greedy=greedy, stop_reason=stop_reason,
+        after_eos=tuple({"job": j, "row": r, "position": p} for j, r, p in after_eos[:50]),
+        failures=tuple(f"job {j} ({arm}): {m}" for j, arm, m in failures), seconds=seconds, num_bins=NUM_BINS,
+        incomplete=incomplete, num_processes=num_processes, logit_tolerance=tolerance)
+
+def _mask(tokens: _Tokens, options: _Options, prompts: list, name: str) -> np.ndarray:
+    stratum = name.split(" / ", 1)[1]
+    return dict(_strata(tokens, options, prompts))[stratum]
+
+
+def _stratum_row(test: TestResult, tokens: _Tokens, options: _Options, prompts: list) -> StratumRow:
+    order = test.name.split()[1]
+    mask = _mask(tokens, options, prompts, test.name)
+    pit = tokens.pit[order][mask]
+    histogram = np.bincount(np.minimum((pit * NUM_BINS).astype(np.int64), NUM_BINS - 1), minlength=NUM_BINS)
+    n = int(mask.sum())
+    low, high = stats.binom.ppf([0.005, 0.995], n, 1.0 / NUM_BINS) if n else (0.0, 0.0)
+    return StratumRow(test.name.split(" / ", 1)[1], order, n, test.pvalue, test.pvalue_adjusted,
+                      test.min_detectable_tv if test.min_detectable_tv is not None else math.inf,
+                      tuple(float(x) for x in histogram), (float(low), float(high)))
+
+
+def _divergence_rows(jobs: dict, stored: list, options: _Options) -> list:
+    out = []
+    for index, _, rec in stored:
+        if "div_row" not in rec:
+            continue
+        job = jobs[index]
+        lengths, ref_lengths = rec["cont_len"], rec["ref_cont_len"]
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        ref_offsets = np.concatenate([[0], np.cumsum(ref_lengths)])
+        for r, pos, margin, a, b in zip(rec["div_row"], rec["div_pos"], rec["div_margin"], rec["div_engine"],
+                                        rec["div_reference"]):
+            engine_tail = rec["cont_tokens"][offsets[r] + pos: min(offsets[r + 1], offsets[r] + pos + 16)]
+            ref_tail = rec["ref_cont_tokens"][ref_offsets[r] + pos: min(ref_offsets[r + 1], ref_offsets[r] + pos + 16)]
+            finite = bool(np.isfinite(margin))
+            out.append(Divergence(job.arm, index, int(r), int(job.prompt_ids[r]), int(pos), int(a), int(b),
+                                  float(margin) if finite else None, finite and float(margin) <= options.logit_tol,
+                                  tuple(int(t) for t in engine_tail), tuple(int(t) for t in ref_tail)))
+    return out

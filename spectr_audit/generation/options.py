@@ -1,0 +1,123 @@
+"""The generation audit's options: checked once, frozen, and what a stored audit must match to resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Sequence
+
+from spectr_audit._validation import check_prob
+from spectr_audit.errors import InvalidArgument
+from spectr_audit.generation.designs import ARMS
+from spectr_audit.generation.pit import ORDERINGS
+
+#: Continuation positions are bucketed at these boundaries (a slip past position 64 must not drown
+#: in the first 64).
+POSITION_BUCKETS = (16, 64, 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """The options of one audit, checked (:func:`_check_options`)."""
+
+    vocab_size: int
+    max_new_tokens: int
+    batch_size: int
+    rounds: int
+    arms: tuple
+    seed: int
+    alpha: float
+    power: float
+    min_detectable_tv: float
+    orderings: tuple
+    position_buckets: tuple
+    zero_mass_tol: float
+    logit_tol: float
+    max_tokens: Optional[int]
+    max_seconds: Optional[float]
+    timeout: Optional[float]
+    eos_token_id: Optional[int]
+
+    def config(self, prompts: list, reference: bool, draft: bool, per_row_max_new_tokens: bool) -> dict:
+        """What must match for a stored audit to be resumed (the jobs, their seeds and what is scored)."""
+        fields = dataclasses.asdict(self)
+        fields.pop("max_seconds")
+        fields.pop("timeout")
+        return {**{k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}, "prompts": prompts,
+                "reference": reference, "draft_scorer": draft, "per_row_max_new_tokens": per_row_max_new_tokens}
+
+
+def _bucket_names(buckets: tuple) -> list:
+    edges = (0,) + buckets
+    names = [f"positions {a}-{b - 1}" for a, b in zip(edges, edges[1:])]
+    return names + [f"positions {edges[-1]}+"]
+
+
+def _check_options(vocab_size, max_new_tokens, batch_size, rounds, arms, seed, alpha, power, min_detectable_tv,
+                   orderings, position_buckets, zero_mass_tol, logit_tol, max_tokens, max_seconds, timeout,
+                   eos_token_id, draft_score) -> _Options:
+    def integer(name, value, low):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InvalidArgument(f"{name}: expected an integer >= {low}, got {value!r}")
+        return int(value)
+
+    def number(name, value, low, high, closed=True):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                low <= value < high if closed else low < value < high):
+            where = f"[{low}, {high})" if closed else f"({low}, {high})"
+            raise InvalidArgument(f"{name}: expected a number in {where}, got {value!r}")
+        return float(value)
+
+    vocab_size = integer("vocab_size", vocab_size, 2)
+    max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
+    batch_size = integer("batch_size", batch_size, 2)
+    rounds = integer("rounds", rounds, 1)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
+    alpha, power = check_prob("alpha", alpha), check_prob("power", power)
+    min_detectable_tv = number("min_detectable_tv", min_detectable_tv, 0.0, 1.0, closed=False)
+    if orderings is None:
+        orderings = ("probability", "ratio", "token-id") if draft_score is not None else ("probability", "token-id")
+    if isinstance(orderings, str):
+        orderings = (orderings,)
+    orderings = tuple(orderings)
+    if not orderings or any(o not in ORDERINGS for o in orderings) or len(set(orderings)) != len(orderings):
+        raise InvalidArgument(f"orderings: expected distinct ones of {ORDERINGS}, got {list(orderings)!r}")
+    if "ratio" in orderings and draft_score is None:
+        raise InvalidArgument("orderings: 'ratio' needs draft_score (the draft model's law at each position)")
+    if isinstance(position_buckets, (str, bytes)) or not isinstance(position_buckets, Sequence):
+        raise InvalidArgument(f"position_buckets: expected increasing positive integers, got {position_buckets!r}")
+    buckets = tuple(position_buckets)
+    if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets) or \
+            list(buckets) != sorted(set(buckets)):
+        raise InvalidArgument(f"position_buckets: expected increasing positive integers, got {list(buckets)!r}")
+    if max_tokens is not None:
+        max_tokens = integer("max_tokens", max_tokens, 1)
+    for name, value in (("max_seconds", max_seconds), ("timeout", timeout)):
+        if value is not None:
+            number(name, value, 0.0, math.inf, closed=False)
+    zero_mass_tol = number("zero_mass_tol", zero_mass_tol, 0.0, 1.0)
+    logit_tol = number("logit_tol", logit_tol, 0.0, math.inf)
+    if isinstance(arms, str):
+        arms = (arms,)
+    if not isinstance(arms, Sequence):
+        raise InvalidArgument(f"arms: expected some of {ARMS}, got {arms!r}")
+    arms = tuple(arms)
+    if not arms or any(a not in ARMS for a in arms) or len(set(arms)) != len(arms):
+        raise InvalidArgument(f"arms: expected distinct ones of {ARMS}, got {list(arms)!r}")
+    if eos_token_id is not None:
+        if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int) or not 0 <= eos_token_id < vocab_size:
+            raise InvalidArgument(f"eos_token_id: expected a token id in [0, {vocab_size}), got {eos_token_id!r}")
+    return _Options(vocab_size, max_new_tokens, batch_size, rounds, arms, seed, alpha, power,
+                    min_detectable_tv, orderings, buckets, zero_mass_tol, logit_tol, max_tokens,
+                    None if max_seconds is None else float(max_seconds), None if timeout is None else float(timeout),
+                    eos_token_id)
+
+
+def _check_flags(**flags) -> None:
+    """The switches of :func:`audit_generation`: each None or a bool (``resume`` a bool)."""
+    for name, value in flags.items():
+        if (value is None and name != "resume") or isinstance(value, bool):
+            continue
+        raise InvalidArgument(f"{name}: expected {'True or False' if name == 'resume' else 'None, True or False'}, "
+                              f"got {value!r}")

@@ -1,0 +1,269 @@
+"""The generation audit's schedule: its jobs run in rounds, one per process, and consumed in job order.
+
+Consuming a job updates the e-processes and applies the stopping rules (a decisive violation, the
+e-process's evidence, the budgets), so every process, and a resumed run, stops where one process
+alone would.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from spectr_audit.errors import InvalidArgument
+from spectr_audit.generation.analysis import _max_family_size
+from spectr_audit.generation.contract import GenerationContractError
+from spectr_audit.generation.designs import Job
+from spectr_audit.generation.options import _Options
+from spectr_audit.generation.scoring import _run_job
+from spectr_audit.generation.store import SampleStore
+from spectr_audit.generation.tests import PITEProcess
+from spectr_audit.statistical.sharding import WorkerFailed
+
+
+class _Collective:
+    """This process's exchanges with the others of its ``torch.distributed`` group (none without shards)."""
+
+    def __init__(self, shards):
+        self.shards = shards
+        self.rank, self.world_size = (0, 1) if shards is None else (shards.rank, shards.world_size)
+
+    def gather(self, payload: Any) -> list:
+        """Every process's payload, in rank order."""
+        if self.shards is None:
+            return [payload]
+        import torch.distributed as dist
+
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, payload, group=self.shards.group)
+        return gathered
+
+    def broadcast(self, payload: Any) -> Any:
+        """Rank 0's payload, in every process."""
+        if self.shards is None:
+            return payload
+        import torch.distributed as dist
+
+        box = [payload if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.shards.group)
+        return box[0]
+
+
+def _open_store(path, config: dict, resume: bool, group: _Collective) -> tuple:
+    """``(sink, records)``: the store (rank 0's only: the others write nothing) and the records it holds.
+
+    Every process gets rank 0's stored records (or its error: a refused resumption is refused everywhere).
+    """
+    sink, payload = None, None
+    if group.rank == 0:
+        try:
+            sink = SampleStore(path, config, resume=resume)
+            payload = ("ok", {index: rec for index, _, rec in sink.records()})
+        except InvalidArgument as exc:
+            payload = ("error", str(exc))
+    payload = group.broadcast(payload)
+    if payload[0] == "error":
+        raise InvalidArgument(payload[1])
+    return sink, payload[1]
+
+
+def _progress(enabled: Optional[bool], total: int):
+    """A rich progress bar on a terminal (tokens per arm, evidence, time left), else None."""
+    if enabled is False or (enabled is None and not sys.stderr.isatty()):
+        return None
+    try:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    except ImportError:  # pragma: no cover - rich is a dependency
+        return None
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
+                        TimeRemainingColumn(), transient=True)
+    progress.start()
+    progress.add_task("generation audit", total=total)
+    return progress
+
+
+def _stop_level(options: _Options, num_prompts: int, has_reference: bool) -> Optional[float]:
+    """The e-process's p-value at which the audit may stop early, or None where it must not stop on it."""
+    # The e-process may stop the audit once it alone would reject in the largest family the analysis
+    # can build; the stopped audit's verdict is then a FINDING that the planned one would reach too,
+    # so stopping adds no false alarm.  Not with a reference: there the one-sample tests may be set
+    # aside (a numerics floor), and a sample stopped on them would bias the two-sample tests.
+    return None if has_reference else options.alpha / _max_family_size(options, num_prompts, False)
+
+
+class _Schedule:
+    """One run of an audit's jobs: what it consumed, what failed, the evidence so far, and why it stopped.
+
+    ``components`` are the generator, the scorer, the reference (or None) and the draft scorer (or None);
+    ``greedy`` is the audit's switch (None: detected).
+    """
+
+    def __init__(self, jobs: list, stored: dict, sink: Optional[SampleStore], group: _Collective,
+                 options: _Options, components: tuple, greedy: Optional[bool], stop_level: Optional[float],
+                 progress: Optional[bool]):
+        self.jobs, self.stored, self.sink, self.group, self.options = jobs, stored, sink, group, options
+        self.generator, self.scorer, self.reference, self.draft_scorer = components
+        self.greedy, self.stop_level = greedy, stop_level
+        self.records: dict = {}  # job index -> records, every job consumed so far (in job order)
+        self.failures: dict = {}  # job index -> (arm, message), every job that failed in this run
+        self.errors: dict = {}  # job index -> the exception this process raised on it (with shards)
+        self.eprocesses = {o: PITEProcess() for o in options.orderings}
+        self.max_log_e = 0.0
+        self.spread = False  # whether a consumed job had a law that is not one-hot (so: not greedy)
+        self.stop_reason, self.start = "planned", time.perf_counter()
+        self.totals = {"generation": 0.0, "reference": 0.0, "scoring": 0.0}
+        self.emitted = 0
+        self.bar = _progress(progress if group.rank == 0 else False, len(jobs))
+        self.interrupted = False
+
+    def mixture_p(self) -> float:
+        """The p-value of the orders' averaged e-process (its running maximum)."""
+        return float(math.exp(-self.max_log_e)) if self.max_log_e > 0 else 1.0
+
+    def consume(self, job: Job, rec: dict) -> Optional[str]:
+        """Add one job's records, in job order; return a stop reason (None: go on)."""
+        options = self.options
+        self.records[job.index] = rec
+        self.emitted += int(rec["tok_token"].size)
+        for key, value in zip(("generation", "reference", "scoring"), rec["seconds"]):
+            self.totals[key] += float(value)
+        logs = [self.eprocesses[o].update(torch.from_numpy(rec[f"tok_pit_{o}"])) for o in options.orderings]
+        # the average of the orders' e-processes is one too (each a martingale of mean 1 under the null,
+        # all on the same tokens in the same order)
+        mixed = float(torch.logsumexp(torch.tensor(logs, dtype=torch.float64), 0)) - math.log(len(logs))
+        self.max_log_e = max(self.max_log_e, mixed)
+        if self.bar is not None:
+            self.bar.update(self.bar.task_ids[0], advance=1,
+                            description=f"{job.arm}: {self.emitted} tokens, evidence log E {self.max_log_e:.1f}")
+        zero = rec["tok_mass"] <= options.zero_mass_tol
+        margin = rec["tok_margin"][zero]
+        # a zero-mass token beyond the tolerance is decisive; with a reference the tolerance may still
+        # grow to the reference's own numerics floor (known at the end), so only a token without a
+        # margin stops the audit then
+        beyond = ~np.isfinite(margin)
+        if self.reference is None:
+            beyond |= margin > options.logit_tol
+        if bool(beyond.any()) or bool((rec["cont_after_eos"] >= 0).any()):
+            return "support"
+        if self.greedy is None and not self.spread:
+            self.spread = bool(np.any((rec["tok_var"] > 1e-12) | (rec["tok_entropy"] > 1e-12)))
+        # not on greedy audits: there the e-process does not decide (nor, so, stop)
+        may_stop = self.greedy is False or self.spread
+        if self.stop_level is not None and self.mixture_p() <= self.stop_level and may_stop:
+            return "e-process"
+        return None
+
+    def attempt(self, job: Optional[Job]) -> tuple:
+        """Run one job here: ``("ok", records)``, ``("fail", message)``, ``("interrupt",)``, ``("error", text)``."""
+        if job is None:
+            return ("none",)
+        try:
+            return ("ok", _run_job(job, self.generator, self.scorer, self.reference, self.draft_scorer, self.options))
+        except GenerationContractError as exc:
+            return ("fail", str(exc))
+        except KeyboardInterrupt:
+            return ("interrupt",)
+        except Exception as exc:  # with shards every process must reach the exchange, or the others hang
+            if self.group.world_size == 1:
+                raise
+            self.errors[job.index] = exc
+            return ("error", f"{type(exc).__name__}: {exc}")
+
+    def run(self) -> None:
+        """Run and consume the jobs until the plan is done or a stopping rule holds (``stop_reason``)."""
+        try:
+            self.stop_reason = self._jobs()
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.stop_reason = "interrupted"
+        except BaseException:
+            if self.sink is not None:
+                self.sink.close()
+            raise
+        finally:
+            if self.bar is not None:
+                self.bar.stop()
+
+    def _over_tokens(self) -> bool:
+        return self.options.max_tokens is not None and self.emitted >= self.options.max_tokens
+
+    def _jobs(self) -> str:
+        """Every job in order, stored ones replayed, the others in rounds; the stop reason."""
+        jobs, stored = self.jobs, self.stored
+        i = 0
+        while i < len(jobs):
+            if self._over_tokens():
+                return "max_tokens"
+            job = jobs[i]
+            if job.index in stored:  # finished by an earlier run of this audit: replayed, in job order
+                i += 1
+                reason = self.consume(job, stored[job.index])
+                if reason is not None:
+                    return reason
+                continue
+            # a round: the next `world` jobs not stored yet, one per process (the stored ones between
+            # them are replayed in their place)
+            batch, end = [], i
+            while end < len(jobs) and len(batch) < self.group.world_size:
+                if jobs[end].index not in stored:
+                    batch.append(jobs[end])
+                end += 1
+            if self.options.max_seconds is not None and self.group.broadcast(
+                    time.perf_counter() - self.start >= self.options.max_seconds):
+                return "max_seconds"
+            reason = self._consume_round(jobs[i:end], self._exchange(batch))
+            i = end
+            if reason is not None:
+                return reason
+        return "planned"
+
+    def _exchange(self, batch: list) -> dict:
+        """Run this process's job of the round; every job's outcome by index (a process's error raised)."""
+        rank, world = self.group.rank, self.group.world_size
+        outcomes = self.group.gather(self.attempt(batch[rank] if rank < len(batch) else None))
+        broken = [w for w, outcome in enumerate(outcomes) if outcome[0] == "error"]
+        if broken:
+            mine = self.errors.get(batch[rank].index) if rank < len(batch) else None
+            if mine is not None:
+                raise mine
+            raise WorkerFailed(f"process {broken[0]} of {world} failed on {batch[broken[0]].case}: "
+                               f"{outcomes[broken[0]][1]}")
+        return {job.index: outcome for job, outcome in zip(batch, outcomes)}
+
+    def _consume_round(self, jobs: list, outcome_of: dict) -> Optional[str]:
+        """Consume a round's jobs in order (stored ones replayed, failed ones recorded); a stop reason or None."""
+        for job in jobs:
+            if self._over_tokens():
+                return "max_tokens"
+            if job.index in self.stored:
+                reason = self.consume(job, self.stored[job.index])
+            else:
+                outcome = outcome_of[job.index]
+                if outcome[0] == "interrupt":
+                    self.interrupted = True
+                    return "interrupted"
+                if outcome[0] == "fail":
+                    self.failures[job.index] = (job.arm, outcome[1])
+                    if self.sink is not None:
+                        self.sink.fail(job.index, job.arm, outcome[1])
+                    continue
+                if self.sink is not None:
+                    self.sink.put(job.index, job.arm, outcome[1])
+                reason = self.consume(job, outcome[1])
+            if reason is not None:
+                return reason
+        return None
+
+    def consumed(self) -> list:
+        """``(index, arm, records)`` of every consumed job, in job order."""
+        arm_of = {job.index: job.arm for job in self.jobs}
+        return [(index, arm_of[index], self.records[index]) for index in sorted(self.records)]
+
+    def failed(self) -> list:
+        """``(index, arm, message)`` of every job that failed in this run, in job order."""
+        return [(index, arm, message) for index, (arm, message) in sorted(self.failures.items())]
