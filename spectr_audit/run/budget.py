@@ -15,7 +15,7 @@ batches (:func:`check_conformance`).
 Estimates are upper bounds built from the allocations of each stage (float64 entries, times a
 small factor for the temporaries of the step), computed in log2 so that ``2^10000`` tuples never
 build an integer or overflow a float.  The budget is ``--max-memory`` on the CLI and
-``max_memory`` in :class:`~spectr_audit.run.runner.AuditOptions` and ``check_verifier``; by
+``max_memory`` in :class:`~spectr_audit.run.options.AuditOptions` and ``check_verifier``; by
 default :data:`spectr_audit.defaults.MAX_MEMORY_FRACTION` of the machine's memory (the smaller of
 physical memory and a cgroup limit), see :func:`default_max_memory`.  A verifier's own working
 memory is not known; it is counted as a few copies of its inputs.
@@ -41,6 +41,7 @@ import re
 from typing import Any, Iterable, Optional, Sequence
 
 from spectr_audit import defaults
+from spectr_audit.run.options import AuditOptions
 from spectr_audit.errors import InvalidArgument
 
 __all__ = [
@@ -484,8 +485,6 @@ def audit_needs(verifier: Any, case: Any, options: Any = None) -> list[Need]:
     (:func:`check_block_lp`).
     """
     if options is None:
-        from spectr_audit.run.runner import AuditOptions
-
         options = AuditOptions()
     if getattr(case, "tree", None) is not None:
         return []  # draft-tree cases: sized by their own audits

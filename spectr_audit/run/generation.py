@@ -64,13 +64,12 @@ from spectr_audit.run.generation_engines import (
     read_prompts,
     toy_prompts,
 )
-from spectr_audit.run.generation_suite import AUDIT_KEYS, CASE_KEYS, EXPECTED, TOY_KEYS  # noqa: F401 (re-exported)
+from spectr_audit.run.generation_cases import AUDIT_KEYS, CASE_KEYS, EXPECTED, TOY_KEYS  # noqa: F401 (re-exported)
+from spectr_audit.run.generation_cases import GenerationCase, parse_generation_cases
 from spectr_audit.run.generation_suite import (
-    GenerationCase,
     GenerationCaseResult,
     GenerationSuiteInterrupted,
     GenerationSuiteReport,
-    parse_generation_cases,
     run_generation_case,
     run_generation_suite,
     select_cases,

@@ -28,10 +28,12 @@ from spectr_audit.exact.iteration import exact_iteration
 from spectr_audit.drafting.models import contexts_from
 from spectr_audit.registry import builtin_verifiers, load_verifier
 from spectr_audit.results import AuditReport, AuditResult, Check
+from spectr_audit.run import budget, guard
 from spectr_audit.run.budget import check_block_lp, check_jobs
 from spectr_audit.run.guard import probe_checks as guard_probe
 from spectr_audit.run.incomplete import RunAborted, RunInterrupted, incomplete_report
-from spectr_audit.run.suite import Case, Suite
+from spectr_audit.run.options import AuditOptions
+from spectr_audit.run.suite import Case, Suite, describe_tree_case
 
 __all__ = ["AuditOptions", "audit_case", "audit_tree_case", "tree_fits", "declared_verdict", "error_result", "plan_jobs", "run_suite", "scheme_fits", "select_verifiers", "EXACT_TOL", "BOUND_TOL"]
 
@@ -50,31 +52,6 @@ def _said(passed: bool, held: str, failed: str) -> str:
     Reports print the detail beside the verdict, so a fixed text would contradict one of the two.
     """
     return held if passed else failed
-
-
-@dataclasses.dataclass(frozen=True)
-class AuditOptions:
-    """Knobs of a run that are not part of a case."""
-
-    seed: int = defaults.SEED
-    #: Statistical audits: false-alarm rate, and caps on samples / seconds.
-    alpha: float = defaults.ALPHA
-    max_samples: Optional[int] = None
-    max_seconds: Optional[float] = None
-    min_detectable_tv: float = defaults.MIN_DETECTABLE_TV
-    power: float = defaults.POWER
-    #: Sample cap of the sampler-versus-exact-law check of verifiers with ``output_probs``.
-    sampler_max_samples: Optional[int] = defaults.SAMPLER_MAX_SAMPLES
-    device: str = "cpu"
-    #: Certify TV <= this on every result (``--certify-tv``): black boxes by the statistical audit's
-    #: anytime-valid upper bound on the partition, verifiers with an exact law by their exact TV.
-    certify_tv: Optional[float] = None
-    #: Memory budget in bytes (or a size such as ``"4GiB"``); ``None``: a fraction of the machine's
-    #: memory (:func:`spectr_audit.run.budget.default_max_memory`).  Audits over it are refused.
-    max_memory: Optional[int] = None
-    #: Seconds one verifier call may take before it becomes an error result (``None``: no limit);
-    #: see :mod:`spectr_audit.run.guard` for the mechanism and its limits.
-    verifier_timeout: Optional[float] = defaults.VERIFIER_TIMEOUT
 
 
 def declared_verdict(verifier: Verifier) -> Optional[bool]:
@@ -488,8 +465,6 @@ def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOpti
     ``options.verifier_timeout`` seconds, and a probe checks that the verifier leaves its inputs
     unchanged and is deterministic under a fixed generator (:mod:`spectr_audit.run.guard`).
     """
-    from spectr_audit.run import budget, guard
-
     if getattr(case, "tree", None) is not None:
         return audit_tree_case(verifier, case.laws() if hasattr(case, "laws") else case, options)
     budget.check_audit(verifier, case.laws() if hasattr(case, "laws") else case, options)
@@ -697,8 +672,6 @@ def audit_tree_case(verifier, case: Case, options: AuditOptions = AuditOptions()
     (:func:`spectr_audit.bounds.tree_lp.tree_bound`).  ``details["tree"]`` describes the tree.
     """
     from spectr_audit.contract.convert import as_tree_verifier
-    from spectr_audit.run.suite import describe_tree_case
-
     checks: list[Check] = []
     tree = case.tree
     details: dict = {"tree": describe_tree_case(case)}

@@ -91,6 +91,8 @@ import numpy as np
 from spectr_audit.errors import InvalidArgument
 from spectr_audit._validation import as_distribution
 from spectr_audit.drafting.models import ContextFreeModel, MarkovModel, Model, random_markov
+from spectr_audit.run.budget import check_model_spec
+from spectr_audit.run.generation_cases import parse_generation_cases
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -253,8 +255,6 @@ def model_from_spec(spec: Any, where: str, *, max_memory: Any = None, inputs: st
     With ``inputs="logits"`` a list is a context-free model's raw logits (``-inf`` allowed) and
     a table's rows are logits.
     """
-    from spectr_audit.run.budget import check_model_spec
-
     if inputs not in INPUTS:
         raise _fail(where, f"inputs: expected one of {list(INPUTS)}, got {inputs!r}")
     check_model_spec(spec, where, max_memory)
@@ -516,8 +516,6 @@ def parse_suite(data: dict, source: str = "suite", default_name: str = "suite", 
     _check_keys(header, {"name", "description", "verifiers"}, f"{source} [suite]")
     generation: tuple = ()
     if "generation" in data:
-        from spectr_audit.run.generation import parse_generation_cases
-
         generation = parse_generation_cases(data["generation"], source, base)
     raw_cases = data.get("case")
     if generation and "case" not in data:
