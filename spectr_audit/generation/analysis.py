@@ -291,13 +291,18 @@ def _decisive(pvalue: float, test: str, violations: list, after_eos: list, diver
     return pvalue, test
 
 
-def _power(tokens: _Tokens, options: _Options, level: float, confidence: float) -> tuple:
-    """``(held_out_tv, min_detectable_tv, surprisal_z)`` over all of the engine's tokens."""
+def _power(tokens: _Tokens, one: list, options: _Options, confidence: float) -> tuple:
+    """``(held_out_tv, min_detectable_tv, surprisal_z)`` over all of the engine's tokens.
+
+    The minimum detectable TV is that of the family's all-tokens PIT test of ``options.power_ordering``
+    (one of the orders run; inf when no token was scored).
+    """
     held = tuple(held_out_tv(torch.from_numpy(tokens.pit[o]), torch.from_numpy(tokens.job % 2), o, confidence)
                  for o in options.orderings)
-    all_tokens = torch.from_numpy(tokens.pit["probability"]) if tokens.size else torch.zeros(0)
-    mdtv = (pit_test(all_tokens, "pit probability / all", level=level, power=options.power).min_detectable_tv
-            if tokens.size else math.inf)
+    name = f"pit {options.power_ordering} / all"
+    test = next((t for t in one if t.name == name), None)
+    mdtv = (test.min_detectable_tv if tokens.size and test is not None and test.min_detectable_tv is not None
+            else math.inf)
     z = surprisal_test(torch.from_numpy(tokens.surprisal), torch.from_numpy(tokens.entropy),
                        torch.from_numpy(tokens.var), "surprisal").statistic if tokens.size else 0.0
     return held, mdtv, z
@@ -356,7 +361,7 @@ def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompt
     family, pvalue, test = _decide(family, deciding, options.alpha)
     family += _decisive_checks(tokens, stored, options, violations, after_eos, divergences, greedy and has_reference)
     pvalue, test = _decisive(pvalue, test, violations, after_eos, divergences)
-    held, mdtv, z = _power(tokens, options, level, confidence)
+    held, mdtv, z = _power(tokens, one, options, confidence)
     verdict = _verdict(stored, pvalue, options, greedy, has_reference, violations, mdtv)
     strata_rows = tuple(_stratum_row(t, tokens, options, prompts) for t in family if t.name.startswith("pit "))
     arm_tokens = {arm: int((tokens.arm == a).sum()) for a, arm in enumerate(ARMS) if arm in options.arms}
@@ -370,7 +375,8 @@ def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompt
         acceptance=_acceptance(tokens, stored), greedy=greedy, stop_reason=stop_reason,
         after_eos=tuple({"job": j, "row": r, "position": p} for j, r, p in after_eos[:50]),
         failures=tuple(f"job {j} ({arm}): {m}" for j, arm, m in failures), seconds=seconds, num_bins=NUM_BINS,
-        incomplete=incomplete, num_processes=num_processes, logit_tolerance=tolerance)
+        incomplete=incomplete, num_processes=num_processes, logit_tolerance=tolerance,
+        power_ordering=options.power_ordering)
 
 def _mask(tokens: _Tokens, options: _Options, prompts: list, name: str) -> np.ndarray:
     stratum = name.split(" / ", 1)[1]

@@ -108,9 +108,11 @@ def audit_generation(
     seed : int
     alpha, power, min_detectable_tv : float
         The familywise false-alarm rate; the power the PASS verdict requires at ``min_detectable_tv``
-        (TV of the pooled PIT law over all tokens, by probability).
+        (TV of the pooled PIT law over all tokens, by probability, or by the first of ``orderings``
+        when it leaves probability out: the result's ``power_ordering``).
     orderings : sequence of str, optional
-        PIT orders (default ``probability`` and ``token-id``, and ``ratio`` with a draft scorer).
+        PIT orders, distinct ones of :data:`~spectr_audit.generation.pit.ORDERINGS` (default
+        ``probability`` and ``token-id``, and ``ratio`` with a draft scorer; ``ratio`` needs one).
     position_buckets : sequence of int
         Boundaries of the position strata.
     greedy : bool, optional

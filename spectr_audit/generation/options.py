@@ -38,6 +38,11 @@ class _Options:
     timeout: Optional[float]
     eos_token_id: Optional[int]
 
+    @property
+    def power_ordering(self) -> str:
+        """The PIT order whose all-tokens test the power is quoted for: ``probability`` if run, else the first."""
+        return "probability" if "probability" in self.orderings else self.orderings[0]
+
     def config(self, prompts: list, reference: bool, draft: bool, per_row_max_new_tokens: bool) -> dict:
         """What must match for a stored audit to be resumed (the jobs, their seeds and what is scored)."""
         fields = dataclasses.asdict(self)
@@ -80,6 +85,8 @@ def _check_options(vocab_size, max_new_tokens, batch_size, rounds, arms, seed, a
         orderings = ("probability", "ratio", "token-id") if draft_score is not None else ("probability", "token-id")
     if isinstance(orderings, str):
         orderings = (orderings,)
+    if not isinstance(orderings, Sequence):  # a set has no order, and the first order may carry the power
+        raise InvalidArgument(f"orderings: expected a sequence of distinct ones of {ORDERINGS}, got {orderings!r}")
     orderings = tuple(orderings)
     if not orderings or any(o not in ORDERINGS for o in orderings) or len(set(orderings)) != len(orderings):
         raise InvalidArgument(f"orderings: expected distinct ones of {ORDERINGS}, got {list(orderings)!r}")

@@ -124,8 +124,8 @@ class GenerationAuditResult:
         The deciding test.
     alpha, power : float
     min_detectable_tv, requested_tv : float
-        The smallest TV of the pooled PIT law (probability order, all tokens) detected with
-        ``power``, and the one asked for.
+        The smallest TV of the pooled PIT law (the order :attr:`power_ordering`, all tokens)
+        detected with ``power`` by that order's all-tokens test, and the one asked for.
     num_tokens, num_continuations, num_jobs : int
         Engine tokens scored, continuations, generator calls.
     tokens_by_arm : dict of str -> int
@@ -172,6 +172,10 @@ class GenerationAuditResult:
         (the numerics floor in logits) when that is larger.
     after_eos : tuple of dict
         Continuations that went on after the end-of-sequence token (job, row, where it was).
+    power_ordering : str
+        The PIT order :attr:`min_detectable_tv` is that of: ``"probability"`` when it was run, else
+        the first of ``orderings``.  (At the same tokens and level every order's all-tokens test
+        has the same minimum detectable TV; the order says where in [0, 1] a deviation must land.)
     """
 
     generator: str
@@ -208,6 +212,7 @@ class GenerationAuditResult:
     num_processes: int = 1
     logit_tolerance: float = 0.0
     after_eos: tuple = ()
+    power_ordering: str = "probability"
 
     @property
     def passed(self) -> bool:

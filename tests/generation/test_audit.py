@@ -11,7 +11,9 @@
 * the ratio order (with a draft scorer) finds a coupling that over-accepts drafted tokens, which the
   other orders miss at the same budget;
 * the independence tests find requests that share a random stream, and calls that ignore the seed;
-* a correct loop with an end-of-sequence token passes (and does stop there).
+* a correct loop with an end-of-sequence token passes (and does stop there);
+* any valid ``orderings`` runs, and the power is that of the all-tokens PIT test of the order it
+  names (``probability`` when run, else the first given), recomputed here from its definition.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sqlite3
 import numpy as np
 import pytest
 import torch
+from scipy import optimize, stats
 from statsmodels.stats.multitest import multipletests
 
 from spectr_audit.contract.sampling import SamplingParams
@@ -226,3 +229,66 @@ def test_a_correct_loop_with_an_end_of_sequence_token_passes_and_stops_there(eos
     slip = audit_generation(slip_engine("eos-inside-block", pair), pair.scorer(), prompts, rounds=3, seed=2,
                             eos_token_id=eos, arms=arms, **BASE)
     assert slip.verdict == "FINDING" and slip.test == "end-of-sequence" and slip.after_eos
+
+
+# --- orderings and the power ---------------------------------------------------------------------
+
+ORDERING_CASES = [
+    (("token-id",), False, "token-id"),
+    ("token-id", False, "token-id"),
+    (("ratio",), True, "ratio"),
+    (("token-id", "ratio"), True, "token-id"),
+    (("token-id", "probability"), False, "probability"),
+]
+
+
+@pytest.mark.parametrize("orderings, draft, power_ordering", ORDERING_CASES,
+                         ids=["token-id", "token-id-str", "ratio", "token-id-ratio", "token-id-probability"])
+def test_any_valid_orderings_run_and_the_power_is_the_named_orders_all_tokens_test(orderings, draft, power_ordering):
+    extra = dict(draft_score=PAIR.draft_scorer()) if draft else {}
+    result = audit_generation(correct_engine(PAIR), PAIR.scorer(), PROMPTS, rounds=2, seed=4, orderings=orderings,
+                              **BASE, **extra)
+    run = (orderings,) if isinstance(orderings, str) else orderings
+    _holm_checks(result)
+    assert {t.name.split()[1] for t in result.subtests if t.name.startswith("pit ")} == set(run)
+    assert [h.ordering for h in result.held_out_tv] == list(run)
+    assert result.power_ordering == power_ordering and result.to_dict()["power_ordering"] == power_ordering
+    test = next(t for t in result.subtests if t.name == f"pit {power_ordering} / all")
+    assert test.num_samples == result.num_tokens > 0
+    assert math.isfinite(result.min_detectable_tv) and result.min_detectable_tv == test.min_detectable_tv
+    # a correct loop, fixed seed: not a FINDING (false-alarm rate alpha = 1e-3 per audit)
+    assert result.verdict == ("INCONCLUSIVE" if result.min_detectable_tv > result.requested_tv else "PASS")
+
+
+def _noncentral_chi2_sf(x: float, df: int, lam: float) -> float:
+    """P(chi2_df(lam) > x) as the Poisson(lam / 2) mixture of central chi-squares of df + 2j degrees."""
+    j = np.arange(0, int(lam / 2 + 40 * math.sqrt(lam / 2 + 1) + 50))
+    return float(np.sum(stats.poisson.pmf(j, lam / 2) * stats.chi2.sf(x, df + 2 * j)))
+
+
+def test_the_power_of_a_token_id_audit_is_its_g_tests_recomputed_from_the_definition():
+    alpha, power = 0.01, 0.9
+    result = audit_generation(correct_engine(PAIR), PAIR.scorer(), PROMPTS, rounds=2, seed=4, alpha=alpha,
+                              power=power, orderings=["token-id"], **BASE)
+    assert result.power_ordering == "token-id" and result.num_tokens > 0
+    # every test the audit ran shares alpha (Bonferroni): its Holm family and the support check (no
+    # end-of-sequence id, not greedy, both independence tests present)
+    names = [t.name for t in result.subtests]
+    assert "support" in names and "end-of-sequence" not in names and "greedy" not in names
+    assert {"independence / within a batch", "independence / across calls", "e-process"} <= set(names)
+    level = alpha / len(names)
+    # the G-test of the 20 PIT bins against uniform has 19 degrees of freedom; a law at TV d from
+    # uniform has Cohen's w >= 2 d, noncentrality n w^2: the smallest d detected with `power`
+    df = 19
+    critical = float(stats.chi2.isf(level, df))
+    lam = optimize.brentq(lambda x: _noncentral_chi2_sf(critical, df, x) - power, 1e-6, 1e4, xtol=1e-12)
+    expected = math.sqrt(lam / result.num_tokens) / 2
+    assert result.min_detectable_tv == pytest.approx(expected, rel=1e-6)
+    # and the verdict rests on it: just above the requested TV is INCONCLUSIVE, just below PASS
+    settings = dict(rounds=2, seed=4, alpha=alpha, power=power, orderings=["token-id"], **BASE)
+    low = audit_generation(correct_engine(PAIR), PAIR.scorer(), PROMPTS, min_detectable_tv=expected * 0.99, **settings)
+    high = audit_generation(correct_engine(PAIR), PAIR.scorer(), PROMPTS, min_detectable_tv=expected * 1.01,
+                            **settings)
+    # a correct loop, fixed seed: not a FINDING (false-alarm rate alpha = 0.01 per audit)
+    assert (low.verdict, high.verdict) == ("INCONCLUSIVE", "PASS")
+    assert low.min_detectable_tv == high.min_detectable_tv == result.min_detectable_tv
