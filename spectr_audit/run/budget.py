@@ -42,6 +42,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from spectr_audit import defaults
 from spectr_audit.run.options import AuditOptions
+from spectr_audit.run.stages import chain_stages
 from spectr_audit.errors import InvalidArgument
 
 __all__ = [
@@ -472,14 +473,9 @@ def _multi_iteration_needs(s: _Sizes) -> list[Need]:
     return needs
 
 
-def _has_carried_correction(verifier: Any) -> bool:
-    from spectr_audit.contract.correction import has_carried_correction
-
-    return has_carried_correction(verifier)
-
-
 def audit_needs(verifier: Any, case: Any, options: Any = None) -> list[Need]:
-    """The estimated peak memory of each stage of ``audit_case(verifier, case, options)``.
+    """The estimated peak memory of each stage of ``audit_case(verifier, case, options)``: the stages of
+    :data:`~spectr_audit.run.stages.CHAIN_STAGES` that apply, the table the runner reads.
 
     The block LP is left out: it is an extra, skipped (with a note) when over budget
     (:func:`check_block_lp`).
@@ -489,21 +485,27 @@ def audit_needs(verifier: Any, case: Any, options: Any = None) -> list[Need]:
     if getattr(case, "tree", None) is not None:
         return []  # draft-tree cases: sized by their own audits
     s = _sizes(case, verifier.draft_scheme)
-    checks = case.checks
-    needs = [_probe_need(s)]
-    if "optimality" in checks:
-        needs.append(Need("the optimality bound", _lg(s.vocab_size * 16 * _ENTRY) + 4, f"V={s.vocab_size} tokens"))
-    if verifier.has_exact_law:
-        carries = _has_carried_correction(verifier)
-        if "exact" in checks:
-            needs += _exact_needs(s)
-        if carries and ("multi-iteration" in checks or "exact" in checks):
-            needs += _multi_iteration_needs(s)
-        if "sampler" in checks:
-            needs += _sampler_needs(s)
-    elif "statistical" in checks:
-        needs += _statistical_needs(s, options)
+    needs: list[Need] = []
+    for stage in chain_stages(verifier, case):
+        needs += _STAGE_NEEDS[stage](s, options)
     return needs
+
+
+def _optimality_needs(s: _Sizes, options: Any) -> list[Need]:
+    return [Need("the optimality bound", _lg(s.vocab_size * 16 * _ENTRY) + 4, f"V={s.vocab_size} tokens")]
+
+
+#: What each stage of a chain audit allocates at its peak (the stages without a sizeable allocation: none).
+_STAGE_NEEDS = {
+    "probe": lambda s, options: [_probe_need(s)],
+    "optimality": _optimality_needs,
+    "exact": lambda s, options: _exact_needs(s),
+    "multi-iteration": lambda s, options: _multi_iteration_needs(s),
+    "sampler": lambda s, options: _sampler_needs(s),
+    "certificate": lambda s, options: [],
+    "statistical": _statistical_needs,
+    "block-lp": lambda s, options: [],  # an extra, sized by check_block_lp when it runs
+}
 
 
 def _where(verifier: Any, case: Any) -> str:

@@ -7,7 +7,8 @@ Every path that runs a verifier under audit (:func:`~spectr_audit.run.runner.aud
 The time limit
 --------------
 :func:`time_limited` hands out a :class:`TimeLimited` proxy of the verifier whose every call of
-``verify`` and ``output_probs`` (and ``verify_logits`` / ``output_probs_logits`` where present) raises
+``verify`` and ``output_probs`` (and ``verify_logits`` / ``output_probs_logits``, or a tree verifier's
+``verify_tree`` / ``tree_output_probs``, where present) raises
 :class:`VerifierTimeout` when it runs longer than ``seconds``; the verifier's own object is not
 modified (a frozen dataclass or a class with ``__slots__`` is limited alike); the runner turns it into an error result naming the verifier and
 the case, and the other results are kept.  The mechanism:
@@ -46,7 +47,7 @@ from spectr_audit.errors import InvalidArgument, VerifierError
 __all__ = ["TimeLimited", "VerifierTimeout", "call_limit", "check_timeout", "dense_mutations", "probe_checks", "time_limited"]
 
 #: The verifier methods that :func:`time_limited` wraps.
-_METHODS = ("verify", "output_probs", "verify_logits", "output_probs_logits")
+_METHODS = ("verify", "output_probs", "verify_logits", "output_probs_logits", "verify_tree", "tree_output_probs")
 
 
 class VerifierTimeout(VerifierError):

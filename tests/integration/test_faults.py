@@ -646,3 +646,25 @@ def test_the_audit_runs_the_verifier_through_the_limit_without_patching_it():
     result = audit_case(verifier, case, AuditOptions(verifier_timeout=30))
     assert result.error is None and result.passed
     assert seen and all(not set(names) & {"verify", "output_probs"} for names in seen)
+
+
+def test_a_tree_verifier_that_never_returns_is_stopped_on_a_tree_case():
+    from spectr_audit.run.runner import AuditOptions, audit_case
+    from spectr_audit.run.suite import load_suite
+    from spectr_audit.verifiers.tree import TreeRecursiveRejection
+
+    class Stuck(TreeRecursiveRejection):
+        name = "stuck-tree"
+
+        def verify_tree(self, *args, **kwargs):
+            time.sleep(30)
+
+        def tree_output_probs(self, *args, **kwargs):
+            time.sleep(30)
+
+    case = next(c for c in load_suite("default").cases if c.name.startswith("tree-chains-2-2"))
+    start = time.monotonic()
+    result = audit_case(Stuck(), case, AuditOptions(verifier_timeout=0.5, max_samples=1_000))
+    assert time.monotonic() - start < 10
+    assert result.error is not None and result.error.startswith("VerifierTimeout: verifier 'stuck-tree': "), result.error
+    assert "did not return within 0.5 s" in result.error

@@ -1,0 +1,77 @@
+"""The stages of a chain audit, in the order :func:`~spectr_audit.run.runner.audit_case` runs them.
+
+One table read by both the runner (which stage runs) and the memory budget
+(:func:`~spectr_audit.run.budget.audit_needs`, what each stage that runs would allocate), so
+that the two cannot disagree about what an audit does.
+
+======================  ==========================================================================
+stage                   runs when
+======================  ==========================================================================
+``probe``               always: the contract probe (:mod:`spectr_audit.run.guard`)
+``optimality``          the case asks for ``optimality``: alpha* and SpecTr's bound
+``exact``               the verifier has an exact law and the case asks for ``exact``
+``multi-iteration``     ... and the verifier carries a next-iteration repair, the case asking for
+                        ``multi-iteration`` or ``exact``
+``sampler``             ... the case asks for ``sampler``: the sampler against its own law
+``certificate``         ... always (with ``certify_tv``, the exact TV is the certificate)
+``statistical``         the verifier has no exact law and the case asks for ``statistical``
+``block-lp``            the case asks for ``block-lp``, L > 1 and i.i.d. drafts (an extra: skipped
+                        with a note when over the memory budget)
+======================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from spectr_audit.contract.correction import has_carried_correction
+
+__all__ = ["CHAIN_STAGES", "EXTRA_STAGES", "Stage", "chain_stages"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One stage of a chain audit: its name and when it runs (``applies(verifier, case, carries)``)."""
+
+    name: str
+    applies: Callable[[Any, Any, bool], bool]
+
+
+def _exact_law(verifier) -> bool:
+    return bool(verifier.has_exact_law)
+
+
+#: Every stage of a chain audit, in the order it runs.
+CHAIN_STAGES: tuple[Stage, ...] = (
+    Stage("probe", lambda verifier, case, carries: True),
+    Stage("optimality", lambda verifier, case, carries: "optimality" in case.checks),
+    Stage("exact", lambda verifier, case, carries: _exact_law(verifier) and "exact" in case.checks),
+    Stage("multi-iteration", lambda verifier, case, carries: _exact_law(verifier) and carries
+          and ("multi-iteration" in case.checks or "exact" in case.checks)),
+    Stage("sampler", lambda verifier, case, carries: _exact_law(verifier) and "sampler" in case.checks),
+    Stage("certificate", lambda verifier, case, carries: _exact_law(verifier)),
+    Stage("statistical", lambda verifier, case, carries: not _exact_law(verifier) and "statistical" in case.checks),
+    Stage("block-lp", lambda verifier, case, carries: "block-lp" in case.checks and case.draft_len > 1
+          and verifier.draft_scheme == "iid"),
+)
+
+#: Stages that are extras: skipped with a note, not refused, when over the memory budget.
+EXTRA_STAGES = frozenset({"block-lp"})
+
+
+def chain_stages(verifier: Any, case: Any) -> tuple[str, ...]:
+    """The names of the stages :func:`~spectr_audit.run.runner.audit_case` runs for ``verifier`` on the chain
+    ``case``, in order.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> exact = NS(has_exact_law=True, draft_scheme="iid")
+    >>> chain_stages(exact, NS(checks=("exact", "optimality"), draft_len=1))
+    ('probe', 'optimality', 'exact', 'certificate')
+    >>> chain_stages(NS(has_exact_law=False, draft_scheme="iid"), NS(checks=("statistical", "block-lp"), draft_len=2))
+    ('probe', 'statistical', 'block-lp')
+    """
+    carries = has_carried_correction(verifier)
+    return tuple(stage.name for stage in CHAIN_STAGES if stage.applies(verifier, case, carries))

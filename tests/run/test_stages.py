@@ -1,0 +1,83 @@
+"""The stage table of a chain audit: which stages run, that the runner runs exactly those, and that the
+memory budget sizes each of them (one table for both)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+from spectr_audit.drafting.models import ContextFreeModel
+from spectr_audit.registry import load_verifier
+from spectr_audit.run import budget, runner
+from spectr_audit.run.runner import AuditOptions, Case, audit_case
+from spectr_audit.run.stages import CHAIN_STAGES, chain_stages
+
+#: (has_exact_law, carries a repair, draft scheme, checks, L) -> the stages, derived by hand from the table's rules.
+STAGE_CASES = [
+    (True, False, "iid", ("exact", "optimality"), 1, ("probe", "optimality", "exact", "certificate")),
+    (True, False, "iid", ("exact", "sampler", "block-lp"), 2, ("probe", "exact", "sampler", "certificate", "block-lp")),
+    (True, False, "iid", ("exact", "block-lp"), 1, ("probe", "exact", "certificate")),
+    (True, False, "without_replacement", ("exact", "block-lp"), 2, ("probe", "exact", "certificate")),
+    (True, True, "iid", ("exact",), 2, ("probe", "exact", "multi-iteration", "certificate")),
+    (True, True, "iid", ("multi-iteration",), 2, ("probe", "multi-iteration", "certificate")),
+    (True, False, "iid", ("multi-iteration",), 2, ("probe", "certificate")),
+    (True, False, "iid", ("statistical",), 1, ("probe", "certificate")),
+    (False, False, "iid", ("statistical", "exact", "sampler"), 1, ("probe", "statistical")),
+    (False, False, "iid", ("exact",), 1, ("probe",)),
+    (False, False, "iid", ("optimality", "statistical", "block-lp"), 3, ("probe", "optimality", "statistical", "block-lp")),
+]
+
+
+@pytest.mark.parametrize("exact, carries, scheme, checks, draft_len, expected", STAGE_CASES)
+def test_the_stages_that_run(exact, carries, scheme, checks, draft_len, expected):
+    verifier = NS(has_exact_law=exact, draft_scheme=scheme)
+    if carries:
+        verifier.carried_correction = lambda *args: None
+    assert chain_stages(verifier, NS(checks=checks, draft_len=draft_len)) == expected
+
+
+def test_the_memory_budget_sizes_every_stage_of_the_table():
+    # a stage added to the table without a size would be a KeyError in the budget
+    assert set(budget._STAGE_NEEDS) == {stage.name for stage in CHAIN_STAGES}
+
+
+def _case(checks, num_drafts=1, draft_len=2):
+    return Case("stages", ContextFreeModel(torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)),
+                ContextFreeModel(torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)), num_drafts=num_drafts,
+                draft_len=draft_len, checks=checks)
+
+
+@pytest.mark.parametrize("name, checks, num_drafts, draft_len", [
+    ("speculative", ("exact", "optimality", "sampler", "block-lp"), 1, 2),
+    ("kseq", ("exact", "optimality"), 2, 1),
+    ("speculative", ("statistical",), 1, 2),
+])
+def test_the_runner_runs_exactly_the_tables_stages_in_order(monkeypatch, name, checks, num_drafts, draft_len):
+    ran = []
+    for stage in CHAIN_STAGES:
+        method = "_" + stage.name.replace("-", "_")
+        original = getattr(runner._ChainAudit, method)
+
+        def spy(self, _original=original, _name=stage.name):
+            ran.append(_name)
+            return _original(self)
+
+        monkeypatch.setattr(runner._ChainAudit, method, spy)
+    verifier = load_verifier(name)
+    case = _case(checks, num_drafts, draft_len)
+    result = audit_case(verifier, case, AuditOptions(max_samples=2_000, sampler_max_samples=2_000))
+    assert result.error is None, result.error
+    assert tuple(ran) == chain_stages(verifier, case)
+    assert len(ran) >= 2
+
+
+def test_a_black_box_runs_the_statistical_stage_and_the_budget_sizes_it():
+    black_box = load_verifier("speculative")
+    black_box = NS(name="black-box", has_exact_law=False, draft_scheme="iid", verify=black_box.verify)
+    case = _case(("statistical", "optimality"))
+    stages = chain_stages(black_box, case)
+    assert stages == ("probe", "optimality", "statistical")
+    needs = budget.audit_needs(black_box, case, AuditOptions())
+    assert {need.stage for need in needs} == {"the verifier probe", "the optimality bound", "the statistical audit"}
