@@ -24,8 +24,17 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from spectr_audit import defaults
 from spectr_audit._validation import check_prob
+from spectr_audit.contract.convert import as_verifier
+from spectr_audit.contract.logits import FunctionLogitsVerifier, takes_logits
+from spectr_audit.contract.sampling import SamplingParams, processing_order
+from spectr_audit.contract.verifier import FunctionVerifier, Verifier, check_output_probs, check_verify_output
+from spectr_audit.drafting.harness import draft
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
+from spectr_audit.registry import load_verifier
 from spectr_audit.run import budget, guard
+from spectr_audit.run.runner import AuditOptions, add_statistical_result, audit_case, scheme_fits
+from spectr_audit.run.suite import Suite, load_suite, model_from_spec, parse_suite
+from spectr_audit.run.tree_conformance import check_tree_verifier
 from spectr_audit.run.conformance_checks import (  # noqa: F401 (ConformanceCheck, alpha_split_text, describe_result re-exported)
     _CONTRACT_DRAFT,
     _CONTRACT_TARGET,
@@ -41,7 +50,6 @@ from spectr_audit.run.conformance_checks import (  # noqa: F401 (ConformanceChec
     alpha_split_text,
     describe_result,
 )
-from spectr_audit.run.tree_conformance import check_tree_verifier
 
 __all__ = ["ConformanceCheck", "ConformanceResult", "ConformanceFailure", "check_verifier", "standard_suite"]
 
@@ -88,8 +96,6 @@ def standard_suite(num_drafts: IntOrInts = (1, 2), draft_len: IntOrInts = 1) -> 
     -------
     spectr_audit.run.suite.Suite
     """
-    from spectr_audit.run.suite import parse_suite
-
     ks = _as_ints(num_drafts, "num_drafts")
     ls = _as_ints(draft_len, "draft_len")
     token_cases = [
@@ -120,15 +126,9 @@ def standard_suite(num_drafts: IntOrInts = (1, 2), draft_len: IntOrInts = 1) -> 
 
 
 def _to_verifier(verifier: Any, name: Optional[str], output_probs: Optional[Callable], draft_scheme: Optional[str]):
-    from spectr_audit.contract.verifier import FunctionVerifier, Verifier
-    from spectr_audit.contract.convert import as_verifier
-    from spectr_audit.registry import load_verifier
-
     is_plain_function = (callable(verifier) and not isinstance(verifier, (type, str, Verifier))
                          and not hasattr(verifier, "verify") and not hasattr(verifier, "verify_logits"))
     if is_plain_function and getattr(verifier, "takes_logits", False):
-        from spectr_audit.contract.logits import FunctionLogitsVerifier
-
         # fn(draft_tokens, draft_logits, target_logits, params, generator), as engines verify
         return FunctionLogitsVerifier(verifier, name=name, output_probs=output_probs, draft_scheme=draft_scheme or "iid")
     if is_plain_function:
@@ -148,8 +148,6 @@ def _to_verifier(verifier: Any, name: Optional[str], output_probs: Optional[Call
 
 
 def _contract_models(draft_len: int, draft_scheme: str):
-    from spectr_audit.run.suite import model_from_spec
-
     if draft_len >= 2:
         return (model_from_spec({"markov": {"vocab_size": 3, "seed": 5}}, "conformance draft"),
                 model_from_spec({"markov": {"vocab_size": 3, "seed": 6}}, "conformance target"))
@@ -164,9 +162,6 @@ def _contract_models(draft_len: int, draft_scheme: str):
 def _contract_checks(verifier, num_drafts: int, draft_len: int, seed: int, batch_size: int, num_samples: int,
                      alpha: float) -> list[ConformanceCheck]:
     import torch
-
-    from spectr_audit.contract.verifier import check_verify_output
-    from spectr_audit.drafting.harness import draft
 
     where = f"K={num_drafts}, L={draft_len}"
     draft_model, target_model = _contract_models(draft_len, verifier.draft_scheme)
@@ -212,8 +207,6 @@ def _law_checks(verifier, batch, num_samples: int, alpha: float, seed: int, wher
     """The exact law is valid, and the sampler follows it on a few fixed draft tuples."""
     import torch
 
-    from spectr_audit.contract.verifier import check_output_probs
-
     batch_size, num_drafts, draft_len = batch.draft_tokens.shape
     vocab_size = batch.draft_probs.shape[-1]
 
@@ -251,8 +244,6 @@ def _law_checks(verifier, batch, num_samples: int, alpha: float, seed: int, wher
 
 def _sampled_fidelity(verifier, case, result, options):
     """Add the statistical audit to a result that measured no fidelity (a black box)."""
-    from spectr_audit.run.runner import add_statistical_result
-
     try:
         from spectr_audit.statistical.audit import statistical_audit
     except ImportError:  # pragma: no cover - a build without the statistical audit
@@ -289,8 +280,6 @@ def _check_num_samples(num_samples) -> None:
 
 def _check_arguments(seed, num_samples, alpha, batch_size, draft_scheme, suite) -> float:
     """Validate :func:`check_verifier`'s numbers and options (InvalidArgument naming the bad one); returns alpha."""
-    from spectr_audit.run.suite import Suite
-
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
     _check_num_samples(num_samples)
@@ -329,9 +318,6 @@ LOGITS_CHECK_SETTINGS: tuple = (
 def _sampling_settings(verifier, params, order) -> list:
     """The sampling settings to check at: ``params``; for a verifier that takes logits and none given,
     :data:`LOGITS_CHECK_SETTINGS`; otherwise none (``[None]``: each case's own)."""
-    from spectr_audit.contract.logits import takes_logits
-    from spectr_audit.contract.sampling import SamplingParams, processing_order
-
     processing_order(order)
     if params is not None:
         if not isinstance(params, SamplingParams):
@@ -363,9 +349,6 @@ def _cases_at(cases: list, settings: list, order) -> list:
 
 def _fitting_cases(verifier, suite, ks: tuple, ls: tuple) -> tuple:
     """The suite (the standard one for ``ks`` x ``ls`` by default) and its cases the verifier can run."""
-    from spectr_audit.run.runner import scheme_fits
-    from spectr_audit.run.suite import load_suite
-
     if suite is None:
         suite = standard_suite(ks, ls)
     elif isinstance(suite, str):
@@ -501,8 +484,6 @@ def check_verifier(
     """
     # Inside pytest a failure is shown from the caller's line: its message names every failed check.
     __tracebackhide__ = _hide_for_failure
-    from spectr_audit.run.runner import AuditOptions, audit_case
-
     if tree is not None:
         if num_drafts is not None or draft_len != 1:
             raise InvalidArgument("num_drafts, draft_len: a tree check takes them from tree; drop them")

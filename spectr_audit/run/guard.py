@@ -40,9 +40,12 @@ import contextlib
 import math
 from typing import Any, Iterator, Optional
 
-from spectr_audit import defaults
-from spectr_audit import _deadline
+from spectr_audit import _deadline, defaults
+from spectr_audit.contract.verifier import Verifier, VerifyOutput
+from spectr_audit.drafting.harness import draft
+from spectr_audit.drafting.models import ContextFreeModel, contexts_from
 from spectr_audit.errors import InvalidArgument, VerifierError
+from spectr_audit.results import Check
 
 __all__ = ["TimeLimited", "VerifierTimeout", "call_limit", "check_timeout", "dense_mutations", "probe_checks", "time_limited"]
 
@@ -141,8 +144,6 @@ def _dense_models(vocab_size: int, seed: int):
     """A context-free pair over the case's vocabulary with every probability positive."""
     import torch
 
-    from spectr_audit.drafting.models import ContextFreeModel
-
     generator = torch.Generator().manual_seed(seed)
     draft = torch.rand(vocab_size, generator=generator, dtype=torch.float64) + 0.5
     target = torch.rand(vocab_size, generator=generator, dtype=torch.float64) + 0.5
@@ -157,8 +158,6 @@ def dense_mutations(verifier: Any, vocab_size: int, num_drafts: int, draft_len: 
     """
     import torch
 
-    from spectr_audit.drafting.harness import draft
-
     dense_draft, dense_target = _dense_models(vocab_size, seed)
     batch = draft(dense_draft, dense_target, torch.zeros(rows, 0, dtype=torch.int64), num_drafts, draft_len,
                   torch.Generator().manual_seed(seed), verifier.draft_scheme)
@@ -171,9 +170,6 @@ def dense_mutations(verifier: Any, vocab_size: int, num_drafts: int, draft_len: 
 
 def _batches(verifier, case, seed: int, rows: int) -> list:
     import torch
-
-    from spectr_audit.drafting.harness import draft
-    from spectr_audit.drafting.models import contexts_from
 
     contexts = contexts_from(case.prefix, torch.zeros(rows, 0, dtype=torch.int64))
     generator = torch.Generator().manual_seed(seed)
@@ -194,8 +190,6 @@ def _changed(originals, inputs) -> list[str]:
 
 
 def _fields(output) -> tuple:
-    from spectr_audit.contract.verifier import VerifyOutput
-
     if isinstance(output, VerifyOutput):
         return output.num_accepted, output.draft_index, output.next_token
     return tuple(output)
@@ -208,9 +202,6 @@ def probe_checks(verifier: Any, case: Any, seed: int = 0, rows: int = defaults.P
     (the caller makes them an error result).
     """
     import torch
-
-    from spectr_audit.contract.verifier import Verifier
-    from spectr_audit.results import Check
 
     if getattr(case, "tree", None) is not None or not isinstance(verifier, Verifier):
         return []  # draft trees have their own contract

@@ -25,9 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from spectr_audit.contract.correction import has_carried_correction
-
-__all__ = ["CHAIN_STAGES", "EXTRA_STAGES", "Stage", "chain_stages"]
+__all__ = ["CHAIN_STAGES", "EXTRA_STAGES", "Stage", "carries_correction", "chain_stages"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +34,13 @@ class Stage:
 
     name: str
     applies: Callable[[Any, Any, bool], bool]
+
+
+def carries_correction(verifier: Any) -> bool:
+    """Whether ``verifier`` declares a carried correction: the rule of
+    :func:`spectr_audit.contract.correction.has_carried_correction`, here without importing the contract
+    (torch), so that the memory budget stays importable without it."""
+    return callable(getattr(verifier, "carried_correction", None))
 
 
 def _exact_law(verifier) -> bool:
@@ -73,5 +78,5 @@ def chain_stages(verifier: Any, case: Any) -> tuple[str, ...]:
     >>> chain_stages(NS(has_exact_law=False, draft_scheme="iid"), NS(checks=("statistical", "block-lp"), draft_len=2))
     ('probe', 'statistical', 'block-lp')
     """
-    carries = has_carried_correction(verifier)
+    carries = carries_correction(verifier)
     return tuple(stage.name for stage in CHAIN_STAGES if stage.applies(verifier, case, carries))

@@ -88,9 +88,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from spectr_audit.errors import InvalidArgument
 from spectr_audit._validation import as_distribution
+from spectr_audit.contract.sampling import SamplingParams, processing_order
+from spectr_audit.contract.tree import DraftTree, TREE_DRAFT_SCHEMES
 from spectr_audit.drafting.models import ContextFreeModel, MarkovModel, Model, random_markov
+from spectr_audit.drafting.processed import ContextFreeLogitsModel, processed_model, sampling_summary
+from spectr_audit.errors import InvalidArgument
 from spectr_audit.run.budget import check_model_spec
 from spectr_audit.run.generation_cases import parse_generation_cases
 
@@ -143,8 +146,6 @@ class Case:
         """The case's sampling setting as reports give it (``None`` without parameters)."""
         if self.params is None:
             return None
-        from spectr_audit.drafting.processed import sampling_summary
-
         return {"params": self.params.describe(), "order": self.order, "inputs": self.inputs,
                 "summary": sampling_summary(self.params, self.order)}
 
@@ -153,8 +154,6 @@ class Case:
         what the bounds, the block LP and the probability checks are computed on."""
         if self.params is None:
             return self
-        from spectr_audit.drafting.processed import processed_model
-
         return dataclasses.replace(self, draft_model=processed_model(self.draft_model, self.params, self.order),
                                    target_model=processed_model(self.target_model, self.params, self.order),
                                    params=None)
@@ -260,8 +259,6 @@ def model_from_spec(spec: Any, where: str, *, max_memory: Any = None, inputs: st
     check_model_spec(spec, where, max_memory)
     try:
         if isinstance(spec, list) and inputs == "logits":
-            from spectr_audit.drafting.processed import ContextFreeLogitsModel
-
             if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in spec):
                 raise _fail(where, f"expected a list of logits (numbers, -inf allowed), got {spec!r}")
             return ContextFreeLogitsModel(spec)
@@ -341,8 +338,6 @@ def tree_from_spec(spec: Any, where: str = "tree") -> Any:
     """
     import json
 
-    from spectr_audit.contract.tree import DraftTree
-
     if isinstance(spec, DraftTree):
         return spec
     try:
@@ -401,8 +396,6 @@ def _tree_spec_text(spec: Any) -> str:
 
 def _tree_cases(raw, where, name, seen, draft_model, target_model, checks, prefix, verifiers, num_tokens) -> list:
     """The cases of one ``[[case]]`` with a ``tree``: one per draft scheme listed (or one for each verifier's own)."""
-    from spectr_audit.contract.tree import TREE_DRAFT_SCHEMES
-
     for key in ("num_drafts", "draft_len"):
         if key in raw:
             raise _fail(where, f"{key}: a tree case takes it from its tree (the root's children, the depth); remove it")
@@ -442,8 +435,6 @@ def _sampling_value(value: Any, key: str, where: str) -> list:
 def _sampling_settings(raw: dict, where: str, overrides: Optional[dict]) -> list:
     """The sampling settings of one ``[[case]]``: ``(label suffix, params or None, order, inputs)`` for each
     combination of its listed values (``overrides`` replace the case's keys)."""
-    from spectr_audit.contract.sampling import SamplingParams, processing_order
-
     given = {key: raw[key] for key in SAMPLING_KEYS if key in raw}
     given.update({key: value for key, value in (overrides or {}).items() if value is not None})
     unknown = set(overrides or {}) - set(SAMPLING_KEYS)
@@ -481,8 +472,6 @@ def with_sampling(suite: "Suite", params: Any = None, order: Optional[str] = Non
     ``params`` ``None`` keeps each case's own parameters (``order`` then only changes those of the
     cases that have parameters).
     """
-    from spectr_audit.contract.sampling import SamplingParams, processing_order
-
     if params is not None and not isinstance(params, SamplingParams):
         raise InvalidArgument(f"params: expected SamplingParams, got {type(params).__name__}")
     if params is not None and params.batch_size is not None:

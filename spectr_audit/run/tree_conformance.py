@@ -18,7 +18,19 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
+from spectr_audit.contract.tree import DraftTree
+from spectr_audit.contract.tree_verifier import (
+    FunctionTreeVerifier,
+    TreeVerifier,
+    check_tree_output,
+    check_tree_output_probs,
+)
+from spectr_audit.drafting.tree import draft_tree
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.registry import load_tree_verifier
+from spectr_audit.run.runner import AuditOptions, audit_tree_case, tree_fits
+from spectr_audit.run.suite import Case, Suite, load_suite, model_from_spec, tree_from_spec
+from spectr_audit.statistical.sampling import tree_emitted_strings
 from spectr_audit.run.conformance_checks import (
     _CONTRACT_DRAFT,
     _CONTRACT_TARGET,
@@ -34,9 +46,6 @@ __all__ = ["check_tree_verifier", "standard_tree_suite"]
 
 def _trees(tree: Any) -> list:
     """One tree, a spec string, or a list of them (a bare path list counts as one tree)."""
-    from spectr_audit.contract.tree import DraftTree
-    from spectr_audit.run.suite import tree_from_spec
-
     if isinstance(tree, (DraftTree, str)):
         items = [tree]
     elif isinstance(tree, (list, tuple)) and tree and all(isinstance(p, (list, tuple)) for p in tree) and all(
@@ -52,9 +61,6 @@ def _trees(tree: Any) -> list:
 
 def _to_tree_verifier(verifier: Any, name: Optional[str], output_probs: Optional[Callable],
                       draft_scheme: Optional[str]):
-    from spectr_audit.contract.tree_verifier import FunctionTreeVerifier, TreeVerifier
-    from spectr_audit.registry import load_tree_verifier
-
     is_plain_function = (callable(verifier) and not isinstance(verifier, (type, str, TreeVerifier))
                          and not hasattr(verifier, "verify_tree") and not hasattr(verifier, "verify"))
     if is_plain_function:
@@ -70,8 +76,6 @@ def _to_tree_verifier(verifier: Any, name: Optional[str], output_probs: Optional
 
 def _scheme_models(scheme: str, tree, seed: int = 1):
     """Context-free contract models on which ``scheme`` can draft ``tree`` (zero masses where i.i.d. allows)."""
-    from spectr_audit.run.suite import model_from_spec
-
     if scheme == "iid":
         return model_from_spec(_CONTRACT_DRAFT, "conformance draft"), model_from_spec(_CONTRACT_TARGET, "conformance target")
     vocab_size = max(5, tree.max_children, max(tree.ranks) + 1)
@@ -83,8 +87,6 @@ def _emitted_counts(tree, node_tokens, output) -> dict:
     """Emitted strings (as tuples) and their counts."""
     import torch
 
-    from spectr_audit.statistical.sampling import tree_emitted_strings
-
     strings, _ = tree_emitted_strings(tree, node_tokens, output, tree.max_depth + 1)
     unique, counts = torch.unique(strings, dim=0, return_counts=True)
     return {tuple(t for t in row if t >= 0): int(c) for row, c in zip(unique.tolist(), counts.tolist())}
@@ -93,8 +95,6 @@ def _emitted_counts(tree, node_tokens, output) -> dict:
 def _tree_law_checks(verifier, tree, batch, num_samples: int, alpha: float, seed: int, where: str) -> list:
     """The exact tree law is a distribution, and the sampler follows it on up to three realisations."""
     import torch
-
-    from spectr_audit.contract.tree_verifier import check_tree_output_probs
 
     batch_size, vocab_size = batch.node_tokens.shape[0], batch.target_probs.shape[-1]
 
@@ -125,9 +125,6 @@ def _tree_law_checks(verifier, tree, batch, num_samples: int, alpha: float, seed
 def _tree_contract_checks(verifier, tree, scheme: str, seed: int, batch_size: int, num_samples: int,
                           alpha: float) -> list:
     import torch
-
-    from spectr_audit.contract.tree_verifier import check_tree_output
-    from spectr_audit.drafting.tree import draft_tree
 
     where = f"{tree.describe()}, {scheme}"
     draft_model, target_model = _scheme_models(scheme, tree)
@@ -173,8 +170,6 @@ def standard_tree_suite(trees: Sequence[Any], draft_schemes: Sequence[str]) -> A
     -------
     spectr_audit.run.suite.Suite
     """
-    from spectr_audit.run.suite import Case, Suite, model_from_spec
-
     cases = []
     for t, tree in enumerate(trees):
         need = max(tree.max_children, max(tree.ranks) + 1)
@@ -218,9 +213,6 @@ def check_tree_verifier(
     to check (default every scheme the verifier declares); for a plain ``verify_tree`` function,
     the one it is meant for (default ``"iid"``), ``output_probs`` its exact law.
     """
-    from spectr_audit.run.runner import AuditOptions, audit_tree_case, tree_fits
-    from spectr_audit.run.suite import Suite, load_suite
-
     trees = _trees(tree)
     verifier = _to_tree_verifier(verifier, name, output_probs, draft_scheme)
     if draft_scheme is not None and draft_scheme not in verifier.draft_schemes:

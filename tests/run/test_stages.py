@@ -81,3 +81,22 @@ def test_a_black_box_runs_the_statistical_stage_and_the_budget_sizes_it():
     assert stages == ("probe", "optimality", "statistical")
     needs = budget.audit_needs(black_box, case, AuditOptions())
     assert {need.stage for need in needs} == {"the verifier probe", "the optimality bound", "the statistical audit"}
+
+
+def test_the_tables_carried_correction_rule_is_the_contracts():
+    from spectr_audit.contract.correction import has_carried_correction
+    from spectr_audit.registry import builtin_verifiers
+    from spectr_audit.run.stages import carries_correction
+
+    objects = [*builtin_verifiers(), NS(), NS(carried_correction=None), NS(carried_correction=lambda: None),
+               NS(carried_correction=3)]
+    assert [carries_correction(o) for o in objects] == [has_carried_correction(o) for o in objects]
+    assert any(carries_correction(o) for o in objects) and not all(carries_correction(o) for o in objects)
+
+
+def test_the_memory_budget_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, spectr_audit.run.budget; print(sorted(m for m in ('torch', 'scipy') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
