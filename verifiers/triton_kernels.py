@@ -130,6 +130,7 @@ def _kernels():
     global _jit, _interpreted
     if _jit is None:
         _interpreted = os.environ.get("TRITON_INTERPRET", "") == "1"
+        # deferred: _triton_jit imports triton (optional, slow to import); loaded on the first launch
         from spectr_audit.verifiers import _triton_jit
 
         _jit = _triton_jit

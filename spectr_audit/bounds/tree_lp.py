@@ -39,6 +39,7 @@ from spectr_audit.bounds.acceptance import optimal_acceptance, optimal_acceptanc
 from spectr_audit.bounds.block_lp import _distinct_candidates, _solver_attempts, _string_lps
 from spectr_audit.contract.tree import DraftTree
 from spectr_audit.drafting.models import Model, contexts_from
+from spectr_audit.drafting.tree import draft_tree
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.exact.iteration import check_vocab
 from spectr_audit.exact.tree import (
@@ -224,8 +225,6 @@ def tree_paths_target_mass(
     >>> round(tree_paths_target_mass(draft, target, tree), 12)   # 0.2 + 0.3 + 0.2 * 0.2
     0.54
     """
-    from spectr_audit.drafting.tree import draft_tree
-
     contexts = contexts_from(prefix, torch.zeros(1, 0, dtype=torch.int64))
     batch = draft_tree(draft_model, target_model, contexts, tree, None, "topk")
     tokens, target = batch.node_tokens[0], batch.target_probs[0]

@@ -27,6 +27,7 @@ from spectr_audit import defaults
 from spectr_audit.contract.verifier import Verifier, check_output_probs, check_verify_inputs
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.drafting.models import Model, contexts_from
+from spectr_audit.drafting.processed import bind_params
 
 __all__ = ["DraftEnumeration", "ExactIterationResult", "enumerate_drafts", "exact_iteration", "string_of"]
 
@@ -410,8 +411,6 @@ def exact_iteration(
     0.2071
     """
     if params is not None:
-        from spectr_audit.drafting.processed import bind_params
-
         verifier, draft_model, target_model = bind_params(verifier, draft_model, target_model, params, order, prefix)
     _check_exact_law(verifier)
     verifier.check_supports(num_drafts, draft_len)

@@ -33,10 +33,12 @@ import torch
 from spectr_audit import defaults
 from spectr_audit.contract.verifier import Verifier, VerifyOutput, check_output_probs
 from spectr_audit.contract.correction import CorrectionChain
+from spectr_audit.contract.logits import output_probs_with_params, takes_logits
 from spectr_audit.drafting.decoding import append_tokens, emitted_tokens
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.exact.iteration import _check_exact_law, target_laws, _worst_strings, enumerate_drafts, string_of
 from spectr_audit.drafting.models import PAD, Model, contexts_from
+from spectr_audit.drafting.processed import audit_params, is_processed, node_logits, processed_model
 
 __all__ = ["MultiIterationResult", "exact_multi_iteration", "target_string_law"]
 
@@ -358,9 +360,6 @@ def exact_multi_iteration(
 
 def _with_params(verifier, draft_model, target_model, params, order, carries: bool):
     """The processed models, and (for a verifier that takes logits) the function giving its law on a round's tuples."""
-    from spectr_audit.contract.logits import output_probs_with_params, takes_logits
-    from spectr_audit.drafting.processed import audit_params, is_processed, node_logits, processed_model
-
     params = audit_params(params)
     if is_processed(draft_model) or is_processed(target_model):
         raise InvalidArgument("draft_model, target_model: give the raw models; the parameters process them")

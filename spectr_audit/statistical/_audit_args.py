@@ -12,6 +12,8 @@ import dataclasses
 from typing import Optional, Union
 
 from spectr_audit._validation import check_positive_int
+from spectr_audit.contract.logits import as_logits_verifier, takes_logits
+from spectr_audit.drafting.processed import bind_params
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.statistical._stages import CommonArgs
 from spectr_audit.statistical.sharding import current_shards
@@ -75,9 +77,6 @@ def validate_audit(common: CommonArgs, num_tokens, stratify, sequential, claimed
 
 def with_params(verifier, draft_model, target_model, params, order, prefix, num_tokens, draft_len, tree):
     """The verifier and models to audit with sampling parameters (:func:`spectr_audit.drafting.processed.bind_params`)."""
-    from spectr_audit.contract.logits import as_logits_verifier, takes_logits
-    from spectr_audit.drafting.processed import bind_params
-
     if takes_logits(verifier) or callable(getattr(verifier, "verify_logits", None)):
         if tree is not None:
             raise InvalidArgument("params: a verifier that takes logits verifies chains; a tree audit hands "

@@ -21,6 +21,7 @@ import torch
 from spectr_audit import defaults
 from spectr_audit._validation import check_positive_int, check_prob
 from spectr_audit.bounds.acceptance import optimal_acceptance, optimal_acceptance_lp_from_sets
+from spectr_audit.bounds.tree_lp import tree_optimal_acceptance, tree_paths_target_mass
 from spectr_audit.drafting.models import Model, contexts_from
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
 from spectr_audit.exact.iteration import DraftEnumeration, enumerate_drafts
@@ -97,8 +98,6 @@ def _block_efficiency_bound(draft_model, target_model, prefix, num_drafts, draft
 def _tree_bounds(args: AuditArgs) -> tuple[Optional[float], Optional[float]]:
     """alpha* of the root's children under the tree's scheme, and ``1 +`` the closed-form accepted-length bound
     of deterministic drafts (``topk`` / ``none``, depth >= 2); None where either is out of reach."""
-    from spectr_audit.bounds.tree_lp import tree_optimal_acceptance, tree_paths_target_mass
-
     try:
         alpha_star, _ = tree_optimal_acceptance(args.draft_model, args.target_model, args.tree, args.draft_scheme,
                                                 args.prefix)

@@ -21,9 +21,9 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 import torch
 
 from spectr_audit._validation import check_positive_int, check_prob
-from spectr_audit.contract.tree import DraftTree
+from spectr_audit.contract.tree import TREE_DRAFT_SCHEMES, DraftTree
 from spectr_audit.contract.verifier import Verifier
-from spectr_audit.contract.convert import as_verifier
+from spectr_audit.contract.convert import as_tree_verifier, as_verifier
 from spectr_audit.drafting.models import Model
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.statistical import power as sizing
@@ -68,9 +68,6 @@ class CommonArgs:
 
 def _validate_tree(verifier, tree, draft_scheme, needs_exact_law: bool):
     """A tree audit's verifier (as a TreeVerifier), its scheme, K (the root's children) and L (the depth)."""
-    from spectr_audit.contract.tree import TREE_DRAFT_SCHEMES
-    from spectr_audit.contract.convert import as_tree_verifier
-
     if not isinstance(tree, DraftTree):
         raise InvalidArgument(f"tree: expected a DraftTree or None, got {type(tree).__name__}")
     verifier = as_tree_verifier(verifier)

@@ -56,6 +56,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from spectr_audit import defaults
+from spectr_audit.contract.tree import DraftTree
 from spectr_audit.drafting.models import Model
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.statistical._audit_args import validate_audit, with_params
@@ -294,8 +295,6 @@ def statistical_tree_audit(
     >>> result.rejects()
     False
     """
-    from spectr_audit.contract.tree import DraftTree
-
     if not isinstance(tree, DraftTree):
         raise InvalidArgument(f"tree: expected a DraftTree, got {type(tree).__name__}")
     return statistical_audit(verifier, draft_model, target_model, len(tree.children[0]), tree.max_depth,

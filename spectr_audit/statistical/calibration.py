@@ -50,10 +50,17 @@ import numpy as np
 import torch
 from scipy import stats
 
+from spectr_audit.contract.convert import as_tree_verifier, as_verifier
+from spectr_audit.contract.sampling import SamplingParams, process_logits
+from spectr_audit.contract.tree_verifier import TreeVerifier
+from spectr_audit.contract.verifier import FunctionVerifier
+from spectr_audit.drafting.models import ContextFreeModel, random_markov
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.exact.iteration import enumerate_drafts
 from spectr_audit.statistical.depths import MixtureEProcess, depth_truncations
 from spectr_audit.statistical.gof import (
     MIN_EXPECTED,
+    binomial_above,
     conditional_g_test,
     conditional_pearson_test,
     holm,
@@ -62,7 +69,8 @@ from spectr_audit.statistical.gof import (
     stratified_pearson_test,
 )
 from spectr_audit.statistical.nulls import g_null
-from spectr_audit.statistical.partition import PrefixPartition
+from spectr_audit.statistical.partition import PrefixPartition, build_partition
+from spectr_audit.statistical.poststrata import group_strata
 
 __all__ = [
     "CELL_FAMILIES",
@@ -340,10 +348,6 @@ def stratified_null(verifier, draft_probs, target_probs, num_drafts: int) -> Str
     completed to two tokens (emitted ``(y)`` completed by the target, or ``(draft_k, y)``).  For an
     exact verifier the strata mix to ``q x q``.
     """
-    from spectr_audit.contract.convert import as_verifier
-    from spectr_audit.drafting.models import ContextFreeModel
-    from spectr_audit.exact.iteration import enumerate_drafts
-
     verifier = as_verifier(verifier)
     draft_probs = torch.as_tensor(draft_probs, dtype=torch.float64)
     target_probs = torch.as_tensor(target_probs, dtype=torch.float64)
@@ -404,8 +408,6 @@ def stratified_pvalues(family: str, null: StratifiedNull, num_samples: int, draw
 
 def _groups(strata_probs: np.ndarray, num_samples: int, min_per_group: float = 32.0) -> np.ndarray:
     """The audit's grouping of rare strata (:func:`spectr_audit.statistical.poststrata.post_strata`)."""
-    from spectr_audit.statistical.poststrata import group_strata
-
     return group_strata(torch.from_numpy(strata_probs), num_samples, min_per_group).numpy()
 
 
@@ -432,8 +434,6 @@ def block_efficiency_pvalues(tail_probs: Sequence[float], num_samples: int, draw
 
 def acceptance_pvalues(alpha_star: float, num_samples: int, draws: int, seed: int = 0) -> np.ndarray:
     """The acceptance test's p-values when the acceptance is exactly ``alpha_star`` (the bound)."""
-    from spectr_audit.statistical.gof import binomial_above
-
     rng = np.random.default_rng(seed)
     hits = rng.binomial(num_samples, alpha_star, size=draws)
     cache: dict = {}
@@ -460,10 +460,6 @@ def audit_partitions(scale: str = "fast") -> list[tuple[str, PrefixPartition, in
     7,709 cells), and, with ``scale="full"``, 2 million samples of it (14,000 cells) and a V = 200
     chain (some 10^4 cells).
     """
-    from spectr_audit.contract.sampling import SamplingParams, process_logits
-    from spectr_audit.drafting.models import ContextFreeModel, random_markov
-    from spectr_audit.statistical.partition import build_partition
-
     if scale not in ("fast", "full"):
         raise InvalidArgument(f"scale: expected 'fast' or 'full', got {scale!r}")
     rng = np.random.default_rng(7)
@@ -548,9 +544,6 @@ def as_black_box(verifier, tree: bool = False):
     the audit's familywise false-alarm rate.
     """
     if tree:
-        from spectr_audit.contract.tree_verifier import TreeVerifier
-        from spectr_audit.contract.convert import as_tree_verifier
-
         inner = as_tree_verifier(verifier)
 
         class _TreeBlackBox(TreeVerifier):
@@ -564,9 +557,6 @@ def as_black_box(verifier, tree: bool = False):
                 return inner._verify_tree(tree_, node_tokens, draft_probs, target_probs, generator)
 
         return _TreeBlackBox()
-    from spectr_audit.contract.verifier import FunctionVerifier
-    from spectr_audit.contract.convert import as_verifier
-
     inner = as_verifier(verifier)
     limits = {attr: getattr(inner, attr) for attr in ("draft_scheme", "min_drafts", "max_drafts", "min_draft_len",
                                                        "max_draft_len")}

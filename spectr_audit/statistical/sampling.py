@@ -23,10 +23,12 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from spectr_audit.contract.verifier import Verifier, VerifyOutput, check_verify_output
+from spectr_audit.contract.tree_verifier import TreeVerifier, check_tree_output
 from spectr_audit.drafting.decoding import complete, decode, emitted_tokens
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.drafting.harness import DraftBatch, draft
 from spectr_audit.drafting.models import PAD, ContextFreeModel, Model, contexts_from
+from spectr_audit.drafting.tree import draft_tree
 from spectr_audit.contract.randomness import RandomSource, sample_categorical, uniform
 from spectr_audit.statistical.partition import IMPOSSIBLE, PREFIX, RARE, PrefixPartition, build_partition
 
@@ -282,8 +284,6 @@ def verify_tree_batch(verifier, batch, generator: RandomSource, *, validate_inpu
     As :func:`verify_batch`: after the first chunk the input validation is skipped unless the
     verifier overrides ``verify_tree`` itself.
     """
-    from spectr_audit.contract.tree_verifier import TreeVerifier, check_tree_output
-
     tree = batch.tree
     batch_size = batch.node_tokens.shape[0]
     if validate_inputs or verifier.__class__.verify_tree is not TreeVerifier.verify_tree:
@@ -346,8 +346,6 @@ def sample_tree_chunk(
     tokens) completed with target samples to ``num_tokens``.  ``membership``: the first emitted
     token is one of the root's children's tokens.
     """
-    from spectr_audit.drafting.tree import draft_tree
-
     device = torch.device(device)
     contexts = contexts_from(prefix, torch.zeros(batch_size, 0, dtype=torch.int64, device=device))
     batch = draft_tree(draft_model, target_model, contexts, tree, generator, draft_scheme)

@@ -634,6 +634,7 @@ class DraftProbsMutatedBug(Verifier):
 
 
 def _block_tokenwise_residual_class():
+    # deferred: the library imports without verifiers/block.py (the class is built on first access)
     from spectr_audit.verifiers.block import BlockVerification
 
     class BlockTokenwiseResidualBug(BlockVerification):
