@@ -487,6 +487,85 @@ def with_sampling(suite: "Suite", params: Any = None, order: Optional[str] = Non
     return dataclasses.replace(suite, cases=tuple(cases))
 
 
+def _suite_verifiers(header: dict, source: str) -> Optional[list]:
+    """The ``[suite]`` table's ``verifiers`` (None: every compatible verifier)."""
+    suite_verifiers = header.get("verifiers")
+    if suite_verifiers is not None and not (
+        isinstance(suite_verifiers, list) and all(isinstance(v, str) for v in suite_verifiers)
+    ):
+        raise _fail(f"{source} [suite]", f"verifiers: expected a list of names, got {suite_verifiers!r}")
+    return suite_verifiers
+
+
+def _case_tables(raw, where: str, suite_verifiers, sampling, max_memory, seen: set) -> list:
+    """The cases of one ``[[case]]`` table: its keys validated, its models built, its grid expanded."""
+    if not isinstance(raw, dict):
+        raise _fail(where, "expected a table")
+    if "name" in raw:
+        where = f"{where} ({raw['name']!r})"
+    _check_keys(raw, _CASE_KEYS, where)
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise _fail(where, "name: expected a non-empty string")
+    for key in ("draft", "target"):
+        if key not in raw:
+            raise _fail(where, f"{key}: missing")
+    settings = _sampling_settings(raw, where, None if "tree" in raw else sampling)
+    inputs = settings[0][3]
+    draft_model = model_from_spec(raw["draft"], f"{where} draft", max_memory=max_memory, inputs=inputs)
+    target_model = model_from_spec(raw["target"], f"{where} target", max_memory=max_memory, inputs=inputs)
+    if draft_model.vocab_size != target_model.vocab_size:
+        raise _fail(
+            where, f"draft and target have different vocab sizes ({draft_model.vocab_size} vs {target_model.vocab_size})"
+        )
+    checks = raw.get("checks", list(DEFAULT_CHECKS))
+    if not isinstance(checks, list) or not all(c in CHECKS for c in checks):
+        raise _fail(where, f"checks: expected a list drawn from {list(CHECKS)}, got {checks!r}")
+    prefix = raw.get("prefix", [])
+    if not isinstance(prefix, list) or not all(
+        isinstance(t, int) and 0 <= t < draft_model.vocab_size for t in prefix
+    ):
+        raise _fail(where, f"prefix: expected a list of token ids in [0, {draft_model.vocab_size}), got {prefix!r}")
+    verifiers = raw.get("verifiers", suite_verifiers)
+    if verifiers is not None and not (isinstance(verifiers, list) and all(isinstance(v, str) for v in verifiers)):
+        raise _fail(where, f"verifiers: expected a list of names, got {verifiers!r}")
+    num_tokens = raw.get("num_tokens")
+    if num_tokens is not None and (not isinstance(num_tokens, int) or num_tokens < 1):
+        raise _fail(where, f"num_tokens: expected a positive integer, got {num_tokens!r}")
+    if "tree" in raw:
+        if settings[0][1] is not None:
+            raise _fail(where, "temperature, top_k, top_p, min_p: sampling parameters are for chain cases; "
+                               "remove them from this tree case")
+        return _tree_cases(raw, where, name, seen, draft_model, target_model, checks, prefix, verifiers, num_tokens)
+    if "draft_scheme" in raw:
+        raise _fail(where, "draft_scheme: only for a tree case (with tree = ...); a chain verifier declares its own")
+    common = dict(draft_model=draft_model, target_model=target_model, prefix=tuple(prefix), checks=tuple(checks),
+                  verifiers=tuple(verifiers) if verifiers is not None else None, num_tokens=num_tokens,
+                  description=str(raw.get("description", "")))
+    return _chain_grid(raw, where, name, settings, seen, common)
+
+
+def _chain_grid(raw: dict, where: str, name: str, settings: list, seen: set, common: dict) -> list:
+    """A chain table's cases: one per (K, L, sampling setting), named ``name/K=k/L=l`` and the setting's suffix
+    (a part only where the table lists more than one value)."""
+    ks = _int_list(raw.get("num_drafts"), where, "num_drafts", 1)
+    ls = _int_list(raw.get("draft_len", 1), where, "draft_len", 1)
+    cases = []
+    for (k, length), (suffix, params, order, inputs) in itertools.product(itertools.product(ks, ls), settings):
+        label = name
+        if len(ks) > 1:
+            label += f"/K={k}"
+        if len(ls) > 1:
+            label += f"/L={length}"
+        label += suffix
+        if label in seen:
+            raise _fail(where, f"name: duplicate case name {label!r}")
+        seen.add(label)
+        cases.append(Case(name=label, num_drafts=k, draft_len=length, params=params, order=order, inputs=inputs,
+                          **common))
+    return cases
+
+
 def parse_suite(data: dict, source: str = "suite", default_name: str = "suite", *, max_memory: Any = None,
                 sampling: Optional[dict] = None, base: Any = None) -> Suite:
     """Validate a parsed TOML document and build its :class:`Suite` (models within ``max_memory``;
@@ -511,85 +590,11 @@ def parse_suite(data: dict, source: str = "suite", default_name: str = "suite", 
         raw_cases = []
     elif not isinstance(raw_cases, list) or not raw_cases:
         raise _fail(source, "expected at least one [[case]] (or [[generation]] for generation audits)")
-    suite_verifiers = header.get("verifiers")
-    if suite_verifiers is not None and not (
-        isinstance(suite_verifiers, list) and all(isinstance(v, str) for v in suite_verifiers)
-    ):
-        raise _fail(f"{source} [suite]", f"verifiers: expected a list of names, got {suite_verifiers!r}")
-    cases, seen = [], set()
+    suite_verifiers = _suite_verifiers(header, source)
+    cases: list = []
+    seen: set = set()
     for i, raw in enumerate(raw_cases):
-        where = f"{source} case[{i}]"
-        if not isinstance(raw, dict):
-            raise _fail(where, "expected a table")
-        if "name" in raw:
-            where = f"{where} ({raw['name']!r})"
-        _check_keys(raw, _CASE_KEYS, where)
-        name = raw.get("name")
-        if not isinstance(name, str) or not name:
-            raise _fail(where, "name: expected a non-empty string")
-        for key in ("draft", "target"):
-            if key not in raw:
-                raise _fail(where, f"{key}: missing")
-        settings = _sampling_settings(raw, where, None if "tree" in raw else sampling)
-        inputs = settings[0][3]
-        draft_model = model_from_spec(raw["draft"], f"{where} draft", max_memory=max_memory, inputs=inputs)
-        target_model = model_from_spec(raw["target"], f"{where} target", max_memory=max_memory, inputs=inputs)
-        if draft_model.vocab_size != target_model.vocab_size:
-            raise _fail(
-                where, f"draft and target have different vocab sizes ({draft_model.vocab_size} vs {target_model.vocab_size})"
-            )
-        checks = raw.get("checks", list(DEFAULT_CHECKS))
-        if not isinstance(checks, list) or not all(c in CHECKS for c in checks):
-            raise _fail(where, f"checks: expected a list drawn from {list(CHECKS)}, got {checks!r}")
-        prefix = raw.get("prefix", [])
-        if not isinstance(prefix, list) or not all(
-            isinstance(t, int) and 0 <= t < draft_model.vocab_size for t in prefix
-        ):
-            raise _fail(where, f"prefix: expected a list of token ids in [0, {draft_model.vocab_size}), got {prefix!r}")
-        verifiers = raw.get("verifiers", suite_verifiers)
-        if verifiers is not None and not (isinstance(verifiers, list) and all(isinstance(v, str) for v in verifiers)):
-            raise _fail(where, f"verifiers: expected a list of names, got {verifiers!r}")
-        num_tokens = raw.get("num_tokens")
-        if num_tokens is not None and (not isinstance(num_tokens, int) or num_tokens < 1):
-            raise _fail(where, f"num_tokens: expected a positive integer, got {num_tokens!r}")
-        if "tree" in raw:
-            if settings[0][1] is not None:
-                raise _fail(where, "temperature, top_k, top_p, min_p: sampling parameters are for chain cases; "
-                                   "remove them from this tree case")
-            cases.extend(_tree_cases(raw, where, name, seen, draft_model, target_model, checks, prefix, verifiers,
-                                     num_tokens))
-            continue
-        if "draft_scheme" in raw:
-            raise _fail(where, "draft_scheme: only for a tree case (with tree = ...); a chain verifier declares its own")
-        ks = _int_list(raw.get("num_drafts"), where, "num_drafts", 1)
-        ls = _int_list(raw.get("draft_len", 1), where, "draft_len", 1)
-        for (k, length), (suffix, params, order, inputs) in itertools.product(itertools.product(ks, ls), settings):
-            label = name
-            if len(ks) > 1:
-                label += f"/K={k}"
-            if len(ls) > 1:
-                label += f"/L={length}"
-            label += suffix
-            if label in seen:
-                raise _fail(where, f"name: duplicate case name {label!r}")
-            seen.add(label)
-            cases.append(
-                Case(
-                    name=label,
-                    draft_model=draft_model,
-                    target_model=target_model,
-                    num_drafts=k,
-                    draft_len=length,
-                    prefix=tuple(prefix),
-                    checks=tuple(checks),
-                    verifiers=tuple(verifiers) if verifiers is not None else None,
-                    num_tokens=num_tokens,
-                    description=str(raw.get("description", "")),
-                    params=params,
-                    order=order,
-                    inputs=inputs,
-                )
-            )
+        cases.extend(_case_tables(raw, f"{source} case[{i}]", suite_verifiers, sampling, max_memory, seen))
     return Suite(
         name=str(header.get("name", default_name)),
         cases=tuple(cases),
