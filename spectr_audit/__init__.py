@@ -30,7 +30,7 @@ _LAZY = {
     "Verifier": "spectr_audit.contract.verifier",
     "VerifyOutput": "spectr_audit.contract.verifier",
     "FunctionVerifier": "spectr_audit.contract.verifier",
-    "as_verifier": "spectr_audit.contract.verifier",
+    "as_verifier": "spectr_audit.contract.convert",
     "check_verify_inputs": "spectr_audit.contract.verifier",
     "load_verifier": "spectr_audit.registry",
     "exact_iteration": "spectr_audit.exact.iteration",
