@@ -53,7 +53,7 @@ from spectr_audit.run.guard import probe_checks as guard_probe
 from spectr_audit.run.incomplete import RunAborted, RunInterrupted, incomplete_report
 from spectr_audit.run.options import AuditOptions
 from spectr_audit.run.request import AuditRequest
-from spectr_audit.run.stages import chain_stages
+from spectr_audit.run.stages import chain_stages, tree_stages
 from spectr_audit.run.suite import Case, Suite, describe_tree_case
 
 __all__ = ["AuditOptions", "audit_case", "audit_tree_case", "tree_fits", "declared_verdict", "error_result", "plan_jobs", "run_suite", "scheme_fits", "select_verifiers", "EXACT_TOL", "BOUND_TOL"]
@@ -122,7 +122,39 @@ def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOpti
         return _ChainAudit(AuditRequest(limited, case, options)).run()
 
 
-class _ChainAudit:
+class _Audit:
+    """One audit within its guards, of a chain or a tree case: the stages of its table run in order, their
+    findings (checks, metrics, details) kept, and whatever was found before an error kept in the error result.
+
+    A subclass names its table (:meth:`stages`) and implements a method per stage (``_exact`` for
+    ``"exact"``); :meth:`_prepare` runs first, inside the same guard.
+    """
+
+    def __init__(self, request: AuditRequest, metrics: dict, details: dict):
+        self.request = request
+        self.subject = request.verifier  # the verifier the result names
+        self.checks: list[Check] = []
+        self.metrics = metrics
+        self.details = details
+
+    def stages(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def _prepare(self) -> None:
+        """Work before the first stage that may fail like a stage (an error result, not an exception)."""
+
+    def run(self) -> AuditResult:
+        start = time.perf_counter()
+        try:
+            self._prepare()
+            for stage in self.stages():
+                getattr(self, "_" + stage.replace("-", "_"))()
+        except Exception as exc:  # one bad verifier or case must never lose the other results
+            return error_result(self.subject, self.request.case.name, exc, self.checks, self.metrics)
+        return _audited(self.subject, self.request.case, self.checks, self.metrics, self.details, start)
+
+
+class _ChainAudit(_Audit):
     """One chain audit within its guards: the request's stages run in the table's order, their findings kept.
 
     Exact verifiers (with ``output_probs``) get the exact single-iteration audit, the
@@ -139,24 +171,14 @@ class _ChainAudit:
 
     def __init__(self, request: AuditRequest):
         case = request.case
-        self.request = request
-        self.checks: list[Check] = []
-        self.details: dict = {}
-        self.metrics: dict = {"num_drafts": case.num_drafts, "draft_len": case.draft_len, "vocab_size": case.vocab_size}
+        super().__init__(request, {"num_drafts": case.num_drafts, "draft_len": case.draft_len,
+                                   "vocab_size": case.vocab_size}, {})
         self.alpha_star: Optional[float] = None
         self.carries = has_carried_correction(request.verifier)
+        record_sampling(request.verifier, case, self.metrics, self.details)
 
-    def run(self) -> AuditResult:
-        request = self.request
-        verifier, case = request.verifier, request.case
-        record_sampling(verifier, case, self.metrics, self.details)
-        start = time.perf_counter()
-        try:
-            for stage in chain_stages(verifier, case):
-                getattr(self, "_" + stage.replace("-", "_"))()
-        except Exception as exc:  # one bad verifier or case must never lose the other results
-            return error_result(verifier, case.name, exc, self.checks, self.metrics)
-        return _audited(verifier, case, self.checks, self.metrics, self.details, start)
+    def stages(self) -> tuple[str, ...]:
+        return chain_stages(self.request.verifier, self.request.case)
 
     def _probe(self) -> None:
         request = self.request
@@ -245,35 +267,53 @@ def audit_tree_case(verifier, case: Case, options: AuditOptions = AuditOptions()
     Acceptance and accepted length are checked against the tree's bound
     (:func:`spectr_audit.bounds.tree_lp.tree_bound`).  ``details["tree"]`` describes the tree.
     """
-    checks: list[Check] = []
-    tree = case.tree
-    details: dict = {"tree": describe_tree_case(case)}
-    metrics: dict = {"num_drafts": case.num_drafts, "draft_len": case.draft_len, "vocab_size": case.vocab_size,
-                     "tree_draft_nodes": tree.num_draft_nodes, "tree_depth": tree.max_depth}
-    start = time.perf_counter()
-    tree_verifier = verifier
-    try:
-        tree_verifier = as_tree_verifier(verifier)
-        scheme = case.draft_scheme or tree_verifier.draft_schemes[0]
-        details["tree"]["draft_scheme"] = scheme
-        bound = tree_optimality(case, scheme, metrics, details) if "optimality" in case.checks else None
-        exact_done = False
-        if tree_verifier.has_tree_law and "exact" in case.checks:
-            reason = exact_tree_reach(case, scheme)
-            if reason is None:
-                exact_tree_checks(tree_verifier, case, scheme, checks, metrics, details)
-                exact_done = True
-            else:
-                details["exact"] = f"skipped: {reason}; the statistical audit runs instead"
-        sampled = "statistical" in case.checks or ("exact" in case.checks and not exact_done)
-        if not exact_done and sampled:
-            statistical_check(tree_verifier, case, options, checks, metrics, details, draft_scheme=scheme)
-            if metrics.get("block_efficiency") is not None:
-                metrics["accepted_length"] = metrics["block_efficiency"] - 1.0
-        tree_bound_checks(tree_verifier, bound, checks, metrics)
-    except Exception as exc:  # one bad verifier or case must never lose the other results
-        return error_result(tree_verifier, case.name, exc, checks, metrics)
-    return _audited(tree_verifier, case, checks, metrics, details, start)
+    return _TreeAudit(AuditRequest(verifier, case, options)).run()
+
+
+class _TreeAudit(_Audit):
+    """One draft-tree audit within its guards: the stages of :data:`~spectr_audit.run.stages.TREE_STAGES`."""
+
+    def __init__(self, request: AuditRequest):
+        case = request.case
+        tree = case.tree
+        super().__init__(request, {"num_drafts": case.num_drafts, "draft_len": case.draft_len,
+                                   "vocab_size": case.vocab_size, "tree_draft_nodes": tree.num_draft_nodes,
+                                   "tree_depth": tree.max_depth}, {"tree": describe_tree_case(case)})
+        self.scheme: Optional[str] = None
+        self.bound = None
+        self.exact_done = False
+
+    def _prepare(self) -> None:
+        # a chain verifier runs on chain trees; the result names the tree verifier
+        self.subject = as_tree_verifier(self.request.verifier)
+        self.scheme = self.request.case.draft_scheme or self.subject.draft_schemes[0]
+        self.details["tree"]["draft_scheme"] = self.scheme
+
+    def stages(self) -> tuple[str, ...]:
+        return tree_stages(self.subject, self.request.case)
+
+    def _optimality(self) -> None:
+        self.bound = tree_optimality(self.request.case, self.scheme, self.metrics, self.details)
+
+    def _exact(self) -> None:
+        case = self.request.case
+        reason = exact_tree_reach(case, self.scheme)
+        if reason is not None:
+            self.details["exact"] = f"skipped: {reason}; the statistical audit runs instead"
+            return
+        exact_tree_checks(self.subject, case, self.scheme, self.checks, self.metrics, self.details)
+        self.exact_done = True
+
+    def _statistical(self) -> None:
+        if self.exact_done:
+            return
+        statistical_check(self.subject, self.request.case, self.request.options, self.checks, self.metrics,
+                          self.details, draft_scheme=self.scheme)
+        if self.metrics.get("block_efficiency") is not None:
+            self.metrics["accepted_length"] = self.metrics["block_efficiency"] - 1.0
+
+    def _bounds(self) -> None:
+        tree_bound_checks(self.subject, self.bound, self.checks, self.metrics)
 
 
 def select_verifiers(specs: Optional[Sequence[str]]) -> Optional[list[Verifier]]:

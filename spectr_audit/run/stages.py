@@ -18,6 +18,20 @@ stage                   runs when
 ``block-lp``            the case asks for ``block-lp``, L > 1 and i.i.d. drafts (an extra: skipped
                         with a note when over the memory budget)
 ======================  ==========================================================================
+
+A draft-tree case runs the stages of :data:`TREE_STAGES` through the same loop, for the tree verifier
+(a chain verifier converted to run on chain trees):
+
+======================  ==========================================================================
+stage                   runs when
+======================  ==========================================================================
+``optimality``          the case asks for ``optimality``: the tree bound
+``exact``               the tree verifier has a tree law and the case asks for ``exact`` (beyond the
+                        enumeration's reach it notes why and leaves the law to the next stage)
+``statistical``         the case asks for ``statistical`` or ``exact``, and the exact stage did not
+                        enumerate the law
+``bounds``              always: acceptance and accepted length against the tree bound, where computed
+======================  ==========================================================================
 """
 
 from __future__ import annotations
@@ -25,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-__all__ = ["CHAIN_STAGES", "EXTRA_STAGES", "Stage", "carries_correction", "chain_stages"]
+__all__ = ["CHAIN_STAGES", "EXTRA_STAGES", "TREE_STAGES", "Stage", "carries_correction", "chain_stages", "tree_stages"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,3 +94,28 @@ def chain_stages(verifier: Any, case: Any) -> tuple[str, ...]:
     """
     carries = carries_correction(verifier)
     return tuple(stage.name for stage in CHAIN_STAGES if stage.applies(verifier, case, carries))
+
+
+#: Every stage of a draft-tree audit, in the order it runs (``carries`` is unused: a tree verifier carries no
+#: repair, and a chain verifier that does is audited on chain cases).
+TREE_STAGES: tuple[Stage, ...] = (
+    Stage("optimality", lambda verifier, case, carries: "optimality" in case.checks),
+    Stage("exact", lambda verifier, case, carries: bool(verifier.has_tree_law) and "exact" in case.checks),
+    Stage("statistical", lambda verifier, case, carries: "statistical" in case.checks or "exact" in case.checks),
+    Stage("bounds", lambda verifier, case, carries: True),
+)
+
+
+def tree_stages(tree_verifier: Any, case: Any) -> tuple[str, ...]:
+    """The names of the stages :func:`~spectr_audit.run.runner.audit_tree_case` runs for ``tree_verifier`` on
+    the tree ``case``, in order (the statistical stage stands down where the exact one enumerated the law).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> tree_stages(NS(has_tree_law=True), NS(checks=("exact", "optimality")))
+    ('optimality', 'exact', 'statistical', 'bounds')
+    >>> tree_stages(NS(has_tree_law=False), NS(checks=("exact",)))
+    ('statistical', 'bounds')
+    """
+    return tuple(stage.name for stage in TREE_STAGES if stage.applies(tree_verifier, case, False))

@@ -100,3 +100,41 @@ def test_the_memory_budget_imports_no_torch():
 
     code = "import sys, spectr_audit.run.budget; print(sorted(m for m in ('torch', 'scipy') if m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("has_law, checks, expected", [
+    (True, ("exact", "optimality"), ("optimality", "exact", "statistical", "bounds")),
+    (False, ("exact", "optimality"), ("optimality", "statistical", "bounds")),
+    (True, ("optimality",), ("optimality", "bounds")),
+    (False, ("statistical",), ("statistical", "bounds")),
+])
+def test_the_tree_stages_that_run(has_law, checks, expected):
+    from spectr_audit.run.stages import tree_stages
+
+    assert tree_stages(NS(has_tree_law=has_law), NS(checks=checks)) == expected
+
+
+def test_a_tree_audit_runs_its_tables_stages_and_stands_the_sampler_down_after_an_exact_law(monkeypatch):
+    from spectr_audit.registry import load_tree_verifier
+    from spectr_audit.run.checks import statistical_check as real_statistical_check
+    from spectr_audit.run.stages import TREE_STAGES, tree_stages
+    from spectr_audit.run.suite import load_suite
+
+    ran, sampled = [], []
+    for stage in TREE_STAGES:
+        method = "_" + stage.name
+        original = getattr(runner._TreeAudit, method)
+
+        def spy(self, _original=original, _name=stage.name):
+            ran.append(_name)
+            return _original(self)
+
+        monkeypatch.setattr(runner._TreeAudit, method, spy)
+    monkeypatch.setattr(runner, "statistical_check", lambda *a, **k: (sampled.append(True), real_statistical_check(*a, **k)))
+    case = next(c for c in load_suite("default").cases if c.name.startswith("tree-chains-2-2"))
+    tree_verifier = load_tree_verifier("tree-rrs")
+    result = audit_case(tree_verifier, case, AuditOptions(max_samples=2_000))
+    assert result.error is None, result.error
+    assert tuple(ran) == tree_stages(tree_verifier, case) and "exact" in ran
+    assert sampled == []  # the law was enumerated: the statistical stage stood down
+    assert any(c.name == "exact" for c in result.checks)
