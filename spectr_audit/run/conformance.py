@@ -419,10 +419,12 @@ def check_verifier(
     max_memory : int or str, optional
         Memory budget (bytes, or a size such as ``"4GiB"``); default a fraction of the machine's
         memory.  A check whose batches or audits would exceed it is refused before it starts
-        (:class:`~spectr_audit.run.budget.MemoryBudgetExceeded`).
+        (:class:`~spectr_audit.run.budget.MemoryBudgetExceeded`).  Not for a tree check (refused:
+        the exact tree audit holds its enumeration to its own limits).
     verifier_timeout : float, optional
         Seconds one call of the verifier may take (``None`` or 0: no limit); a call past it
-        fails the check it was part of (:mod:`spectr_audit.run.guard`).
+        fails the check it was part of (:mod:`spectr_audit.run.guard`).  A tree check limits
+        ``verify_tree`` and ``tree_output_probs`` alike.
     max_samples : int, optional
         The same budget as ``num_samples`` (the name every sampling face uses); wins when given.
     max_seconds : float, optional
@@ -492,13 +494,17 @@ def check_verifier(
         if params is not None:
             raise InvalidArgument("params: a tree verifier is handed probabilities; give the processed laws as the "
                                   "suite's models instead")
+        if max_memory is not None:
+            raise InvalidArgument("max_memory: a tree check is not sized by the memory budget (the exact tree audit "
+                                  "refuses an enumeration beyond its own limits); drop it")
         if max_samples is not None:
             num_samples = max_samples
         _check_num_samples(num_samples)
         return check_tree_verifier(verifier, tree=tree, name=name, output_probs=output_probs,
                                    draft_scheme=draft_scheme, seed=seed, num_samples=num_samples,
                                    alpha=check_prob("alpha", alpha), batch_size=batch_size, suite=suite,
-                                   raise_on_failure=raise_on_failure, max_seconds=max_seconds)
+                                   raise_on_failure=raise_on_failure, max_seconds=max_seconds,
+                                   verifier_timeout=guard.check_timeout(verifier_timeout))
     ks = None if num_drafts is None else _as_ints(num_drafts, "num_drafts")
     ls = _as_ints(draft_len, "draft_len")
     if max_samples is not None:

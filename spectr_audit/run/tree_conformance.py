@@ -27,6 +27,7 @@ from spectr_audit.contract.tree_verifier import (
 )
 from spectr_audit.drafting.tree import draft_tree
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.run import guard
 from spectr_audit.registry import load_tree_verifier
 from spectr_audit.run.runner import AuditOptions, audit_tree_case, tree_fits
 from spectr_audit.run.suite import Case, Suite, load_suite, model_from_spec, tree_from_spec
@@ -205,13 +206,15 @@ def check_tree_verifier(
     suite: Any = None,
     raise_on_failure: bool = True,
     max_seconds: Optional[float] = None,
+    verifier_timeout: Optional[float] = None,
 ):
     """:func:`~spectr_audit.run.conformance.check_verifier` for a tree verifier (see the module docstring).
 
     ``tree``: a :class:`~spectr_audit.contract.tree.DraftTree`, a spec (``"cartesian:2,2"``,
     ``"paths:[[0],[1],[0,0]]"``), a path list, or a list of them.  ``draft_scheme``: the scheme
     to check (default every scheme the verifier declares); for a plain ``verify_tree`` function,
-    the one it is meant for (default ``"iid"``), ``output_probs`` its exact law.
+    the one it is meant for (default ``"iid"``), ``output_probs`` its exact law.  Every call of
+    ``verify_tree`` and ``tree_output_probs`` is limited to ``verifier_timeout`` seconds (None: no limit).
     """
     trees = _trees(tree)
     verifier = _to_tree_verifier(verifier, name, output_probs, draft_scheme)
@@ -233,10 +236,12 @@ def check_tree_verifier(
     combos = [(t, s) for t in trees for s in schemes]
     test_alpha = _test_alpha(alpha, len(combos), len(cases), verifier.has_tree_law)
     checks: list = []
-    for t, scheme in combos:
-        checks += _tree_contract_checks(verifier, t, scheme, seed, batch_size, num_samples, test_alpha)
-    options = AuditOptions(seed=seed, alpha=test_alpha, max_samples=num_samples, max_seconds=max_seconds)
-    results = [audit_tree_case(verifier, case, options) for case in cases]
+    options = AuditOptions(seed=seed, alpha=test_alpha, max_samples=num_samples, max_seconds=max_seconds,
+                           verifier_timeout=verifier_timeout)
+    with guard.time_limited(verifier, verifier_timeout) as limited:
+        for t, scheme in combos:
+            checks += _tree_contract_checks(limited, t, scheme, seed, batch_size, num_samples, test_alpha)
+        results = [audit_tree_case(limited, case, options) for case in cases]
     report = _conformance_result(verifier, checks, results, suite, seed, alpha)
     if raise_on_failure and not report.passed:
         raise ConformanceFailure(report)

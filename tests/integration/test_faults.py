@@ -668,3 +668,28 @@ def test_a_tree_verifier_that_never_returns_is_stopped_on_a_tree_case():
     assert time.monotonic() - start < 10
     assert result.error is not None and result.error.startswith("VerifierTimeout: verifier 'stuck-tree': "), result.error
     assert "did not return within 0.5 s" in result.error
+
+
+def test_check_verifier_stops_a_tree_verifier_that_never_returns():
+    from spectr_audit.run.conformance import check_verifier
+    from spectr_audit.verifiers.tree import TreeRecursiveRejection
+
+    class Stuck(TreeRecursiveRejection):
+        name = "stuck-tree"
+
+        def verify_tree(self, *args, **kwargs):
+            time.sleep(30)
+
+    start = time.monotonic()
+    report = check_verifier(Stuck(), tree="chains:2,2", num_samples=500, verifier_timeout=0.5, raise_on_failure=False)
+    assert time.monotonic() - start < 25
+    assert not report.passed
+    assert "did not return within 0.5 s" in report.message()
+
+
+def test_a_tree_check_refuses_a_memory_budget_it_would_not_hold():
+    from spectr_audit.errors import InvalidArgument
+    from spectr_audit.run.conformance import check_verifier
+
+    with pytest.raises(InvalidArgument, match="^max_memory: a tree check is not sized by the memory budget"):
+        check_verifier("tree-rrs", tree="chains:2,2", max_memory="1GiB")
