@@ -3,8 +3,8 @@
 A restructure of the audit must leave its results as they were: this script runs the built-in suites
 ``default``, ``edge-cases``, ``sampling`` and ``historic-bugs`` with every built-in verifier at a fixed
 sample budget and seed, and writes each report's JSON (without the wall times, the only field that varies
-between runs) to ``tests/run/golden/<suite>.json``, with the torch version and CPU capability they were
-recorded on.  ``tests/run/test_golden_results.py`` reruns them and compares.
+between runs) to ``tests/run/golden/<suite>.json``, with the torch version, CPU capability and thread count
+they were recorded on.  ``tests/run/test_golden_results.py`` reruns them and compares.
 
     python scripts/record_golden.py            # record every suite
     python scripts/record_golden.py --check    # compare with the recorded files (exit 1 on a difference)
@@ -27,11 +27,15 @@ SUITES = ("default", "edge-cases", "sampling", "historic-bugs")
 #: The sample budget of each statistical audit: small, so that the whole record takes minutes.
 MAX_SAMPLES = 20_000
 SEED = 0
+#: torch's intra-op threads while recording and comparing: a parallel reduction splits its sum by the number of
+#: threads, so the last bits of a float depend on it (measured: 49 of the default suite's values move between 1
+#: and 2 threads).
+THREADS = 1
 
 
 def platform() -> dict:
     """What bit-identical results depend on beyond the code: torch's version and the CPU kernels it picks."""
-    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": THREADS}
 
 
 def _without_times(value):
@@ -43,8 +47,13 @@ def _without_times(value):
 
 
 def results(suite: str) -> dict:
-    """The report of ``suite`` as JSON data, wall times removed."""
-    report = run_suite(load_suite(suite), options=AuditOptions(max_samples=MAX_SAMPLES, seed=SEED))
+    """The report of ``suite`` as JSON data, wall times removed (run on ``THREADS`` torch threads)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        report = run_suite(load_suite(suite), options=AuditOptions(max_samples=MAX_SAMPLES, seed=SEED))
+    finally:
+        torch.set_num_threads(before)
     # through the JSON text, as a user reads it: floats as JSON writes them
     return _without_times(json.loads(json.dumps(report.to_dict(), allow_nan=False)))
 

@@ -4,8 +4,9 @@ The records are the JSON reports of ``default``, ``edge-cases``, ``sampling`` an
 every built-in verifier, the sample budget and seed of ``scripts/record_golden.py``, wall times removed.
 A change of the audit's code that moves any verdict, check text, metric or detail, in the last bit of a
 float, fails here; an intended change re-records them (``python scripts/record_golden.py``) and says so in
-its commit.  Bit-identical floats hold for one torch version on one CPU kernel family: on another the
-comparison is skipped, saying what differs.
+its commit.  Bit-identical floats hold for one torch version on one CPU kernel family and one thread count (the
+script pins the threads): on another version or kernel family the comparison is skipped, saying what
+differs.
 """
 
 from __future__ import annotations
