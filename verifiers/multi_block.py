@@ -331,7 +331,8 @@ class MultiDraftBlockVerification(Verifier):
         slack, corrections, expected, final = self._levels(draft_tokens, draft_probs, target_probs)
         choice = self._choice_probs(slack, expected, final)  # [B, K, L + 1]
         # P(nothing deeper than depth i is chosen) = prod_{j > i} (1 - sum_k choice[k, j])
-        refuse = 1 - choice.sum(1)  # [B, L + 1]
+        # the choices at a depth can sum to 1 and a rounding above it: a probability, not a negative one
+        refuse = (1 - choice.sum(1)).clamp(min=0)  # [B, L + 1]
         after = torch.cat([refuse[:, 1:].flip(-1).cumprod(-1).flip(-1), torch.ones_like(refuse[:, :1])], -1)
         stop = choice * after.unsqueeze(1)  # [B, K, L + 1]
         vocab_size = corrections.shape[-1]

@@ -345,3 +345,19 @@ def test_table_rows_on_the_paper_example():
     assert row["block"] == pytest.approx(20 / 9, abs=1e-12)
     assert row["ratio"] == pytest.approx(1.0, abs=1e-6)
     assert row["spectr-tree"] < row["simple"] < row["multi-block"]
+
+
+def test_the_law_has_no_negative_entry_where_the_choices_at_a_depth_sum_to_one():
+    # K = 4 near-uniform drafts of L = 2 over two tokens: every depth's choices sum to 1 up to a rounding
+    # above it, which once left P(nothing deeper) = -5.6e-19 and a negative entry in the law
+    from spectr_audit.drafting.models import random_markov
+    from spectr_audit.registry import load_verifier
+
+    verifier = load_verifier("multi-block")
+    draft_model = random_markov(2, 1, seed=3, concentration=3.0, temperature=5.0)
+    target_model = random_markov(2, 1, seed=4, concentration=3.0, temperature=5.0)
+    batch = draft(draft_model, target_model, torch.full((1, 1), -1, dtype=torch.int64), 4, 2,
+                  torch.Generator().manual_seed(3), verifier.draft_scheme)
+    law = verifier.output_probs(batch.draft_tokens, batch.draft_probs, batch.target_probs)
+    assert bool((law >= 0).all()), law.min()
+    assert abs(float(law.sum()) - 1.0) < 1e-12
