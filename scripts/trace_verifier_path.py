@@ -48,6 +48,7 @@ def _module(filename: str):
 
 def trace(verifier_name: str, case_name: str, suite: str = "default", black_box: bool = False) -> dict:
     verifier = load_verifier(verifier_name)
+    verify_code = type(verifier).verify.__code__  # the rule's own verify, wrapped or not
     if black_box:
         # the same rule without its law: the statistical audit's path
         from spectr_audit.contract.verifier import FunctionVerifier
@@ -56,9 +57,6 @@ def trace(verifier_name: str, case_name: str, suite: str = "default", black_box:
                                     min_drafts=verifier.min_drafts, max_drafts=verifier.max_drafts,
                                     min_draft_len=verifier.min_draft_len, max_draft_len=verifier.max_draft_len)
     case = next(c for c in load_suite(suite).cases if c.name == case_name)
-    verify_code = (verifier.verify.__func__ if hasattr(verifier.verify, "__func__") else verifier.verify).__code__
-    if black_box:
-        verify_code = type(load_verifier(verifier_name)).verify.__code__
     counts = {"path": collections.Counter(), "audit": collections.Counter()}
     conversions = {"path": collections.Counter(), "audit": collections.Counter()}
     state = {"phase": "path"}

@@ -42,7 +42,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from spectr_audit import defaults
 from spectr_audit.run.options import AuditOptions
-from spectr_audit.run.stages import chain_stages
+from spectr_audit.run.stages import EXTRA_STAGES, chain_stages
 from spectr_audit.errors import InvalidArgument
 
 __all__ = [
@@ -487,7 +487,8 @@ def audit_needs(verifier: Any, case: Any, options: Any = None) -> list[Need]:
     s = _sizes(case, verifier.draft_scheme)
     needs: list[Need] = []
     for stage in chain_stages(verifier, case):
-        needs += _STAGE_NEEDS[stage](s, options)
+        if stage not in EXTRA_STAGES:  # an extra is sized when it runs (check_block_lp) and skipped, not refused
+            needs += _STAGE_NEEDS[stage](s, options)
     return needs
 
 
@@ -495,7 +496,7 @@ def _optimality_needs(s: _Sizes, options: Any) -> list[Need]:
     return [Need("the optimality bound", _lg(s.vocab_size * 16 * _ENTRY) + 4, f"V={s.vocab_size} tokens")]
 
 
-#: What each stage of a chain audit allocates at its peak (the stages without a sizeable allocation: none).
+#: What each stage of a chain audit but the extras allocates at its peak (none: no sizeable allocation).
 _STAGE_NEEDS = {
     "probe": lambda s, options: [_probe_need(s)],
     "optimality": _optimality_needs,
@@ -504,7 +505,6 @@ _STAGE_NEEDS = {
     "sampler": lambda s, options: _sampler_needs(s),
     "certificate": lambda s, options: [],
     "statistical": _statistical_needs,
-    "block-lp": lambda s, options: [],  # an extra, sized by check_block_lp when it runs
 }
 
 
