@@ -40,6 +40,8 @@ import contextlib
 import math
 from typing import Any, Iterator, Optional
 
+import torch
+
 from spectr_audit import _deadline, defaults
 from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.drafting.harness import draft
@@ -142,8 +144,6 @@ def time_limited(verifier: Any, seconds: Optional[float]) -> Iterator[Any]:
 
 def _dense_models(vocab_size: int, seed: int):
     """A context-free pair over the case's vocabulary with every probability positive."""
-    import torch
-
     generator = torch.Generator().manual_seed(seed)
     draft = torch.rand(vocab_size, generator=generator, dtype=torch.float64) + 0.5
     target = torch.rand(vocab_size, generator=generator, dtype=torch.float64) + 0.5
@@ -156,8 +156,6 @@ def dense_mutations(verifier: Any, vocab_size: int, num_drafts: int, draft_len: 
 
     A zero probability hides an in-place scaling or clamping of that entry; here none is zero.
     """
-    import torch
-
     dense_draft, dense_target = _dense_models(vocab_size, seed)
     batch = draft(dense_draft, dense_target, torch.zeros(rows, 0, dtype=torch.int64), num_drafts, draft_len,
                   torch.Generator().manual_seed(seed), verifier.draft_scheme)
@@ -169,8 +167,6 @@ def dense_mutations(verifier: Any, vocab_size: int, num_drafts: int, draft_len: 
 
 
 def _batches(verifier, case, seed: int, rows: int) -> list:
-    import torch
-
     contexts = contexts_from(case.prefix, torch.zeros(rows, 0, dtype=torch.int64))
     generator = torch.Generator().manual_seed(seed)
     batches = [draft(case.draft_model, case.target_model, contexts, case.num_drafts, case.draft_len, generator,
@@ -182,8 +178,6 @@ def _batches(verifier, case, seed: int, rows: int) -> list:
 
 
 def _changed(originals, inputs) -> list[str]:
-    import torch
-
     names = ("draft_tokens", "draft_probs", "target_probs")
     return [n for n, before, after in zip(names, originals, inputs)
             if before.shape != after.shape or not torch.equal(before, after)]
@@ -201,8 +195,6 @@ def probe_checks(verifier: Any, case: Any, seed: int = 0, rows: int = defaults.P
     Returns a list of :class:`~spectr_audit.results.Check`.  Errors of the verifier propagate
     (the caller makes them an error result).
     """
-    import torch
-
     if getattr(case, "tree", None) is not None or not isinstance(verifier, Verifier):
         return []  # draft trees have their own contract
     mutated: list[str] = []

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
+import torch
+
 from spectr_audit.contract.tree import DraftTree
 from spectr_audit.contract.tree_verifier import (
     FunctionTreeVerifier,
@@ -27,8 +29,8 @@ from spectr_audit.contract.tree_verifier import (
 )
 from spectr_audit.drafting.tree import draft_tree
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.run import guard
 from spectr_audit.registry import load_tree_verifier
+from spectr_audit.run import guard
 from spectr_audit.run.runner import AuditOptions, audit_tree_case, tree_fits
 from spectr_audit.run.suite import Case, Suite, load_suite, model_from_spec, tree_from_spec
 from spectr_audit.statistical.sampling import tree_emitted_strings
@@ -86,8 +88,6 @@ def _scheme_models(scheme: str, tree, seed: int = 1):
 
 def _emitted_counts(tree, node_tokens, output) -> dict:
     """Emitted strings (as tuples) and their counts."""
-    import torch
-
     strings, _ = tree_emitted_strings(tree, node_tokens, output, tree.max_depth + 1)
     unique, counts = torch.unique(strings, dim=0, return_counts=True)
     return {tuple(t for t in row if t >= 0): int(c) for row, c in zip(unique.tolist(), counts.tolist())}
@@ -95,8 +95,6 @@ def _emitted_counts(tree, node_tokens, output) -> dict:
 
 def _tree_law_checks(verifier, tree, batch, num_samples: int, alpha: float, seed: int, where: str) -> list:
     """The exact tree law is a distribution, and the sampler follows it on up to three realisations."""
-    import torch
-
     batch_size, vocab_size = batch.node_tokens.shape[0], batch.target_probs.shape[-1]
 
     def checked_law():
@@ -125,8 +123,6 @@ def _tree_law_checks(verifier, tree, batch, num_samples: int, alpha: float, seed
 
 def _tree_contract_checks(verifier, tree, scheme: str, seed: int, batch_size: int, num_samples: int,
                           alpha: float) -> list:
-    import torch
-
     where = f"{tree.describe()}, {scheme}"
     draft_model, target_model = _scheme_models(scheme, tree)
     vocab_size = draft_model.vocab_size
