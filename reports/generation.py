@@ -35,6 +35,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from spectr_audit import __version__
 from spectr_audit._files import write_text_atomic
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.reports.generation_html import render_generation_html
@@ -67,8 +68,6 @@ FORMATS = {"json": "report.json", "md": "report.md", "html": "report.html", "jun
 def generation_json(result: Any) -> dict:
     """The machine contract: ``{"kind": "generation-audit", "schema_version": 1, "spectr_audit_version": ...,
     ...the result's dict}``."""
-    from spectr_audit import __version__
-
     return {"kind": KIND, "schema_version": SCHEMA_VERSION, "spectr_audit_version": __version__,
             **generation_dict(result)}
 

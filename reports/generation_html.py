@@ -10,6 +10,8 @@ from __future__ import annotations
 import html
 from typing import Any, Sequence
 
+from spectr_audit import __version__
+from spectr_audit.reports.figures.generation import generation_figures, outside_band
 from spectr_audit.reports.generation_reading import (
     _alpha,
     _list,
@@ -99,9 +101,6 @@ def render_generation_html(result: Any, figures: bool = True) -> str:
         Draw the PIT histograms with their acceptance bands and the held-out TV chart (matplotlib);
         ``False`` gives tables only.
     """
-    from spectr_audit import __version__
-    from spectr_audit.reports.figures.generation import generation_figures, outside_band
-
     d = generation_dict(result)
     drawn = generation_figures(d) if figures else []
     verdict = str(d.get("verdict", "?"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from spectr_audit.reports.figures.generation import outside_band
 from spectr_audit.reports.generation_reading import (
     _alpha,
     _list,
@@ -86,8 +87,6 @@ def render_generation_markdown(result: Any) -> str:
 
 
 def _md_strata(d: dict) -> list[str]:
-    from spectr_audit.reports.figures.generation import outside_band
-
     rows = _list(d.get("strata"))
     out = ["", "## Strata", "",
            "Per stratum and PIT order: the binned PIT values against uniform (G-test); min detectable TV: the "

@@ -21,9 +21,12 @@ import html
 from pathlib import Path
 from typing import Any, Optional
 
+from spectr_audit import __version__
 from spectr_audit._files import write_text_atomic
+from spectr_audit.reports.figures import acceptance_interval, report_figures, tree_cases, tree_figure, tree_text
 from spectr_audit.reports.html_common import _CSS, _figure_html, _fmt, _num, _text_cells
 from spectr_audit.reports.html_real_lm import _REAL_LM_CSS, _real_lm_section
+from spectr_audit.reports.markdown import _sampling_text, sampling_cases
 from spectr_audit.results import AuditReport, AuditResult
 
 __all__ = ["render_html", "write_html"]
@@ -61,8 +64,6 @@ _COLUMNS = (
 def _interval_of(metrics: dict, key: str) -> Optional[tuple]:
     """The interval of a sampled metric: the TV estimate's, the acceptance's, and the acceptance ratio's
     (the acceptance's interval over alpha*); None for a value computed exactly."""
-    from spectr_audit.reports.figures import acceptance_interval
-
     if key == "tv_estimate":
         low, high = metrics.get("tv_lower"), metrics.get("tv_upper")
         return None if low is None or high is None else (low, high)
@@ -167,8 +168,6 @@ def _verifier_table(report: AuditReport, violated: set) -> list[str]:
 
 def _sampling_section(report: AuditReport) -> list[str]:
     """The sampling parameters each case held its verifiers to (docs/sampling.md)."""
-    from spectr_audit.reports.markdown import _sampling_text, sampling_cases
-
     cases = sampling_cases(report)
     if not cases:
         return []
@@ -254,8 +253,6 @@ def _findings(report: AuditReport, gate: Any) -> list[str]:
 
 def _tree_section(report: AuditReport, figures: bool) -> list[str]:
     """Each draft-tree case: its tree (drawn, and as indented text) beside its results against the tree's bound."""
-    from spectr_audit.reports.figures import tree_cases, tree_figure, tree_text
-
     cases = tree_cases(report.results)
     if not cases:
         return []
@@ -291,8 +288,6 @@ def _tree_section(report: AuditReport, figures: bool) -> list[str]:
 
 
 def _figure_sections(report: AuditReport, max_law_figures: int) -> list[str]:
-    from spectr_audit.reports.figures import report_figures
-
     figures = report_figures(report, max_law_figures=max_law_figures)
     sections = (
         ("acceptance", "Acceptance against K",
@@ -353,8 +348,6 @@ def render_html(report: AuditReport, gate: Any = None, *, figures: bool = True, 
     str
         HTML text with inline CSS and figures as ``data:image/png;base64`` images.
     """
-    from spectr_audit import __version__
-
     passed = report.passed and (gate is None or gate.passed)
     num_expected = sum(r.as_expected for r in report.results)
     violated = {(v.verifier, v.case) for v in getattr(gate, "violations", ()) or ()}

@@ -10,7 +10,10 @@ import html
 import math
 from typing import Any, Callable
 
+from spectr_audit.reports.figures import real_lm_block_grid, real_lm_figures
+from spectr_audit.reports.figures.reading import _row
 from spectr_audit.reports.html_common import _figure_html, _fmt, _num
+from spectr_audit.reports.markdown import real_lm_power_note
 
 #: Extra CSS, added only to reports that carry the real-LM tables (others stay byte-identical).
 _REAL_LM_CSS = """
@@ -47,8 +50,6 @@ def _with_half_width(value: Any, half: Any, digits: int = 3) -> str:
 
 def _real_lm_block_table(rows: Any) -> list[str]:
     """Block efficiency in the shape of SpecTr's tables: method, K, then one column per L."""
-    from spectr_audit.reports.figures import real_lm_block_grid
-
     lengths, series = real_lm_block_grid(rows)
     if not series:
         return ["<p>No block-efficiency rows.</p>"]
@@ -81,8 +82,6 @@ def _real_lm_block_table(rows: Any) -> list[str]:
 
 def _real_lm_rows_table(rows: Any, what: str, head: str, row_html: Callable[[dict], str]) -> list[str]:
     """A real-LM table of one HTML row per table row: ``head`` (up to ``<tbody>``), then ``row_html`` of each."""
-    from spectr_audit.reports.figures import _row
-
     rows = [_row(r) for r in rows or ()]
     if not rows:
         return [f"<p>No {what} rows.</p>"]
@@ -141,8 +140,6 @@ def _real_lm_fidelity_table(rows: Any, partition: str) -> list[str]:
 
 def _real_lm_section(tables: dict, figures: bool) -> list[str]:
     """The real-LM suite's tables (``meta["real_lm"]``) and, with ``figures``, its two figures."""
-    from spectr_audit.reports.markdown import real_lm_power_note
-
     out = ['<h2 id="real-lm">Real language model (SmolLM2-135M)</h2>']
     setup = tables.get("setup")
     if setup:
@@ -171,8 +168,6 @@ def _real_lm_section(tables: dict, figures: bool) -> list[str]:
             + (f" Partition: {html.escape(partition)}." if partition else "") + "</p>",
             *_real_lm_fidelity_table(tables.get("fidelity"), partition)]
     if figures:
-        from spectr_audit.reports.figures import real_lm_figures
-
         out += [_figure_html(f.png, "real-lm-figure", f"{f.kind}: {f.title}", f.title, f.caption)
                 for f in real_lm_figures(tables)]
     return out

@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Optional
 
 from spectr_audit._files import write_text_atomic
+from spectr_audit.reports.figures import (acceptance_interval, real_lm_block_grid, real_lm_power,
+                                          real_lm_power_summary, tree_cases, tree_text)
+from spectr_audit.reports.figures.reading import _row
 from spectr_audit.results import AuditReport, AuditResult
 
 __all__ = ["real_lm_power_note", "render_markdown", "render_real_lm_markdown", "write_markdown"]
@@ -63,8 +66,6 @@ def _cell(text) -> str:
 
 def _real_lm_block_lines(rows) -> list[str]:
     """Block efficiency in the shape of SpecTr's tables: method, K, one column per L."""
-    from spectr_audit.reports.figures import real_lm_block_grid
-
     lengths, series = real_lm_block_grid(rows)
     if not series:
         return ["No block-efficiency rows."]
@@ -86,8 +87,6 @@ def _real_lm_block_lines(rows) -> list[str]:
 
 
 def _real_lm_acceptance_lines(rows) -> list[str]:
-    from spectr_audit.reports.figures import _row
-
     lines = ["| K | alpha* | SpecTr bound | (1-1/e) alpha* | single draft | K-SEQ P_A (closed form) "
              "| K-SEQ measured (alpha* there) | RRS measured |",
              "|---|---|---|---|---|---|---|---|"]
@@ -128,8 +127,6 @@ def _real_lm_fidelity_lines(rows) -> list[str]:
 
 def real_lm_power_note(tables: dict) -> Optional[str]:
     """What the real-LM suite's first-token tests could detect, and which verifiers were not judged."""
-    from spectr_audit.reports.figures import real_lm_power, real_lm_power_summary
-
     summary = real_lm_power_summary(tables)
     if summary is None:
         return None
@@ -146,8 +143,6 @@ def real_lm_power_note(tables: dict) -> Optional[str]:
 def render_real_lm_markdown(tables: dict) -> str:
     """The real-LM suite's tables (``meta["real_lm"]``) as a Markdown section: block efficiency in
     SpecTr's shape, acceptance against alpha* for each K, first-token fidelity, and the power reached."""
-    from spectr_audit.reports.figures import _row
-
     lines = ["## Real language model (SmolLM2-135M)", ""]
     if tables.get("setup"):
         lines += [f"Setup: {tables['setup']}", ""]
@@ -211,8 +206,6 @@ def _sampling_lines(report: AuditReport) -> list[str]:
 
 def _tree_lines(report: AuditReport) -> list[str]:
     """A "Draft trees" section: each tree case's tree as indented text and its results against the tree's bound."""
-    from spectr_audit.reports.figures import tree_cases, tree_text
-
     cases = tree_cases(report.results)
     if not cases:
         return []
@@ -253,8 +246,6 @@ def _tv_text(m: dict) -> str:
 
 def _ratio_text(m: dict) -> str:
     """acc / alpha*, with the interval of a sampled acceptance over alpha* (a sampled ratio above 1 may be noise)."""
-    from spectr_audit.reports.figures import acceptance_interval
-
     interval, optimum = acceptance_interval(m), _finite(m.get("optimal_acceptance"))
     if m.get("acceptance_ratio") is None or interval is None or not optimum:
         return _fmt(m.get("acceptance_ratio"))

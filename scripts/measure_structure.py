@@ -5,8 +5,9 @@
 
 - lines of code per module (non-blank, non-comment lines outside docstrings), the longest listed;
 - imports between the project's modules, and how many are deferred (inside a function or class
-  body rather than at module level); a deferred import of an optional engine or of the plugin's
-  lazily loaded audit is listed apart;
+  body rather than at module level); the deferred imports of the lazy-loading points
+  (``LAZY_LOADING``: the pytest plugin, the light faces it reads, the registry, the memory budget,
+  optional kernels) are counted apart from those anywhere else, which should be none;
 - import cycles: strongly connected components of the module import graph with every import as an
   edge (a cycle held open by a deferred import is still a cycle of the design);
 - private names (a leading underscore) or private modules imported from another package of the
@@ -26,6 +27,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"spectr_audit": "spectr_audit", "verifiers": "spectr_audit.verifiers", "reports": "spectr_audit.reports"}
 SHARED_LEAVES = {"spectr_audit._validation", "spectr_audit._files", "spectr_audit._deadline"}
+#: The modules whose imports of the project may sit inside functions, and why (docs/architecture.md).
+LAZY_LOADING = {
+    "spectr_audit.plugin": "pytest loads the plugin in every run of every project that has spectr-audit installed",
+    "spectr_audit.plugin_report": "part of the plugin: the audit's modules load when a test used the fixture",
+    "spectr_audit.run.generation": "the generation faces the plugin loads: torch-free until an audit runs",
+    "spectr_audit.run.generation_cases": "read by run.generation at load: torch-free",
+    "spectr_audit.run.generation_engines": "read by run.generation at load: torch-free",
+    "spectr_audit.run.generation_suite": "read by run.generation at load: torch-free",
+    "spectr_audit.run.budget": "the memory budget is decided before anything is allocated: torch- and scipy-free",
+    "spectr_audit.registry": "a verifier's module is imported when its name is asked for",
+    "spectr_audit.verifiers.library.historic": "a historic rule built on block verification is built when asked for",
+    "spectr_audit.verifiers.triton_kernels": "the Triton kernels (triton: optional, slow to import) load on first launch",
+}
 
 
 def module_name(path: Path) -> str:
@@ -164,7 +178,7 @@ def measure() -> dict:
     edges = {name: set() for name in found}
     eager = {name: set() for name in found}
     total = deferred = 0
-    private = []
+    private, elsewhere = [], []
     for name, path in found.items():
         for target, imported, is_deferred in imports(name, path, known):
             if target == name or target not in known:
@@ -177,6 +191,8 @@ def measure() -> dict:
                 eager[name].add(target)
             total += 1
             deferred += is_deferred
+            if is_deferred and name not in LAZY_LOADING:
+                elsewhere.append(f"{name} imports {target}{'.' + imported if imported else ''}")
             if _package(target) != _package(name) and target not in SHARED_LEAVES:
                 private_module = any(p.startswith("_") and not p.startswith("__") for p in target.split(".")[1:])
                 private_name = imported is not None and imported.startswith("_") and not imported.startswith("__")
@@ -187,7 +203,8 @@ def measure() -> dict:
                         for f in longest_functions(name, path.read_text(encoding="utf-8"))), reverse=True)[:5]
     pairs = sum(len(v) for v in edges.values())
     deferred_pairs = sum(len(edges[n] - eager[n]) for n in edges)
-    return {"modules": len(found), "imports": total, "deferred_imports": deferred, "module_pairs": pairs,
+    return {"modules": len(found), "imports": total, "deferred_imports": deferred,
+            "deferred_outside_lazy_loading": sorted(elsewhere), "module_pairs": pairs,
             "deferred_only_pairs": deferred_pairs,
             "cycles": cycles({k: sorted(v) for k, v in edges.items()}), "private_cross_package": sorted(private),
             "over_500_lines": [(n, s) for n, s in longest if s > 500], "longest": longest[:10],
@@ -204,6 +221,10 @@ def main(argv=None) -> int:
         return 0
     print(f"modules: {result['modules']}")
     print(f"imported names between them: {result['imports']}, deferred: {result['deferred_imports']}")
+    outside = result["deferred_outside_lazy_loading"]
+    print(f"deferred outside the {len(LAZY_LOADING)} lazy-loading modules: {len(outside)}")
+    for line in outside:
+        print(f"  {line}")
     print(f"importing module pairs: {result['module_pairs']}, reached only by deferred imports: "
           f"{result['deferred_only_pairs']}")
     print(f"import cycles: {len(result['cycles'])}")

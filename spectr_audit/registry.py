@@ -61,10 +61,11 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from spectr_audit.contract.chain_trees import TreeVerifierAsChain
+from spectr_audit.contract.convert import as_tree_verifier, as_verifier
+from spectr_audit.contract.logits import LogitsVerifier
 from spectr_audit.contract.tree_verifier import TreeVerifier
-from spectr_audit.contract.convert import as_tree_verifier
 from spectr_audit.contract.verifier import Verifier
-from spectr_audit.contract.convert import as_verifier
 from spectr_audit.errors import InvalidArgument
 
 __all__ = [
@@ -306,8 +307,6 @@ def _named_tree(obj: Any, default_name: str) -> TreeVerifier:
 
 def _tree_as_chain(tree_verifier: TreeVerifier, what: str) -> Verifier:
     """A tree verifier as a chain verifier, or a message that says where to audit it instead."""
-    from spectr_audit.contract.chain_trees import TreeVerifierAsChain
-
     try:
         return TreeVerifierAsChain(tree_verifier)
     except InvalidArgument:
@@ -732,8 +731,6 @@ def describe(entry: RegistryEntry) -> dict:
         if _is_tree_object(obj):
             return _describe_tree(entry, row, obj)
         if entry.namespace == "engine" and isinstance(obj, type) and issubclass(obj, Verifier):
-            from spectr_audit.contract.logits import LogitsVerifier
-
             info: Any = obj
             exact = (obj._output_probs_logits is not LogitsVerifier._output_probs_logits if issubclass(obj, LogitsVerifier)
                      else obj._output_probs is not Verifier._output_probs)

@@ -30,6 +30,8 @@ import dataclasses
 import math
 from typing import Any, Optional
 
+from spectr_audit import __version__
+
 __all__ = ["Check", "AuditResult", "AuditReport", "EXIT_INCONCLUSIVE", "VERDICTS", "jsonable"]
 
 #: The verdicts of a result, from :attr:`AuditResult.verdict`.
@@ -195,8 +197,6 @@ class AuditReport:
         return self.exit_code
 
     def to_dict(self) -> dict:
-        from spectr_audit import __version__
-
         return {
             "passed": self.passed,
             "suite": self.suite,

@@ -44,6 +44,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     ) from exc
 
 from spectr_audit.contract.sampling import STEPS, ProcessingOrder, SamplingParams, process_logits, processing_order
+from spectr_audit.contract.tree import DraftTree
 from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.errors import InvalidArgument
 
@@ -174,8 +175,6 @@ def chains(
 @st.composite
 def draft_trees(draw, max_draft_nodes: int = 6, max_depth: int = 3):
     """Draft-tree topologies (:class:`spectr_audit.contract.tree.DraftTree`), a single node first."""
-    from spectr_audit.contract.tree import DraftTree
-
     count = draw(st.integers(1, max_draft_nodes))
     parents, depths = [-1], [0]
     for node in range(1, count + 1):

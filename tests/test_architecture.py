@@ -113,3 +113,28 @@ def test_every_public_name_of_every_module_exists():
         module = importlib.import_module(name)
         broken += [f"{name}.{n}" for n in getattr(module, "__all__", ()) if not hasattr(module, n)]
     assert not broken, broken
+
+
+def test_imports_inside_functions_only_at_the_lazy_loading_points():
+    structure = _measure_structure()
+    measured = structure.measure()
+    assert measured["deferred_outside_lazy_loading"] == [], (
+        "imports of the project inside functions outside the lazy-loading modules (move them to the top, or name "
+        f"the module in scripts/measure_structure.py's LAZY_LOADING with its reason): "
+        f"{measured['deferred_outside_lazy_loading']}")
+    found = structure.modules()
+    deferring = {name for name, path in found.items()
+                 for target, _, deferred in structure.imports(name, path, set(found)) if deferred and target != name}
+    stale = sorted(set(structure.LAZY_LOADING) - deferring)
+    assert not stale, f"LAZY_LOADING names modules that defer no import (remove them): {stale}"
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    undocumented = sorted(name for name in structure.LAZY_LOADING if f"`{name}`" not in text)
+    assert not undocumented, f"lazy-loading modules docs/architecture.md does not name: {undocumented}"
+
+
+def test_the_deferred_import_finder_sees_an_import_inside_a_function(tmp_path):
+    structure = _measure_structure()
+    path = tmp_path / "mod.py"
+    path.write_text("import spectr_audit.errors\n\ndef f():\n    from spectr_audit.defaults import ALPHA\n    return ALPHA\n")
+    found = structure.imports("spectr_audit.mod", path, {"spectr_audit.errors", "spectr_audit.defaults"})
+    assert sorted(found) == [("spectr_audit.defaults", "ALPHA", True), ("spectr_audit.errors", None, False)]

@@ -110,7 +110,7 @@ def test_json_output_parses_and_the_verdict_line_goes_to_stderr(capsys):
     (["--engine", "toy", "--resume"], "--resume: needs --store PATH"),
     (["--engine", "toy", "--store", "{tmp}/none.sqlite", "--resume"], "--resume: there is no store at"),
     (["--engine", "toy", "--store", "{tmp}"], "--store: "),
-    (["--engine", "toy", "--arms", "single,bogus"], "argument --arms: expected comma-separated arms"),
+    (["--engine", "toy", "--arms", "single,bogus"], "--arms: expected comma-separated arms from"),
     (["--engine", "toy", "--max-new-tokens", "0"], "argument --max-new-tokens: expected a positive integer"),
     (["--engine", "toy", "--alpha", "2"], "argument --alpha: expected a number in (0, 1)"),
     (["--engine", "toy", "--vocab-size", "1"], "argument --vocab-size: expected an integer >= 2"),

@@ -53,9 +53,6 @@ from spectr_audit.reports.figures.real_lm import (real_lm_block_grid, real_lm_po
 from spectr_audit.reports.figures.generation import (generation_strata, outside_band, pit_figure, held_out_tv_figure,
                                                      generation_figures)
 
-# the table-row reader the HTML and Markdown writers use for the real-LM tables
-from spectr_audit.reports.figures.reading import _row  # noqa: F401
-
 __all__ = [
     "Figure",
     "case_shape",

@@ -18,37 +18,16 @@ are those of one process; the first process prints and writes the reports.
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import sys
 from typing import Optional, Sequence
 
 from spectr_audit.cli._args import _UsageError, parse_model_spec, suite_names
 from spectr_audit.cli._output import _join_torchrun, _PipeSafe, verdict_line
-from spectr_audit.cli.audit import _add_audit_parser, _cmd_audit
-from spectr_audit.cli.bound import _add_bound_parser, _cmd_bound
-from spectr_audit.cli.generation import _add_generation_parser, _cmd_generation
-from spectr_audit.cli.listing import _add_list_parser, _cmd_list
-from spectr_audit.cli.run import _add_run_parser, _cmd_run
+from spectr_audit.cli.parsers import COMMAND_MODULES, build_parser
+from spectr_audit.errors import InvalidArgument, SpectrAuditError
 
 __all__ = ["main", "build_parser", "parse_model_spec", "suite_names", "verdict_line"]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="spectr-audit",
-        description="Audit speculative-decoding verifiers: exactness, acceptance against the optimum.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_run_parser(sub)
-    _add_audit_parser(sub)
-    _add_bound_parser(sub)
-    _add_generation_parser(sub)
-    _add_list_parser(sub)
-    return parser
-
-
-_COMMANDS = {"run": _cmd_run, "audit": _cmd_audit, "bound": _cmd_bound, "list": _cmd_list,
-             "generation": _cmd_generation}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -78,10 +57,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _main(args) -> int:
     if args.command in ("run", "audit"):
         _join_torchrun(args)
-    from spectr_audit.errors import InvalidArgument, SpectrAuditError
-
     try:
-        return _COMMANDS[args.command](args)
+        # the one place the command line loads an audit: the module of the command that runs
+        return importlib.import_module(f"spectr_audit.cli.{COMMAND_MODULES[args.command]}").command(args)
     except (_UsageError, InvalidArgument) as exc:
         print(f"spectr-audit {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 from pathlib import Path
 
 from spectr_audit import defaults
+from spectr_audit.contract.sampling import order_names
+from spectr_audit.errors import InvalidArgument
+from spectr_audit.run.budget import parse_memory
+from spectr_audit.run.suite import builtin_suites, model_from_spec
 
 
 class _UsageError(Exception):
@@ -19,8 +24,6 @@ def parse_model_spec(text: str, argument: str, max_memory=None, inputs: str = "p
     ``max_memory`` is refused before it is built.  With ``inputs="logits"`` (``--logits``) a
     comma-separated list is a context-free model's raw logits (``-inf`` allowed).
     """
-    from spectr_audit.run.suite import model_from_spec
-
     text = text.strip()
     if ":" in text:
         kind, _, rest = text.partition(":")
@@ -104,8 +107,6 @@ def _min_p(text: str) -> float:
 
 def _add_sampling_params(p: argparse.ArgumentParser, logits: bool) -> None:
     """The sampling parameters the verifier is held to (docs/sampling.md)."""
-    from spectr_audit.contract.sampling import order_names
-
     group = p.add_argument_group(
         "sampling parameters", "hold the verifier to the law the engine's sampler draws from with these parameters "
         "(docs/sampling.md); a verifier that takes logits is handed the raw logits and the parameters"
@@ -135,9 +136,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _memory(text: str) -> int:
-    from spectr_audit.errors import InvalidArgument
-    from spectr_audit.run.budget import parse_memory
-
     try:
         return parse_memory(text)
     except InvalidArgument as exc:
@@ -208,15 +206,11 @@ def suite_names() -> list:
 
     The one list that ``spectr-audit list`` prints and a bad ``--suite`` is told.
     """
-    from spectr_audit.run.suite import builtin_suites
-
     return builtin_suites() + [REAL_LM_SUITE]
 
 
 def _check_suite_name(text: str) -> None:
     """A ``--suite`` that is neither a suite name nor a file: a usage error listing every suite (with a near match)."""
-    import difflib
-
     names = suite_names()
     if text in names or text.endswith(".toml") or Path(text).exists():
         return  # a name, or a file for load_suite to read (and to complain about)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from typing import Optional
+
+import torch
+import torch.distributed as dist
 
 
 def verdict_line(result, exit_code: Optional[int] = None) -> str:
@@ -89,21 +93,14 @@ _RANK = 0
 
 def _join_torchrun(args) -> None:
     """Under ``torchrun`` (``WORLD_SIZE`` > 1), join the process group the statistical audits shard over."""
-    import os
-
     global _RANK
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
-    import torch
-    import torch.distributed as dist
-
     if not dist.is_initialized():
         cuda = str(getattr(args, "device", "cpu")).startswith("cuda") and torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if cuda else "gloo")
-        import atexit
-
         atexit.register(dist.destroy_process_group)
     _RANK = dist.get_rank()
     if _RANK != 0:

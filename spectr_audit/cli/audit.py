@@ -2,76 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
-
-from spectr_audit import defaults
-from spectr_audit.cli._args import (
-    _add_common,
-    _add_resources,
-    _add_sampling,
-    _add_sampling_params,
-    _probability,
-    _sampling_overrides,
-    _UsageError,
-    parse_model_spec,
-)
+from spectr_audit.cli._args import _sampling_overrides, _UsageError, parse_model_spec
 from spectr_audit.cli._output import _print_result_text
+from spectr_audit.contract.sampling import SamplingParams
+from spectr_audit.registry import load_tree_verifier, load_verifier
+from spectr_audit.reports.json_report import render_json
+from spectr_audit.results import AuditReport
+from spectr_audit.run.runner import AuditOptions, audit_case
+from spectr_audit.run.suite import Case, tree_from_spec
 
-_EXIT_CODES = """exit codes:
-  0  the verdict is as expected: exact, or a finding of a verifier declared inexact
-  1  the verdict is not as expected (a finding of a verifier declared exact or undeclared,
-     or no finding of one declared inexact), or the audit could not run (an error result)
-  2  usage or input error (a message naming the argument; nothing audited)
-  3  only inconclusive results stood in the way (--fail-on-inconclusive, or --certify-tv
-     where the certificate was not reached)
-  130  interrupted (Ctrl-C)"""
-
-_AUDIT_DESCRIPTION = """Audit one verifier on one case: a draft distribution, a target distribution, K drafts of
-L tokens (or a draft tree).  A verifier with an exact law (output_probs) is audited exactly:
-its law over every string of L + 1 tokens is enumerated in float64 and compared with the
-target's (no sampling, no false alarm), with its acceptance against alpha*, the optimum.  A
-black box is audited from samples: tests of its emitted strings against the target law at the
-false-alarm rate --alpha, with the sample planned by power analysis (--max-samples and
---max-seconds cap it; a result cut short below its planned power is INCONCLUSIVE).  The first
-line is the verdict (exact, FINDING, INCONCLUSIVE, CERTIFIED or ERROR) and how it stands against
-the verifier's declaration; then every check with its value, threshold and outcome, then the
-metrics."""
-
-_AUDIT_EPILOG = """examples:
-  spectr-audit audit --verifier kseq --draft 0.6,0.4 --target 0.3,0.7 --num-drafts 2
-  spectr-audit audit --verifier broken:kseq-low-rho --num-drafts 3 \\
-      --draft dirichlet:vocab_size=8,seed=1 --target dirichlet:vocab_size=8,seed=2
-  spectr-audit audit --verifier my_pkg.verify:my_verify --num-drafts 1 --draft-len 2 \\
-      --draft markov:vocab_size=3,seed=1 --target markov:vocab_size=3,seed=2 --json
-  spectr-audit audit --verifier tree-rrs --tree 'paths:[[0],[1],[0,0]]' --draft 0.5,0.3,0.2 --target 0.2,0.3,0.5
-
-""" + _EXIT_CODES
-
-
-def _add_audit_parser(sub) -> None:
-    """The parser of ``audit``: the verifier, the case and the budgets."""
-    audit = sub.add_parser("audit", help="audit one verifier on one case", description=_AUDIT_DESCRIPTION,
-                           epilog=_AUDIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    audit.add_argument("--verifier", required=True, metavar="NAME_OR_IMPORT",
-                       help="a built-in short name (spectr-audit list), namespace:name, package.module:attr or "
-                       "path/file.py:attr")
-    audit.add_argument("--draft", required=True, help="draft distribution: 0.6,0.4 | markov:vocab_size=3,seed=1 | dirichlet:vocab_size=8,seed=1")
-    audit.add_argument("--target", required=True, help="target distribution, same forms as --draft")
-    audit.add_argument("--num-drafts", type=int, default=None, help="K, the drafts (a chain case; not with --tree)")
-    audit.add_argument("--draft-len", type=int, default=None, help="L, each draft's tokens (default 1; not with --tree)")
-    audit.add_argument("--tree", default=None, metavar="SPEC",
-                       help="audit on a draft tree: a path list 'paths:[[0],[1],[0,0]]' (EAGLE's and Medusa's format) "
-                       "or a builder 'cartesian:2,2' | 'topk_depth:2,3' | 'chains:2,3' | 'parents:-1,0,0,1'")
-    audit.add_argument("--draft-scheme", default=None, choices=("iid", "without_replacement", "topk", "none"),
-                       help="how the tree's children are drafted (with --tree; default: the verifier's first scheme)")
-    audit.add_argument("--prefix", default="", help="context tokens before the step, comma-separated")
-    audit.add_argument("--json", action="store_true", help="print the result as the JSON report (results.py's contract)")
-    audit.add_argument("--alpha", type=_probability, default=defaults.ALPHA, metavar="ALPHA",
-                       help=f"false-alarm rate of the statistical audit (default {defaults.ALPHA:g})")
-    _add_sampling(audit)
-    _add_sampling_params(audit, logits=True)
-    _add_resources(audit)
-    _add_common(audit)
+__all__ = ["command"]
 
 
 def _unsupported_drafts(verifier, num_drafts: int, draft_len: int) -> str:
@@ -98,9 +38,6 @@ def _unsupported_drafts(verifier, num_drafts: int, draft_len: int) -> str:
 
 def _tree_case(args, draft_model, target_model, prefix):
     """``audit --tree``: the tree verifier (a chain verifier runs on chain trees) and the tree case."""
-    from spectr_audit.registry import load_tree_verifier
-    from spectr_audit.run.suite import Case, tree_from_spec
-
     tree = tree_from_spec(args.tree, "--tree")
     verifier = load_tree_verifier(args.verifier)
     verifier.check_supports_tree(tree)
@@ -114,13 +51,8 @@ def _tree_case(args, draft_model, target_model, prefix):
     return verifier, case
 
 
-def _cmd_audit(args) -> int:
-    from spectr_audit.registry import load_verifier
-    from spectr_audit.reports.json_report import render_json
-    from spectr_audit.results import AuditReport
-    from spectr_audit.run.runner import AuditOptions, audit_case
-    from spectr_audit.run.suite import Case
-
+def command(args) -> int:
+    """Run ``spectr-audit audit``; its exit code."""
     if args.tree is not None:
         if args.num_drafts is not None or args.draft_len is not None:
             raise _UsageError("--num-drafts, --draft-len: a tree case takes them from --tree (the root's children, "
@@ -175,7 +107,5 @@ def _cli_sampling(sampling: dict) -> dict:
     """The ``params``, ``order`` and ``inputs`` of the ``audit`` case (none without sampling flags)."""
     if not sampling:
         return {}
-    from spectr_audit.contract.sampling import SamplingParams
-
     params = SamplingParams(**{key: sampling[key] for key in ("temperature", "top_k", "top_p", "min_p") if key in sampling})
     return {"params": params, "order": sampling.get("order", "vllm"), "inputs": sampling.get("inputs", "probs")}

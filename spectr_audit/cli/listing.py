@@ -5,20 +5,14 @@ from __future__ import annotations
 import json
 
 from spectr_audit.cli._args import GENERATION_SUITE, REAL_LM_SUITE, suite_names
+from spectr_audit.registry import describe, entries, namespaces
+from spectr_audit.run.generation import generation_engine_names
+
+__all__ = ["command"]
 
 
-def _add_list_parser(sub) -> None:
-    """The parser of ``list``."""
-    lst = sub.add_parser("list", help="list the registered verifiers (every namespace), the generation engines and "
-                         "the suites")
-    lst.add_argument("--json", action="store_true")
-
-
-def _cmd_list(args) -> int:
-    from spectr_audit.registry import describe, entries, namespaces
-
-    from spectr_audit.run.generation import generation_engine_names
-
+def command(args) -> int:
+    """Run ``spectr-audit list``; its exit code."""
     rows = [describe(entry) for entry in entries()]
     engines = generation_engine_names()
     if args.json:

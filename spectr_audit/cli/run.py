@@ -7,68 +7,31 @@ import sys
 import time
 from pathlib import Path
 
-from spectr_audit import defaults
+from spectr_audit._files import write_text_atomic
 from spectr_audit.cli import _output
-from spectr_audit.cli._args import (
-    REAL_LM_SUITE,
-    _add_common,
-    _add_resources,
-    _add_sampling,
-    _add_sampling_params,
-    _check_suite_name,
-    _positive_int,
-    _probability,
-    _sampling_overrides,
-    _UsageError,
-)
+from spectr_audit.cli._args import REAL_LM_SUITE, _check_suite_name, _sampling_overrides, _UsageError
 from spectr_audit.cli._output import _Progress
+from spectr_audit.lm.real_suite import RealLMOptions, run_real_lm_suite
+from spectr_audit.lm.smollm import LMUnavailable
+from spectr_audit.reports.figures import real_lm_power_summary
+from spectr_audit.reports.html import write_html
+from spectr_audit.reports.json_report import render_json, write_json
+from spectr_audit.reports.junit import write_junit
+from spectr_audit.reports.markdown import render_real_lm_markdown, write_markdown
+from spectr_audit.run.gate import evaluate_gate
+from spectr_audit.run.incomplete import RunAborted, RunInterrupted, incomplete_text
+from spectr_audit.run.output import check_out, clear_earlier_run, write_manifest
+from spectr_audit.run.runner import AuditOptions, run_suite, select_verifiers
+from spectr_audit.run.suite import load_suite
 
-
-def _add_run_parser(sub) -> None:
-    """The parser of ``run``: the suite, the verifiers, the reports, the gate and the budgets."""
-    run = sub.add_parser("run", help="audit verifiers on a suite and write reports")
-    run.add_argument("--suite", default="default", help="built-in suite name or path to a suite .toml (default: default); "
-                     "a suite's [[generation]] cases run with spectr-audit generation --suite")
-    run.add_argument("--verifier", action="append", default=[], metavar="NAME_OR_IMPORT",
-                     help="a built-in short name, package.module:attr or path/file.py:attr (repeatable; default: all built-ins)")
-    run.add_argument("--out", default="spectr-audit-report", help="output directory (default ./spectr-audit-report)")
-    run.add_argument("--json", action="store_true", help="print the JSON report to stdout")
-    run.add_argument("--quick", action="store_true", help="real-lm suite only: a small preset (a minute or so)")
-    run.add_argument("--html", action="store_true",
-                     help="also write report.html (self-contained, with figures) to the output directory")
-    run.add_argument("--junit", metavar="PATH", default=None, help="also write a JUnit XML report to PATH")
-    run.add_argument("--alpha", type=_probability, default=defaults.ALPHA, metavar="ALPHA",
-                     help=f"false-alarm rate of each statistical audit (default {defaults.ALPHA:g})")
-    run.add_argument("--max-samples", type=_positive_int, default=None, metavar="N",
-                     help="sample budget of each statistical audit (default: planned by power analysis)")
-    run.add_argument("--progress", choices=("auto", "bar", "lines", "none"), default="auto",
-                     help="progress on stderr: a bar (rich), one line per audit, or nothing; auto: a bar on a "
-                     "terminal, lines otherwise")
-    gate = run.add_argument_group(
-        "gate", "fail the run (exit 1) when a result breaks a threshold, in the style of coverage.py's --fail-under; "
-        "each threshold applies to every result that measured its metric, and one that no result measured fails")
-    from spectr_audit.run.gate import add_gate_arguments
-
-    add_gate_arguments(gate.add_argument)
-    _add_sampling(run, gate)
-    _add_sampling_params(run, logits=False)
-    _add_resources(run)
-    _add_common(run)
+__all__ = ["command"]
 
 
 def _run_real_lm(args, out: Path):
     """``run --suite real-lm``: SmolLM2-135M with a layer-skipping self-speculative draft."""
-    from spectr_audit.lm.real_suite import RealLMOptions, run_real_lm_suite
-    from spectr_audit.lm.smollm import LMUnavailable
-
     if args.verifier:
         raise _UsageError("--verifier: the real-lm suite runs its own verifier grid; drop --verifier")
     options = RealLMOptions.quick(seed=args.seed) if args.quick else RealLMOptions(seed=args.seed)
-    from spectr_audit.reports.markdown import render_real_lm_markdown
-
-    from spectr_audit._files import write_text_atomic
-    from spectr_audit.run.incomplete import RunInterrupted
-
     try:
         report = run_real_lm_suite(options, progress=lambda line: print(f"  {line}", file=sys.stderr))
     except LMUnavailable as exc:
@@ -84,17 +47,12 @@ def _power_text(report) -> str:
     """What a passing real-LM run could have detected (its tests refute exactness, never prove it)."""
     if not isinstance(report.meta.get("real_lm"), dict):
         return ""
-    from spectr_audit.reports.figures import real_lm_power_summary
-
     summary = real_lm_power_summary(report.meta["real_lm"])
     return "" if summary is None else f"; {summary}"
 
 
-def _cmd_run(args) -> int:
-    from spectr_audit.run.gate import evaluate_gate
-    from spectr_audit.run.incomplete import incomplete_text
-    from spectr_audit.run.output import check_out
-
+def command(args) -> int:
+    """Run ``spectr-audit run``; its exit code."""
     out = check_out(args.out) if _output._RANK == 0 else Path(args.out)
     if args.junit:
         check_out(Path(args.junit).parent, "--junit")
@@ -114,8 +72,6 @@ def _cmd_run(args) -> int:
     gate_failed = gate is not None and not gate.passed
     fail_on_inconclusive = bool(getattr(args, "fail_on_inconclusive", False) or getattr(args, "certify_tv", None))
     if args.json:
-        from spectr_audit.reports.json_report import render_json
-
         print(render_json(report))
     else:
         _print_summary(args, report, gate, paths, time.perf_counter() - start, fail_on_inconclusive)
@@ -127,17 +83,12 @@ def _cmd_run(args) -> int:
 
 def _run_audits(args, out: Path):
     """The run's report, and ``(exit code, message)`` when it stopped early (None when it ran through)."""
-    from spectr_audit.run.incomplete import RunAborted, RunInterrupted
-    from spectr_audit.run.output import clear_earlier_run
-    from spectr_audit.run.runner import AuditOptions, run_suite, select_verifiers
-    from spectr_audit.run.suite import load_suite
-
     sampling = _sampling_overrides(args)
     if args.suite == REAL_LM_SUITE and sampling:
         raise _UsageError(f"--{'/--'.join(k.replace('_', '-') for k in sampling)}: the real-lm suite runs its own "
                           "sampling grid; drop them")
     if args.suite == REAL_LM_SUITE:
-        _clear(out, clear_earlier_run)
+        _clear(out)
         try:
             return _run_real_lm(args, out), None
         except RunInterrupted as exc:
@@ -154,7 +105,7 @@ def _run_audits(args, out: Path):
     verifiers = select_verifiers(args.verifier)
     # run_suite calls progress.start once every job passed the memory budget, before the first
     # audit: the earlier run's reports go then (a refused run leaves them alone).
-    progress = _Progress(args.progress, on_start=lambda: _clear(out, clear_earlier_run))
+    progress = _Progress(args.progress, on_start=lambda: _clear(out))
     options = AuditOptions(seed=args.seed, alpha=args.alpha, max_samples=args.max_samples,
                            max_seconds=args.max_seconds, certify_tv=args.certify_tv, device=args.device,
                            max_memory=args.max_memory, verifier_timeout=args.verifier_timeout or None)
@@ -171,20 +122,12 @@ def _run_audits(args, out: Path):
 def _write_reports(args, out: Path, report, gate, complete: bool) -> list:
     """Write report.json, report.md and the asked-for HTML and JUnit reports, then the manifest (the first
     process only, under torchrun: the others hold the same report); their paths."""
-    from spectr_audit.reports.json_report import write_json
-    from spectr_audit.reports.markdown import write_markdown
-    from spectr_audit.run.output import write_manifest
-
     if _output._RANK != 0:
         return []
     paths = [write_json(report, out / "report.json"), write_markdown(report, out / "report.md")]
     if args.html:
-        from spectr_audit.reports.html import write_html
-
         paths.append(write_html(report, out / "report.html", gate))
     if args.junit:
-        from spectr_audit.reports.junit import write_junit
-
         paths.append(write_junit(report, Path(args.junit), gate))
     write_manifest(out, paths, complete=complete)
     return paths
@@ -215,7 +158,7 @@ def _print_summary(args, report, gate, paths: list, seconds: float, fail_on_inco
         print(f"reports: {', '.join(str(p) for p in paths)}")
 
 
-def _clear(out: Path, clear_earlier_run) -> None:
+def _clear(out: Path) -> None:
     """Remove an earlier run's report files from ``out`` (said on stderr) before this run's first audit."""
     if _output._RANK != 0:
         return

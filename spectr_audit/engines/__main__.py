@@ -24,8 +24,13 @@ import json
 import sys
 
 from spectr_audit import defaults
+from spectr_audit.bounds.acceptance import optimal_acceptance
+from spectr_audit.contract.tree_verifier import TreeVerifier
+from spectr_audit.drafting.models import ContextFreeModel
 from spectr_audit.engines import engine_names, load_engine
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.registry import find
+from spectr_audit.statistical.audit import statistical_audit
 
 
 def main(argv=None) -> int:
@@ -45,19 +50,12 @@ def main(argv=None) -> int:
     parser.add_argument("--fail-on-inconclusive", action="store_true", help="exit 3 on an INCONCLUSIVE verdict")
     args = parser.parse_args(argv)
 
-    from spectr_audit.contract.tree_verifier import TreeVerifier
-    from spectr_audit.registry import find
-
     adapter = find(f"engine:{args.engine}").load()
     if isinstance(adapter, type) and issubclass(adapter, TreeVerifier):
         # tree engines take logits and sampling parameters: audited on trees, at settings
         print(f"error: {args.engine} verifies draft trees; audit it with "
               f"python scripts/audit_engines.py --engines {args.engine}", file=sys.stderr)
         return 2
-
-    from spectr_audit.bounds.acceptance import optimal_acceptance
-    from spectr_audit.drafting.models import ContextFreeModel
-    from spectr_audit.statistical.audit import statistical_audit
 
     try:
         verifier = load_engine(args.engine)

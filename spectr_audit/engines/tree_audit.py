@@ -58,12 +58,14 @@ import torch
 
 from spectr_audit import defaults
 from spectr_audit._validation import check_positive_int, check_prob
+from spectr_audit.bounds.tree_lp import tree_bound
 from spectr_audit.contract.sampling import ProcessingOrder, SamplingParams, logits_from_probs, process_logits
 from spectr_audit.contract.tree import DraftTree
 from spectr_audit.drafting.models import PAD, Model, contexts_from
 from spectr_audit.drafting.tree import draft_tree
 from spectr_audit.engines._tree import EngineTreeVerifier
 from spectr_audit.errors import InvalidArgument, VerifierError
+from spectr_audit.exact.tree import tree_enumeration_size
 from spectr_audit.statistical.confidence import tv_interval
 from spectr_audit.statistical.depths import depth_truncations
 from spectr_audit.statistical.gof import TestResult, g_test, holm
@@ -228,9 +230,6 @@ def _emitted(tree: DraftTree, node_tokens: torch.Tensor, accepted_node: torch.Te
 
 
 def _bound(draft: Model, target: Model, tree: DraftTree, scheme: str, prefix, lp: bool):
-    from spectr_audit.bounds.tree_lp import tree_bound
-    from spectr_audit.exact.tree import tree_enumeration_size
-
     small = tree_enumeration_size(tree, scheme, draft.vocab_size) <= MAX_BOUND_REALISATIONS
     bound = tree_bound(draft, target, tree, scheme, prefix=tuple(prefix), lp=lp and small)
     source = bound.accepted_length_source

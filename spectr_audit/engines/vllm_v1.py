@@ -66,6 +66,8 @@ from spectr_audit.contract.logits import LogitsVerifier
 from spectr_audit.contract.sampling import process_logits, processing_order
 from spectr_audit.contract.verifier import VerifyOutput
 from spectr_audit.engines._base import EngineVerifier, engine_rng
+from spectr_audit.engines.ragged import output_from_ragged, to_ragged
+from spectr_audit.engines.rng import engine_random_state
 from spectr_audit.errors import VerifierError
 
 __all__ = ["VLLMRejectionSampler", "VLLMRejectionSamplerNoDraftProbs", "VLLMSampler", "VLLMSamplerFixedExpand",
@@ -270,9 +272,6 @@ class VLLMSampler(LogitsVerifier, EngineVerifier):
         )
 
     def _verify_logits(self, draft_tokens, draft_logits, target_logits, params, generator) -> VerifyOutput:
-        from spectr_audit.engines.ragged import output_from_ragged, to_ragged
-        from spectr_audit.engines.rng import engine_random_state
-
         batch_size, _, draft_len = draft_tokens.shape
         vocab_size = draft_logits.shape[-1]
         device = draft_tokens.device

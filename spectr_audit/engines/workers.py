@@ -37,10 +37,12 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
+from spectr_audit.contract.convert import as_verifier
 from spectr_audit.contract.randomness import RandomSource
 from spectr_audit.contract.verifier import Verifier, VerifyOutput, check_verify_output
 from spectr_audit.engines.rng import derive_seed, seed_from
 from spectr_audit.errors import InvalidArgument, VerifierError
+from spectr_audit.registry import load_verifier
 
 __all__ = ["RowParallelVerifier", "row_generator", "verify_rows"]
 
@@ -62,11 +64,7 @@ def row_generator(seed: int, row: int) -> torch.Generator:
 
 def _build(factory: Factory) -> Verifier:
     """A verifier from a registered name or import string, a zero-argument callable, or an instance."""
-    from spectr_audit.contract.convert import as_verifier
-
     if isinstance(factory, str):
-        from spectr_audit.registry import load_verifier
-
         return load_verifier(factory)
     if isinstance(factory, Verifier):
         return factory

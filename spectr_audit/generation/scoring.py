@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from spectr_audit._deadline import call_limit
+from spectr_audit.contract.sampling import SamplingParams, process_logits
 from spectr_audit.generation.contract import GenerationContractError
 from spectr_audit.generation.designs import Job
 from spectr_audit.generation.options import _Options
@@ -29,8 +30,6 @@ def _margins(logits: torch.Tensor, laws: torch.Tensor, tokens: torch.Tensor, row
              params: Optional[list], order, row_of: np.ndarray) -> np.ndarray:
     """For tokens of zero mass: 0 when a slightly looser top-p / min-p keeps them (a boundary decided by
     numerics), else the logit gap below the least likely token the parameters keep."""
-    from spectr_audit.contract.sampling import SamplingParams, process_logits
-
     out = np.full(tokens.shape[0], np.nan)
     for i in rows.tolist():
         kept = laws[i] > 0

@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from spectr_audit.contract.convert import as_verifier
 from spectr_audit.contract.correction import CorrectionChain
 from spectr_audit.contract.randomness import sample_categorical, uniform
 from spectr_audit.errors import InvalidArgument
@@ -62,8 +63,6 @@ class SmolLMEngine:
 
     def __init__(self, lm: SmolLM, verifier, *, num_drafts: int = 1, draft_len: int = 2, temperature: float = 1.0,
                  skip_layers: Sequence[int] = DEFAULT_SKIP_LAYERS, draft_temperature: Optional[float] = None):
-        from spectr_audit.contract.convert import as_verifier
-
         verifier = as_verifier(verifier)
         verifier.check_supports(num_drafts, draft_len)
         if temperature <= 0 or not math.isfinite(temperature):

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable, Optional, Sequence
 
+from spectr_audit.errors import InvalidArgument
+from spectr_audit.registry import load_verifier
 from spectr_audit.results import AuditReport
+from spectr_audit.run.conformance import describe_result
+from spectr_audit.run.gate import evaluate_gate
+from spectr_audit.run.runner import AuditOptions, run_suite
+from spectr_audit.run.suite import Suite, load_suite
 
 __all__ = ["assert_passed", "audit", "report_failures"]
 
@@ -47,13 +54,6 @@ def audit(
     >>> report.passed
     True
     """
-    import dataclasses
-
-    from spectr_audit.errors import InvalidArgument
-    from spectr_audit.registry import load_verifier
-    from spectr_audit.run.runner import AuditOptions, run_suite
-    from spectr_audit.run.suite import Suite, load_suite
-
     base = options if options is not None else AuditOptions(seed=seed)
     if not isinstance(base, AuditOptions):
         raise InvalidArgument(f"options: expected an AuditOptions, got {type(base).__name__}")
@@ -71,9 +71,6 @@ def audit(
 
 def report_failures(report: AuditReport, thresholds: Sequence[Any] = ()) -> list[str]:
     """The lines that explain why ``report`` did not pass (empty when it did)."""
-    from spectr_audit.run.conformance import describe_result
-    from spectr_audit.run.gate import evaluate_gate
-
     lines: list[str] = []
     for result in report.results:
         if not result.as_expected:
@@ -101,8 +98,6 @@ def assert_passed(report: AuditReport, thresholds: Optional[Iterable[Any]] = Non
     >>> import spectr_audit
     >>> spectr_audit.assert_passed(spectr_audit.audit("speculative", max_samples=2000))
     """
-    from spectr_audit.errors import InvalidArgument
-
     if not isinstance(report, AuditReport):
         raise InvalidArgument(f"report: expected an AuditReport (from spectr_audit.audit), got {type(report).__name__}")
     lines = report_failures(report, tuple(thresholds or ()))

@@ -22,6 +22,8 @@ import dataclasses
 import math
 from typing import Any, Callable, Optional, Sequence, Union
 
+import torch
+
 from spectr_audit import defaults
 from spectr_audit._validation import check_prob
 from spectr_audit.contract.convert import as_verifier
@@ -50,22 +52,11 @@ from spectr_audit.run.conformance_checks import (  # noqa: F401 (ConformanceChec
     alpha_split_text,
     describe_result,
 )
+from spectr_audit.statistical.audit import statistical_audit
 
 __all__ = ["ConformanceCheck", "ConformanceResult", "ConformanceFailure", "check_verifier", "standard_suite"]
 
 IntOrInts = Union[int, Sequence[int]]
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,8 +136,6 @@ def _to_verifier(verifier: Any, name: Optional[str], output_probs: Optional[Call
     return converted
 
 
-
-
 def _contract_models(draft_len: int, draft_scheme: str):
     if draft_len >= 2:
         return (model_from_spec({"markov": {"vocab_size": 3, "seed": 5}}, "conformance draft"),
@@ -157,12 +146,8 @@ def _contract_models(draft_len: int, draft_scheme: str):
     return model_from_spec(_CONTRACT_DRAFT, "conformance draft"), model_from_spec(_CONTRACT_TARGET, "conformance target")
 
 
-
-
 def _contract_checks(verifier, num_drafts: int, draft_len: int, seed: int, batch_size: int, num_samples: int,
                      alpha: float) -> list[ConformanceCheck]:
-    import torch
-
     where = f"K={num_drafts}, L={draft_len}"
     draft_model, target_model = _contract_models(draft_len, verifier.draft_scheme)
     vocab_size = draft_model.vocab_size
@@ -199,14 +184,8 @@ def _contract_checks(verifier, num_drafts: int, draft_len: int, seed: int, batch
         else None)
 
 
-
-
-
-
 def _law_checks(verifier, batch, num_samples: int, alpha: float, seed: int, where: str) -> list[ConformanceCheck]:
     """The exact law is valid, and the sampler follows it on a few fixed draft tuples."""
-    import torch
-
     batch_size, num_drafts, draft_len = batch.draft_tokens.shape
     vocab_size = batch.draft_probs.shape[-1]
 
@@ -233,10 +212,6 @@ def _law_checks(verifier, batch, num_samples: int, alpha: float, seed: int, wher
                                law_name="output_probs", worst_cell=True)
 
 
-
-
-
-
 # ---------------------------------------------------------------------------------------------
 # Fidelity
 # ---------------------------------------------------------------------------------------------
@@ -244,10 +219,6 @@ def _law_checks(verifier, batch, num_samples: int, alpha: float, seed: int, wher
 
 def _sampled_fidelity(verifier, case, result, options):
     """Add the statistical audit to a result that measured no fidelity (a black box)."""
-    try:
-        from spectr_audit.statistical.audit import statistical_audit
-    except ImportError:  # pragma: no cover - a build without the statistical audit
-        return dataclasses.replace(result, details={**result.details, "note": "no exact law and no statistical audit"})
     sampling = {} if getattr(case, "params", None) is None else {"params": case.params, "order": case.order}
     try:
         audit = statistical_audit(verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len,
@@ -272,10 +243,6 @@ def _check_num_samples(num_samples) -> None:
     """InvalidArgument unless ``num_samples`` is an integer of at least 100 (chain and tree checks alike)."""
     if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 100:
         raise InvalidArgument(f"num_samples: expected an integer >= 100, got {num_samples!r}")
-
-
-
-
 
 
 def _check_arguments(seed, num_samples, alpha, batch_size, draft_scheme, suite) -> float:

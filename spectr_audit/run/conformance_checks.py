@@ -9,6 +9,7 @@ import math
 from typing import Any, Callable, Optional, Sequence
 
 from spectr_audit.errors import InvalidArgument, SpectrAuditError, VerifierError
+from spectr_audit.results import AuditReport
 
 __all__ = ["ConformanceCheck", "ConformanceResult", "ConformanceFailure", "alpha_split_text", "describe_result"]
 
@@ -305,8 +306,6 @@ def _conformance_result(verifier, checks: list, results: list, suite, seed: int,
                         meta: Optional[dict] = None) -> ConformanceResult:
     """The report of a chain or a tree check: its contract checks, and its fidelity results on ``suite``
     (``meta`` adds to the audit report's ``num_cases``, ``seed`` and ``alpha``)."""
-    from spectr_audit.results import AuditReport
-
     return ConformanceResult(
         verifier=verifier.name,
         checks=tuple(checks),

@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
+from spectr_audit import __version__
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.run.generation_engines import _prune, _suggest, audit_engine, load_generation_engine
 from spectr_audit.run.generation_cases import (  # noqa: F401 (re-exported)
@@ -105,8 +106,6 @@ class GenerationSuiteReport:
         return 3 if fail_on_inconclusive and self.inconclusive else 0
 
     def to_dict(self) -> dict:
-        from spectr_audit import __version__
-
         return {"spectr_audit_version": __version__, "kind": "generation-suite", "suite": self.suite,
                 "passed": self.passed, "planned": self.planned, "completed": len(self.results),
                 "incomplete": self.incomplete, "results": [r.to_dict() for r in self.results],
@@ -183,8 +182,9 @@ def run_generation_suite(suite: Any, *, store_dir: Optional[Union[str, Path]] = 
     GenerationSuiteInterrupted
         On Ctrl-C, carrying the finished cases.
     """
+    # here, not at the top: the generation audit and run.suite (its models) import torch, and importing
+    # run.generation stays torch-free
     from spectr_audit.generation import GenerationInterrupted
-    # here, not at the top: run.suite reads models (torch), and importing run.generation stays torch-free
     from spectr_audit.run.suite import Suite, load_suite
 
     suite_obj = suite if isinstance(suite, Suite) else load_suite(suite)

@@ -12,6 +12,9 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from spectr_audit import __version__
+from spectr_audit._files import write_text_atomic
+
 __all__ = ["detail_lines", "failure_text", "result_json", "status_of", "verdict_line", "write_reports"]
 
 
@@ -125,8 +128,6 @@ def result_json(result: Any) -> str:
     if module is not None and hasattr(module, "generation_json"):
         data = module.generation_json(result)
         return data if isinstance(data, str) else json.dumps(data, indent=2)
-    from spectr_audit import __version__
-
     return json.dumps({"spectr_audit_version": __version__, "kind": "generation-audit", **result.to_dict()}, indent=2)
 
 
@@ -146,8 +147,6 @@ def _generation_reports():
 def write_reports(result: Any, out: Union[str, Path]) -> list:
     """Write the result's reports into the folder ``out`` (report.json, and .md, .html, JUnit where
     :mod:`spectr_audit.reports.generation` writes them); returns the paths written."""
-    from spectr_audit._files import write_text_atomic
-
     out = Path(out)
     module = _generation_reports()
     if module is not None and hasattr(module, "write_generation_report"):

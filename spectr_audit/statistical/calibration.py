@@ -445,7 +445,6 @@ def acceptance_pvalues(alpha_star: float, num_samples: int, draws: int, seed: in
     return np.array(out)
 
 
-
 # ---------------------------------------------------------------------------------------------
 # The partitions the audit builds, and the table
 # ---------------------------------------------------------------------------------------------

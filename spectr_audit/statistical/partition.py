@@ -174,7 +174,6 @@ class PrefixPartition:
                 f"{depths}: {kinds[0]} prefix, {kinds[1]} rare-token, {kinds[2]} impossible")
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Truncation:
     """A :class:`PrefixPartition` coarsened to the first ``depth`` tokens (:meth:`PrefixPartition.truncation`).

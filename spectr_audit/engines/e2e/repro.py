@@ -30,6 +30,8 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from spectr_audit import __version__
+from spectr_audit._files import write_text_atomic
 from spectr_audit.errors import InvalidArgument
 
 __all__ = ["repro_requests", "repro_source", "write_repro"]
@@ -392,8 +394,6 @@ def repro_requests(result: Any, prompts: int, max_new_tokens: int, alpha: float 
 def repro_source(result: Any, spec: dict, prompts: list, *, max_new_tokens: int = 32, alpha: float = 1e-3,
                  filename: str = "repro.py") -> str:
     """The reproduction script for a finding ``result`` of the engine described by ``spec`` (a ``repro_spec``)."""
-    from spectr_audit import __version__
-
     needed = {"engine", "method", "params", "checkpoint", "seed"}
     missing = sorted(needed - set(spec))
     if missing:
@@ -438,7 +438,5 @@ def write_repro(path: Union[str, Path], result: Any, spec: Optional[dict], promp
         raise InvalidArgument(f"result: a reproduction is of a FINDING; this result is {getattr(result, 'verdict', None)}")
     path = Path(path)
     source = repro_source(result, spec, prompts, max_new_tokens=max_new_tokens, alpha=alpha, filename=path.name)
-    from spectr_audit._files import write_text_atomic
-
     write_text_atomic(path, source)
     return path

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.library.slips import SLIP_PROMPTS, SLIPS, Slip, audit_slip
 from spectr_audit.generation.library.toy import SpecEngine, ToyLM, ToyPair, ToyState
 
@@ -22,8 +23,6 @@ def correct_engine(pair: ToyPair, draft_len: int = 3) -> SpecEngine:
 
 def slip_engine(name: str, pair: ToyPair, draft_len: int = 3) -> SpecEngine:
     """The loop with the planted slip ``name`` (a key of :data:`SLIPS`)."""
-    from spectr_audit.errors import InvalidArgument
-
     if name not in SLIPS:
         raise InvalidArgument(f"name: expected one of {sorted(SLIPS)}, got {name!r}")
     return SLIPS[name].engine(pair, draft_len)

@@ -12,7 +12,10 @@ import dataclasses
 
 import torch
 
-from spectr_audit.generation.library.toy import SpecEngine, ToyState
+from spectr_audit.contract.sampling import SamplingParams
+from spectr_audit.errors import InvalidArgument
+from spectr_audit.generation.audit import audit_generation
+from spectr_audit.generation.library.toy import SpecEngine, ToyPair, ToyState
 
 __all__ = ["SLIPS", "SLIP_EOS", "SLIP_PROMPTS", "Slip", "audit_slip"]
 
@@ -183,11 +186,6 @@ def audit_slip(name, rounds: int = 1, seed: int = 0, *, correct: bool = False, v
 
     Returns the :class:`~spectr_audit.generation.results.GenerationAuditResult`.
     """
-    from spectr_audit.contract.sampling import SamplingParams
-    from spectr_audit.errors import InvalidArgument
-    from spectr_audit.generation.audit import audit_generation
-    from spectr_audit.generation.library.toy import ToyPair
-
     if name not in SLIPS:
         raise InvalidArgument(f"name: expected one of {sorted(SLIPS)}, got {name!r}")
     slip = SLIPS[name]
