@@ -38,6 +38,9 @@ __all__ = [
     "EXACT_CHUNK",
     "EXACT_MAX_TREE_REALISATIONS",
     "EXACT_MAX_TREE_STRINGS",
+    "EXACT_TREE_CHUNK",
+    "BOUND_MAX_ORDERED_DRAWS",
+    "TREE_LP_MAX_REALISATIONS",
     "PARTITION_MAX_CELLS",
     "MAX_STRATA",
     "MAX_STRATIFIED_ENTRIES",
@@ -110,6 +113,13 @@ EXACT_CHUNK = 8192
 EXACT_MAX_TREE_REALISATIONS = 500_000
 #: ... and holds laws over at most this many strings (V^(max_depth + 1)).
 EXACT_MAX_TREE_STRINGS = 1 << 22
+#: The exact draft-tree audit calls ``tree_output_probs`` on this many realisations at a time.
+EXACT_TREE_CHUNK = 4096
+#: The law of the set of K drafts drawn without replacement (the chain's and the tree root's alpha*)
+#: enumerates at most this many ordered draws.
+BOUND_MAX_ORDERED_DRAWS = 2_000_000
+#: An engine's tree audit solves the draft-tree LP when the drafts have at most this many realisations.
+TREE_LP_MAX_REALISATIONS = 5_000
 #: Cells of the statistical audit's prefix-tree partition.
 PARTITION_MAX_CELLS = 1 << 20
 #: Draft-tuple strata of the stratified test (and of the sampler-versus-law check).

@@ -41,6 +41,9 @@ SENTINELS = {
     "EXACT_CHUNK": 4321,
     "EXACT_MAX_TREE_REALISATIONS": 345_678,
     "EXACT_MAX_TREE_STRINGS": 3 * 2**20 + 1,
+    "EXACT_TREE_CHUNK": 2345,
+    "BOUND_MAX_ORDERED_DRAWS": 1_234_321,
+    "TREE_LP_MAX_REALISATIONS": 4321,
     "PARTITION_MAX_CELLS": 2**19 + 3,
     "MAX_STRATA": 3210,
     "MAX_STRATIFIED_ENTRIES": 2**19 + 5,
@@ -69,9 +72,18 @@ _PROBE = textwrap.dedent(
     from spectr_audit.exact import iteration, multi_iteration
     tree_exact = importlib.import_module("spectr_audit.exact.tree")
     tree_lp = importlib.import_module("spectr_audit.bounds.tree_lp")
+    tree_audit = importlib.import_module("spectr_audit.engines.tree_audit")
 
     def default(fn, name):
         return inspect.signature(fn).parameters[name].default
+
+    def wr_limit():
+        # 11 * 10 * ... * 5 = 1,663,200 ordered draws: above the sentinel limit, below the real one
+        try:
+            acceptance.without_replacement_set_probs([1 / 11] * 11, 7)
+        except Exception as exc:
+            return int(str(exc).split("limit of ")[1].split(" ")[0])
+        return None
 
     def subparser(parser, command):
         action = next(a for a in parser._actions if getattr(a, "choices", None) and command in a.choices)
@@ -153,6 +165,9 @@ _PROBE = textwrap.dedent(
         "exact.multi_iteration.MAX_HISTORIES": multi_iteration.MAX_HISTORIES,
         "exact.tree.MAX_TREE_REALISATIONS": tree_exact.MAX_TREE_REALISATIONS,
         "exact.tree.MAX_TREE_STRINGS": tree_exact.MAX_TREE_STRINGS,
+        "exact.tree.chunk_size": default(tree_exact.exact_tree, "chunk_size"),
+        "acceptance.without_replacement.limit": wr_limit(),
+        "engines.tree_audit.MAX_BOUND_REALISATIONS": tree_audit.MAX_BOUND_REALISATIONS,
         "gof.MIN_EXPECTED": gof.MIN_EXPECTED,
         "statistical_audit.min_expected": default(audit.statistical_audit, "min_expected"),
         "statistical_audit.max_cells": default(audit.statistical_audit, "max_cells"),
@@ -179,6 +194,9 @@ _PROBE = textwrap.dedent(
 
 #: Each face's default -> the name in spectr_audit.defaults it must come from.
 EXPECTED = {
+    "exact.tree.chunk_size": "EXACT_TREE_CHUNK",
+    "acceptance.without_replacement.limit": "BOUND_MAX_ORDERED_DRAWS",
+    "engines.tree_audit.MAX_BOUND_REALISATIONS": "TREE_LP_MAX_REALISATIONS",
     "budget.fraction": "MAX_MEMORY_FRACTION",
     "budget.fallback": "MAX_MEMORY_FALLBACK",
     "cli.run.verifier_timeout": "VERIFIER_TIMEOUT",

@@ -47,6 +47,7 @@ __all__ = [
     "optimal_acceptance_lp",
     "optimal_acceptance_lp_from_sets",
     "spectr_guarantee",
+    "without_replacement_set_probs",
 ]
 
 #: A probability vector or a batch of them: torch tensor, numpy array or nested list.
@@ -332,6 +333,42 @@ def _iid_set_probs(draft: np.ndarray, num_drafts: int) -> dict[frozenset[int], f
         key = frozenset(multiset)
         set_probs[key] = set_probs.get(key, 0.0) + coefficient * weight
     return set_probs
+
+
+def without_replacement_set_probs(draft: ProbsLike, num_drafts: int, argument: str = "num_drafts") -> dict:
+    """P(set of drafts = S) for ``num_drafts`` tokens drawn one after another without replacement from ``draft``.
+
+    Each ordered draw has probability ``prod_i p(x_i) / (mass not yet drawn)``, the mass summed over
+    the tokens not yet drawn (``1 -`` the drawn mass would cancel when the last tokens carry tiny
+    mass).  At most :data:`spectr_audit.defaults.BOUND_MAX_ORDERED_DRAWS` ordered draws are
+    enumerated; errors name ``argument``.
+
+    Examples
+    --------
+    >>> law = without_replacement_set_probs([0.5, 0.3, 0.2], 2)
+    >>> round(law[frozenset({0, 1})], 6)          # 0.5 * 0.3 / 0.5 + 0.3 * 0.5 / 0.7
+    0.514286
+    """
+    probs = as_float64("draft", draft)[0].reshape(-1)
+    support = [t for t in range(probs.numel()) if probs[t] > 0]
+    if len(support) < num_drafts:
+        raise InvalidArgument(
+            f"{argument}: {num_drafts} tokens drawn without replacement need as many of positive draft probability; "
+            f"the draft law has {len(support)}")
+    draws = math.perm(len(support), num_drafts)
+    if draws > defaults.BOUND_MAX_ORDERED_DRAWS:
+        raise InvalidArgument(
+            f"{argument}: {draws} ordered draws of {num_drafts} tokens without replacement exceed the set law's limit "
+            f"of {defaults.BOUND_MAX_ORDERED_DRAWS} (spectr_audit.defaults.BOUND_MAX_ORDERED_DRAWS)")
+    mass = {t: float(probs[t]) for t in support}
+    sets: dict = {}
+    for draw in itertools.permutations(support, num_drafts):
+        prob = 1.0
+        for i, t in enumerate(draw):
+            prob *= mass[t] / sum(m for s, m in mass.items() if s not in draw[:i])
+        key = frozenset(draw)
+        sets[key] = sets.get(key, 0.0) + prob
+    return sets
 
 
 #: Up to this K the multinomial weights are exact integers times float powers; beyond, K! overflows a

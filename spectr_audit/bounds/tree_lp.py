@@ -27,7 +27,6 @@ Two numbers per (draft model, target model, tree, scheme, prefix):
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from typing import Optional, Sequence
 
@@ -35,7 +34,11 @@ import numpy as np
 import torch
 
 from spectr_audit import defaults
-from spectr_audit.bounds.acceptance import optimal_acceptance, optimal_acceptance_lp_from_sets
+from spectr_audit.bounds.acceptance import (
+    optimal_acceptance,
+    optimal_acceptance_lp_from_sets,
+    without_replacement_set_probs,
+)
 from spectr_audit.bounds.block_lp import _distinct_candidates, _solver_attempts, _string_lps
 from spectr_audit.contract.tree import DraftTree
 from spectr_audit.drafting.models import Model, contexts_from
@@ -129,27 +132,6 @@ def _root_laws(draft_model: Model, target_model: Model, prefix: Sequence[int]) -
     return draft_model(ctx)[0].double(), target_model(ctx)[0].double()
 
 
-def _without_replacement_set_law(draft: np.ndarray, num_children: int) -> dict:
-    """P(S = set) for ``num_children`` draws without replacement (masses summed over the undrawn tokens)."""
-    support = [t for t in range(draft.shape[0]) if draft[t] > 0]
-    if len(support) < num_children:
-        raise InvalidArgument(
-            f"tree: the root has {num_children} children to draw without replacement, but its draft law has only "
-            f"{len(support)} tokens of positive probability")
-    if math.perm(len(support), num_children) > 2_000_000:
-        raise InvalidArgument(
-            f"tree: {math.perm(len(support), num_children)} ordered draws of the root's {num_children} children exceed "
-            f"the without-replacement bound's limit of 2000000")
-    sets: dict = {}
-    for tup in itertools.permutations(support, num_children):
-        prob = 1.0
-        for i, t in enumerate(tup):
-            prob *= draft[t] / sum(draft[s] for s in support if s not in tup[:i])
-        key = frozenset(tup)
-        sets[key] = sets.get(key, 0.0) + prob
-    return sets
-
-
 def _min_cut(set_law: dict, target: np.ndarray) -> float:
     """``min_T [q(T) + 1 - P(S subset of T)]`` over every token set T (bit masks; a zeta transform)."""
     vocab_size = target.shape[0]
@@ -203,7 +185,7 @@ def tree_optimal_acceptance(
     if draft_scheme == "iid":
         return optimal_acceptance(draft, target, num_children).item(), "closed form: min_T q(T) + 1 - p(T)^K (iid)"
     if draft_scheme == "without_replacement":
-        law = _without_replacement_set_law(draft.numpy(), num_children)
+        law = without_replacement_set_probs(draft, num_children, argument="tree")
         return _min_cut(law, (target / target.sum()).numpy()), "closed form: min-cut over token sets (without replacement)"
     tokens = _topk_tokens(draft, [tree.ranks[c] for c in tree.children[0]])
     return float(target[tokens].sum() / target.sum()), "closed form: q of the fixed top-k set"

@@ -41,6 +41,7 @@ import torch
 
 from spectr_audit.contract.logits import output_probs_with_params, takes_logits, verify_with_params
 from spectr_audit.contract.sampling import ProcessingOrder, SamplingParams, process_logits, processing_order
+from spectr_audit.contract.tree import DraftTree
 from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.drafting.models import ContextFreeModel, Model, contexts_from
 from spectr_audit.errors import InvalidArgument
@@ -57,6 +58,7 @@ __all__ = [
     "node_logits",
     "processed_model",
     "sampling_summary",
+    "tree_node_logits",
 ]
 
 OrderLike = Union[str, Sequence[str], ProcessingOrder]
@@ -212,6 +214,24 @@ def node_logits(
     tokens = draft_tokens.reshape(batch_size * num_drafts, -1)
     levels = [model_logits(raw, torch.cat([rows, tokens[:, :level]], dim=1)) for level in range(depth)]
     return torch.stack(levels, dim=1).reshape(batch_size, num_drafts, depth, vocab_size)
+
+
+def tree_node_logits(
+    model: Model,
+    tree: DraftTree,
+    node_tokens: torch.Tensor,  # [batch_size, num_nodes]
+    prefix: Sequence[int] = (),
+) -> torch.Tensor:  # [batch_size, num_nodes, vocab_size] float64
+    """Raw logits of ``model`` (:func:`model_logits`) at every node of ``tree``: after ``prefix`` and the node's path."""
+    batch_size = node_tokens.shape[0]
+    path_index = tree.path_index(node_tokens.device)
+    out = torch.empty(batch_size, tree.num_nodes, model.vocab_size, dtype=torch.float64, device=node_tokens.device)
+    for depth in range(tree.max_depth + 1):
+        nodes = list(tree.level(depth))
+        paths = node_tokens[:, path_index[nodes, :depth]].reshape(batch_size * len(nodes), depth)
+        rows = model_logits(model, contexts_from(prefix, paths))
+        out[:, nodes] = rows.reshape(batch_size, len(nodes), -1)
+    return out
 
 
 class BoundLogitsVerifier(Verifier):

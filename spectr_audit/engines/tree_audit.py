@@ -59,9 +59,10 @@ import torch
 from spectr_audit import defaults
 from spectr_audit._validation import check_positive_int, check_prob
 from spectr_audit.bounds.tree_lp import tree_bound
-from spectr_audit.contract.sampling import ProcessingOrder, SamplingParams, logits_from_probs, process_logits
+from spectr_audit.contract.sampling import ProcessingOrder, SamplingParams
 from spectr_audit.contract.tree import DraftTree
 from spectr_audit.drafting.models import PAD, Model, contexts_from
+from spectr_audit.drafting.processed import ProcessedModel, tree_node_logits
 from spectr_audit.drafting.tree import draft_tree
 from spectr_audit.engines._tree import EngineTreeVerifier
 from spectr_audit.errors import InvalidArgument, VerifierError
@@ -71,66 +72,12 @@ from spectr_audit.statistical.depths import depth_truncations
 from spectr_audit.statistical.gof import TestResult, g_test, holm
 from spectr_audit.statistical.sampling import build_partition, complete_with_target
 
-__all__ = ["ProcessedModel", "TreeEngineAuditResult", "node_logits", "tree_engine_audit"]
+__all__ = ["TreeEngineAuditResult", "tree_engine_audit"]
 
 #: An exact audit calls TV below this zero (float64 products along a path).
 EXACT_TV_TOLERANCE = 1e-9
 #: The tree LP's bound runs only for enumerations up to this many realisations.
-MAX_BOUND_REALISATIONS = 5_000
-
-
-class ProcessedModel(Model):
-    """A model's law after an engine's processing: ``process_logits(log(model(contexts)), params, order)``.
-
-    Parameters
-    ----------
-    model : Model
-        The raw law (the softmax of the model's logits).
-    params : SamplingParams
-        Scalar parameters (one value for every row).
-    order : str or ProcessingOrder
-        The engine's conventions (:func:`~spectr_audit.contract.sampling.processing_order`).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from spectr_audit.drafting.models import ContextFreeModel
-    >>> model = ProcessedModel(ContextFreeModel([0.5, 0.3, 0.2]), SamplingParams(top_k=1), "eagle")
-    >>> model(torch.zeros(1, 0, dtype=torch.int64)).tolist()
-    [[1.0, 0.0, 0.0]]
-    """
-
-    def __init__(self, model: Model, params: SamplingParams, order):
-        if not isinstance(model, Model):
-            raise InvalidArgument(f"model: expected a Model, got {type(model).__name__}")
-        if not isinstance(params, SamplingParams) or params.batch_size is not None:
-            raise InvalidArgument("params: expected SamplingParams with one value per field (no per-row tensors)")
-        self.model, self.params, self.order = model, params, order
-        self.vocab_size = model.vocab_size
-
-    def __call__(self, contexts: torch.Tensor) -> torch.Tensor:  # [batch_size, vocab_size]
-        return process_logits(logits_from_probs(self.model(contexts)), self.params, self.order)
-
-    def describe(self) -> str:
-        return f"{self.model.describe()} processed by {self.params.describe() or 'neutral parameters'}"
-
-
-def node_logits(
-    model: Model,
-    tree: DraftTree,
-    node_tokens: torch.Tensor,  # [batch_size, num_nodes]
-    prefix: Sequence[int] = (),
-) -> torch.Tensor:  # [batch_size, num_nodes, vocab_size] float64
-    """The model's raw logits ``log(law)`` at every node: after ``prefix`` and the path to the node."""
-    batch_size = node_tokens.shape[0]
-    path_index = tree.path_index(node_tokens.device)
-    out = torch.empty(batch_size, tree.num_nodes, model.vocab_size, dtype=torch.float64, device=node_tokens.device)
-    for depth in range(tree.max_depth + 1):
-        nodes = list(tree.level(depth))
-        paths = node_tokens[:, path_index[nodes, :depth]].reshape(batch_size * len(nodes), depth)
-        rows = model(contexts_from(prefix, paths)).double()
-        out[:, nodes] = logits_from_probs(rows).reshape(batch_size, len(nodes), -1)
-    return out
+MAX_BOUND_REALISATIONS = defaults.TREE_LP_MAX_REALISATIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,8 +283,8 @@ def _step(verifier, draft_model, target_model, drafter, target, tree, params, sc
     """Draft ``batch_size`` trees, verify them from raw logits; the drafted batch and the output."""
     contexts = contexts_from(prefix, torch.zeros(batch_size, 0, dtype=torch.int64))
     batch = draft_tree(drafter, target, contexts, tree, generator, scheme)
-    draft_logits = None if scheme == "none" else node_logits(draft_model, tree, batch.node_tokens, prefix)
-    target_logits = node_logits(target_model, tree, batch.node_tokens, prefix)
+    draft_logits = None if scheme == "none" else tree_node_logits(draft_model, tree, batch.node_tokens, prefix)
+    target_logits = tree_node_logits(target_model, tree, batch.node_tokens, prefix)
     out = verifier.verify_tree_logits(tree, batch.node_tokens, draft_logits, target_logits, params, generator,
                                       validate=validate)
     return batch, out

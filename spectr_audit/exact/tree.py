@@ -328,7 +328,7 @@ def exact_tree(
     *,
     draft_scheme: Optional[str] = None,
     prefix: Sequence[int] = (),
-    chunk_size: int = 4096,
+    chunk_size: int = defaults.EXACT_TREE_CHUNK,
 ) -> ExactTreeResult:
     """Exact law of one step of a tree verifier on ``tree`` after ``prefix``, by enumerating realisations.
 

@@ -9,7 +9,6 @@ decide a verdict.
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Optional
 
@@ -21,6 +20,7 @@ from spectr_audit.bounds.acceptance import (
     optimal_acceptance_lp,
     optimal_acceptance_lp_from_sets,
     spectr_guarantee,
+    without_replacement_set_probs,
 )
 from spectr_audit.bounds.block_lp import block_lp
 from spectr_audit.bounds.tree_lp import tree_bound
@@ -63,23 +63,6 @@ def first_position(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     return laws.draft_model(ctx)[0].double(), laws.target_model(ctx)[0].double()
 
 
-def _without_replacement_sets(draft_first: torch.Tensor, num_drafts: int) -> dict:
-    """Law of the set of K distinct drafts drawn without replacement (small supports only)."""
-    support = [t for t in range(draft_first.numel()) if draft_first[t] > 0]
-    if math.perm(len(support), num_drafts) > 200_000:
-        raise InvalidArgument("num_drafts: too many ordered tuples for the without-replacement bound")
-    sets: dict = {}
-    mass = {t: float(draft_first[t]) for t in support}
-    for tup in itertools.permutations(support, num_drafts):
-        prob = 1.0
-        for i, t in enumerate(tup):
-            # the mass left, summed over undrawn tokens (1 - drawn mass would cancel)
-            prob *= mass[t] / sum(m for s, m in mass.items() if s not in tup[:i])
-        key = frozenset(tup)
-        sets[key] = sets.get(key, 0.0) + prob
-    return sets
-
-
 def optimality(case: Case, draft_scheme: str, metrics: dict, details: dict) -> Optional[float]:
     """alpha* for the case's first position under ``draft_scheme``; fills metrics and details."""
     draft_first, target_first = first_position(case)
@@ -88,7 +71,7 @@ def optimality(case: Case, draft_scheme: str, metrics: dict, details: dict) -> O
         # set law differs, so the bound comes from the transport LP over that law.
         try:
             lp = optimal_acceptance_lp_from_sets(
-                _without_replacement_sets(draft_first, case.num_drafts), target_first, max_variables=LP_MAX_VARIABLES
+                without_replacement_set_probs(draft_first, case.num_drafts), target_first, max_variables=LP_MAX_VARIABLES
             )
         except InvalidArgument:
             details["optimal_acceptance_lp"] = "skipped: too large"

@@ -27,6 +27,7 @@ from spectr_audit.bounds.acceptance import (
     optimal_acceptance_lp_from_sets,
     spectr_guarantee,
 )
+from spectr_audit.bounds.acceptance import without_replacement_set_probs as set_probs_without_replacement
 from spectr_audit.verifiers.rho_star import kseq_rho_star
 from spectr_audit.errors import InvalidArgument
 
@@ -283,3 +284,30 @@ def test_bad_inputs(case: BadCase) -> None:
         case.call()
     assert case.fragment in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+@settings(max_examples=100, deadline=None)
+@given(pair=distribution_pairs(2, 6), num_drafts=st.integers(1, 4))
+def test_the_without_replacement_set_law_matches_the_recursive_oracle(pair, num_drafts) -> None:
+    draft, _ = pair
+    support = int((draft > 0).sum())
+    if support < num_drafts:
+        with pytest.raises(InvalidArgument, match="num_drafts: .* need as many of positive draft probability"):
+            set_probs_without_replacement(draft, num_drafts)
+        return
+    fast = set_probs_without_replacement(draft, num_drafts)
+    slow = without_replacement_set_probs(draft, num_drafts)
+    assert set(fast) == set(slow)
+    for key, mass in slow.items():
+        assert fast[key] == pytest.approx(mass, rel=1e-12, abs=1e-15)
+    assert sum(fast.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_the_without_replacement_set_law_refuses_beyond_its_limit(monkeypatch) -> None:
+    from spectr_audit import defaults
+
+    monkeypatch.setattr(defaults, "BOUND_MAX_ORDERED_DRAWS", 60)  # 5 * 4 * 3 ordered draws of 3 of 5 tokens
+    assert len(set_probs_without_replacement([0.2] * 5, 3)) == 10
+    monkeypatch.setattr(defaults, "BOUND_MAX_ORDERED_DRAWS", 59)
+    with pytest.raises(InvalidArgument, match="tree: 60 ordered draws .* limit of 59"):
+        set_probs_without_replacement([0.2] * 5, 3, argument="tree")

@@ -17,7 +17,9 @@ from spectr_audit.contract.tree import DraftTree
 from spectr_audit.contract.tree_verifier import TreeVerifyOutput
 from spectr_audit.drafting.models import ContextFreeModel, MarkovModel
 from spectr_audit.engines._tree import EngineTreeVerifier
-from spectr_audit.engines.tree_audit import ProcessedModel, node_logits, tree_engine_audit
+from spectr_audit.drafting.processed import ProcessedModel
+from spectr_audit.drafting.processed import tree_node_logits as node_logits
+from spectr_audit.engines.tree_audit import tree_engine_audit
 from spectr_audit.errors import InvalidArgument, VerifierError
 from spectr_audit.registry import load_tree_verifier
 

@@ -207,7 +207,7 @@ def test_eagle_seeding_is_reproducible_and_restores_the_callers_state(eagle):
     batch_size = 48
     contexts = torch.zeros(batch_size, 0, dtype=torch.int64)
     from spectr_audit.drafting.tree import draft_tree
-    from spectr_audit.engines.tree_audit import node_logits
+    from spectr_audit.drafting.processed import tree_node_logits as node_logits
 
     batch = draft_tree(DRAFT_MODEL, TARGET_MODEL, contexts, tree, torch.Generator().manual_seed(1), "without_replacement")
     draft, target = node_logits(DRAFT_MODEL, tree, batch.node_tokens), node_logits(TARGET_MODEL, tree, batch.node_tokens)
