@@ -3,8 +3,12 @@
 A restructure of the audit must leave its results as they were: this script runs the built-in suites
 ``default``, ``edge-cases``, ``sampling`` and ``historic-bugs`` with every built-in verifier at a fixed
 sample budget and seed, and writes each report's JSON (without the wall times, the only field that varies
-between runs) to ``tests/run/golden/<suite>.json``, with the torch version, CPU capability and thread count
-they were recorded on.  ``tests/run/test_golden_results.py`` reruns them and compares.
+between runs) to ``tests/run/golden/<cpu capability>/<suite>.json``, with the torch version, CPU capability
+and thread count they were recorded on.  torch picks its CPU kernels by the machine's capability (AVX2,
+AVX512, ...), and vectorised kernels round differently, so each kernel family has its own record; a
+restructure keeps every record that exists (check on each family's machine, or record a family anew only
+from code whose results on another family did not move).  ``tests/run/test_golden_results.py`` reruns the
+suites and compares with the record of the machine's family.
 
     python scripts/record_golden.py            # record every suite
     python scripts/record_golden.py --check    # compare with the recorded files (exit 1 on a difference)
@@ -36,6 +40,11 @@ THREADS = 1
 def platform() -> dict:
     """What bit-identical results depend on beyond the code: torch's version and the CPU kernels it picks."""
     return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": THREADS}
+
+
+def record_path(suite: str) -> Path:
+    """The record of ``suite`` for this machine's CPU kernel family."""
+    return GOLDEN / torch.backends.cpu.get_cpu_capability() / f"{suite}.json"
 
 
 def _without_times(value):
@@ -82,7 +91,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     failed = False
     for suite in args.suite or SUITES:
-        path = GOLDEN / f"{suite}.json"
+        path = record_path(suite)
+        if args.check and not path.exists():
+            print(f"{suite}: no record for this machine's CPU kernels ({path} is absent); the records: "
+                  f"{', '.join(sorted(p.parent.name for p in GOLDEN.glob(f'*/{suite}.json'))) or 'none'}")
+            failed = True
+            continue
         now = results(suite)
         if args.check:
             recorded = json.loads(path.read_text())
@@ -93,6 +107,7 @@ def main(argv=None) -> int:
                 print("  " + line)
             failed |= bool(found)
         else:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"platform": platform(), "max_samples": MAX_SAMPLES, "seed": SEED,
                                         "report": now}, indent=1, sort_keys=True) + "\n")
             print(f"{suite}: {len(now['results'])} results -> {path}")
