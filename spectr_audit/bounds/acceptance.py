@@ -349,8 +349,8 @@ def without_replacement_set_probs(draft: ProbsLike, num_drafts: int, argument: s
     >>> round(law[frozenset({0, 1})], 6)          # 0.5 * 0.3 / 0.5 + 0.3 * 0.5 / 0.7
     0.514286
     """
-    probs = as_float64("draft", draft)[0].reshape(-1)
-    support = [t for t in range(probs.numel()) if probs[t] > 0]
+    values = as_float64("draft", draft)[0].reshape(-1).tolist()
+    support = [t for t, value in enumerate(values) if value > 0]
     if len(support) < num_drafts:
         raise InvalidArgument(
             f"{argument}: {num_drafts} tokens drawn without replacement need as many of positive draft probability; "
@@ -360,7 +360,7 @@ def without_replacement_set_probs(draft: ProbsLike, num_drafts: int, argument: s
         raise InvalidArgument(
             f"{argument}: {draws} ordered draws of {num_drafts} tokens without replacement exceed the set law's limit "
             f"of {defaults.BOUND_MAX_ORDERED_DRAWS} (spectr_audit.defaults.BOUND_MAX_ORDERED_DRAWS)")
-    mass = {t: float(probs[t]) for t in support}
+    mass = {t: values[t] for t in support}
     sets: dict = {}
     for draw in itertools.permutations(support, num_drafts):
         prob = 1.0
