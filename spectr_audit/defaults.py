@@ -46,6 +46,15 @@ __all__ = [
     "MAX_STRATIFIED_ENTRIES",
     "MIN_EXPECTED",
     "MIN_CUT_MAX_SUPPORT",
+    "NULL_MAX_EXACT_OUTCOMES",
+    "MAX_COVARIANCE_CELLS",
+    "MIN_PER_STRATUM",
+    "MAX_STRATIFIED_CELLS",
+    "PLAN_MAX_ORDERED_DRAWS",
+    "PLAN_LP_MAX_VARIABLES",
+    "PLAN_MAX_BOUND_STRINGS",
+    "FIRST_CHUNK",
+    "ENGINE_TREE_CHUNK",
     "PROBE_CALLS",
     "PROBE_ROWS",
 ]
@@ -130,6 +139,27 @@ MAX_STRATIFIED_ENTRIES = 1 << 20
 MIN_EXPECTED = 5.0
 #: The without-replacement draft-tree bound sums over 2**V token sets, up to this V.
 MIN_CUT_MAX_SUPPORT = 20
+#: A goodness-of-fit null is enumerated exactly (every multinomial outcome) up to this many outcomes,
+#: Monte-Carlo beyond.
+NULL_MAX_EXACT_OUTCOMES = 1_000_000
+#: Up to this many cells (K (L + 1) V), the sampler-versus-law test uses the counts' exact covariance
+#: (its null needs an eigen-decomposition); beyond, the multinomial chi-square that bounds it.
+MAX_COVARIANCE_CELLS = 2048
+#: The stratified test runs (with ``stratify="auto"``) only when strata average this many samples ...
+MIN_PER_STRATUM = 32
+#: ... and the partition has at most this many cells (its null needs an eigen-decomposition).
+MAX_STRATIFIED_CELLS = 2048
+#: The planner computes alpha* for drafts without replacement (an LP over the draft sets) up to this many
+#: ordered draws and LP variables; beyond, the plan goes without that bound.
+PLAN_MAX_ORDERED_DRAWS = 50_000
+PLAN_LP_MAX_VARIABLES = 50_000
+#: The planner's block-efficiency bound enumerates joint laws over at most this many strings (V^L).
+PLAN_MAX_BOUND_STRINGS = 4096
+#: Smallest chunk of the statistical audit's geometric chunk schedule (the e-process sees blatant bugs
+#: early).
+FIRST_CHUNK = 1 << 12
+#: An engine's tree audit draws this many samples per chunk.
+ENGINE_TREE_CHUNK = 2_000
 #: The contract probe of a third party's verifier: this many calls of at most this many rows.
 PROBE_CALLS = 4
 PROBE_ROWS = 16

@@ -49,6 +49,15 @@ SENTINELS = {
     "MAX_STRATIFIED_ENTRIES": 2**19 + 5,
     "MIN_EXPECTED": 4.25,
     "MIN_CUT_MAX_SUPPORT": 17,
+    "NULL_MAX_EXACT_OUTCOMES": 765_432,
+    "MAX_COVARIANCE_CELLS": 1234,
+    "MIN_PER_STRATUM": 29,
+    "MAX_STRATIFIED_CELLS": 1357,
+    "PLAN_MAX_ORDERED_DRAWS": 43_210,
+    "PLAN_LP_MAX_VARIABLES": 32_109,
+    "PLAN_MAX_BOUND_STRINGS": 3579,
+    "FIRST_CHUNK": 3001,
+    "ENGINE_TREE_CHUNK": 1717,
     "PROBE_CALLS": 3,
     "PROBE_ROWS": 13,
 }
@@ -67,7 +76,7 @@ _PROBE = textwrap.dedent(
     from spectr_audit.lm.real_suite import RealLMOptions
     from spectr_audit.run import budget, conformance, runner
     from spectr_audit.statistical import agreement, audit, power
-    from spectr_audit.statistical import _planning, gof, partition
+    from spectr_audit.statistical import _checks, _planning, gof, nulls, partition
     from spectr_audit.run import guard
     from spectr_audit.exact import iteration, multi_iteration
     tree_exact = importlib.import_module("spectr_audit.exact.tree")
@@ -176,6 +185,15 @@ _PROBE = textwrap.dedent(
         "agreement.min_expected": default(agreement.sampler_law_agreement, "min_expected"),
         "partition.max_cells": default(partition.build_partition, "max_cells"),
         "planning.MAX_STRATIFIED_ENTRIES": _planning.MAX_STRATIFIED_ENTRIES,
+        "planning.MIN_PER_STRATUM": _planning.MIN_PER_STRATUM,
+        "planning.MAX_STRATIFIED_CELLS": _planning.MAX_STRATIFIED_CELLS,
+        "planning.PLAN_MAX_ORDERED_DRAWS": _planning.PLAN_MAX_ORDERED_DRAWS,
+        "planning.PLAN_LP_MAX_VARIABLES": _planning.PLAN_LP_MAX_VARIABLES,
+        "planning.block_efficiency_bound.max_strings": default(_planning._block_efficiency_bound, "max_strings"),
+        "nulls.MAX_EXACT_OUTCOMES": nulls.MAX_EXACT_OUTCOMES,
+        "agreement.MAX_COVARIANCE_CELLS": agreement.MAX_COVARIANCE_CELLS,
+        "checks.FIRST_CHUNK": _checks.FIRST_CHUNK,
+        "engines.tree_audit.chunk_size": default(tree_audit.tree_engine_audit, "chunk_size"),
         "tree_lp.MAX_MIN_CUT_SUPPORT": tree_lp.MAX_MIN_CUT_SUPPORT,
         "runner.PROBE_CALLS": runner.PROBE_CALLS,
         "runner.probe_rows": runner.probe_rows(None),
@@ -253,6 +271,15 @@ EXPECTED = {
     "agreement.min_expected": "MIN_EXPECTED",
     "partition.max_cells": "PARTITION_MAX_CELLS",
     "planning.MAX_STRATIFIED_ENTRIES": "MAX_STRATIFIED_ENTRIES",
+    "planning.MIN_PER_STRATUM": "MIN_PER_STRATUM",
+    "planning.MAX_STRATIFIED_CELLS": "MAX_STRATIFIED_CELLS",
+    "planning.PLAN_MAX_ORDERED_DRAWS": "PLAN_MAX_ORDERED_DRAWS",
+    "planning.PLAN_LP_MAX_VARIABLES": "PLAN_LP_MAX_VARIABLES",
+    "planning.block_efficiency_bound.max_strings": "PLAN_MAX_BOUND_STRINGS",
+    "nulls.MAX_EXACT_OUTCOMES": "NULL_MAX_EXACT_OUTCOMES",
+    "agreement.MAX_COVARIANCE_CELLS": "MAX_COVARIANCE_CELLS",
+    "checks.FIRST_CHUNK": "FIRST_CHUNK",
+    "engines.tree_audit.chunk_size": "ENGINE_TREE_CHUNK",
     "tree_lp.MAX_MIN_CUT_SUPPORT": "MIN_CUT_MAX_SUPPORT",
     "runner.PROBE_CALLS": "PROBE_CALLS",
     "runner.probe_rows": "PROBE_ROWS",

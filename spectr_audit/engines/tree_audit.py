@@ -196,7 +196,7 @@ def tree_engine_audit(
     num_samples: int = defaults.CHECK_SAMPLES,
     seed: int = defaults.SEED,
     alpha: float = defaults.ALPHA,
-    chunk_size: int = 2_000,
+    chunk_size: int = defaults.ENGINE_TREE_CHUNK,
     method: str = "auto",
     bound_lp: bool = True,
 ) -> TreeEngineAuditResult:

@@ -7,12 +7,13 @@ from typing import Iterator, Optional
 
 import torch
 
+from spectr_audit import defaults
 from spectr_audit._validation import check_positive_int, check_prob  # noqa: F401 (the audits' checks)
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.drafting.models import Model, contexts_from
 
 #: Smallest chunk of the geometric chunk schedule (the e-process then sees blatant bugs early).
-FIRST_CHUNK = 1 << 12
+FIRST_CHUNK = defaults.FIRST_CHUNK
 
 
 def check_seconds(value) -> Optional[float]:

@@ -12,7 +12,6 @@ budget.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from typing import Callable, Optional, Sequence, Union
 
@@ -20,7 +19,11 @@ import torch
 
 from spectr_audit import defaults
 from spectr_audit._validation import check_positive_int, check_prob
-from spectr_audit.bounds.acceptance import optimal_acceptance, optimal_acceptance_lp_from_sets
+from spectr_audit.bounds.acceptance import (
+    optimal_acceptance,
+    optimal_acceptance_lp_from_sets,
+    without_replacement_set_probs,
+)
 from spectr_audit.bounds.tree_lp import tree_optimal_acceptance, tree_paths_target_mass
 from spectr_audit.drafting.models import Model, contexts_from
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
@@ -37,11 +40,17 @@ from spectr_audit.statistical.poststrata import PostStrata, post_strata
 from spectr_audit.statistical.power import DEFAULT_ALPHA, DEFAULT_MIN_DETECTABLE_TV, DEFAULT_POWER
 
 #: The stratified test runs (with ``stratify="auto"``) only when strata average this many samples...
-MIN_PER_STRATUM = 32
+MIN_PER_STRATUM = defaults.MIN_PER_STRATUM
 #: ...and the partition has at most this many cells (its null needs an eigen-decomposition)...
-MAX_STRATIFIED_CELLS = 2048
+MAX_STRATIFIED_CELLS = defaults.MAX_STRATIFIED_CELLS
 #: ...and the stratified counts (strata x cells) stay this small (they travel with every chunk).
 MAX_STRATIFIED_ENTRIES = defaults.MAX_STRATIFIED_ENTRIES
+#: alpha* of drafts without replacement (an LP over the draft sets) is planned with up to this many ordered
+#: draws and LP variables ...
+PLAN_MAX_ORDERED_DRAWS = defaults.PLAN_MAX_ORDERED_DRAWS
+PLAN_LP_MAX_VARIABLES = defaults.PLAN_LP_MAX_VARIABLES
+#: ... and the block-efficiency bound over joint laws of at most this many strings.
+PLAN_MAX_BOUND_STRINGS = defaults.PLAN_MAX_BOUND_STRINGS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,24 +68,18 @@ def _optimal_acceptance(
     if draft_scheme == "iid":
         return optimal_acceptance(draft_root, target_root, num_drafts).item()
     # Without replacement: the transport LP over the law of the set of distinct drafts.
-    support = [t for t in range(draft_root.numel()) if draft_root[t] > 0]
-    if len(support) < num_drafts or math.perm(len(support), num_drafts) > 50_000:
+    support = int((draft_root > 0).sum())
+    if support < num_drafts or math.perm(support, num_drafts) > PLAN_MAX_ORDERED_DRAWS:
         return None
-    sets: dict = {}
-    for tup in itertools.permutations(support, num_drafts):
-        prob, removed = 1.0, 0.0
-        for t in tup:
-            prob *= float(draft_root[t]) / (1.0 - removed)
-            removed += float(draft_root[t])
-        sets[frozenset(tup)] = sets.get(frozenset(tup), 0.0) + prob
+    sets = without_replacement_set_probs(draft_root, num_drafts)
     try:
-        return optimal_acceptance_lp_from_sets(sets, target_root, max_variables=50_000).value
+        return optimal_acceptance_lp_from_sets(sets, target_root, max_variables=PLAN_LP_MAX_VARIABLES).value
     except SpectrAuditError:
         return None
 
 
 def _block_efficiency_bound(draft_model, target_model, prefix, num_drafts, draft_len, device,
-                            max_strings: int = 4096) -> Optional[float]:
+                            max_strings: int = PLAN_MAX_BOUND_STRINGS) -> Optional[float]:
     """``1 + sum_{i=1..L} alpha*(p^i, q^i, K)`` over joint i-token laws (None when V^L is too large)."""
     vocab_size = target_model.vocab_size
     if vocab_size**draft_len > max_strings:

@@ -37,7 +37,7 @@ from spectr_audit.statistical.results import LawAgreementResult, worst_cells
 __all__ = ["sampler_law_agreement"]
 
 #: Up to this many cells (K (L + 1) V), the aggregated test uses the counts' exact covariance.
-MAX_COVARIANCE_CELLS = 2048
+MAX_COVARIANCE_CELLS = defaults.MAX_COVARIANCE_CELLS
 
 
 def _canonical_index(

@@ -42,6 +42,8 @@ from typing import Optional
 import numpy as np
 from scipy import special, stats
 
+from spectr_audit import defaults
+
 __all__ = [
     "MAX_EXACT_OUTCOMES",
     "GNull",
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 #: Up to this many multinomial outcomes the G-test's p-value is computed by enumerating them.
-MAX_EXACT_OUTCOMES = 1_000_000
+MAX_EXACT_OUTCOMES = defaults.NULL_MAX_EXACT_OUTCOMES
 
 #: Above this expected count a cell's deviance moments come from their asymptotic expansion (its
 #: first omitted terms, about 0.32 / e^3 and 3.9 / e^3, are below 4e-15 there).
