@@ -32,7 +32,8 @@ import scipy.sparse as sp
 import torch
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.iteration import emitted_codes, target_laws, enumerate_drafts
+from spectr_audit.exact.iteration import emitted_codes, enumerate_drafts
+from spectr_audit.exact.law import target_laws
 from spectr_audit import defaults
 from spectr_audit.drafting.models import Model
 

@@ -44,7 +44,7 @@ from spectr_audit.contract.tree import DraftTree
 from spectr_audit.drafting.models import Model, contexts_from
 from spectr_audit.drafting.tree import draft_tree
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.iteration import check_vocab
+from spectr_audit.exact.law import check_vocab
 from spectr_audit.exact.tree import (
     TreeDraftEnumeration,
     check_scheme,

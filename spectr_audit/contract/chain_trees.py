@@ -20,8 +20,8 @@ import torch
 
 from spectr_audit.contract.randomness import RandomSource
 from spectr_audit.contract.tree import DraftTree
-from spectr_audit.contract.tree_verifier import TreeVerifier, TreeVerifyOutput
-from spectr_audit.contract.verifier import Verifier, VerifyOutput
+from spectr_audit.contract.tree_verifier import TreeVerifier, TreeVerifyOutput, check_tree_inputs
+from spectr_audit.contract.verifier import Verifier, VerifyOutput, check_output_probs
 from spectr_audit.errors import InvalidArgument
 
 __all__ = [
@@ -183,11 +183,24 @@ class ChainVerifierAsTree(TreeVerifier):
         out = self.verifier.verify(*chain, generator, validate=False)
         return chain_output_as_tree(out, num_drafts, draft_len)
 
-    def _tree_output_probs(self, tree, node_tokens, draft_probs, target_probs) -> torch.Tensor:
+    def tree_output_probs(self, tree, node_tokens, draft_probs, target_probs, *, validate: bool = True) -> torch.Tensor:
+        """The chain verifier's ``output_probs`` on the chains, as a tree law.
+
+        The rows go to the chain verifier as they are: its ``output_probs`` renormalises them once, as it does
+        on the chain contract (renormalising twice would move the law's last bits), and a law it returns is
+        checked with the chain contract's words.
+        """
+        if validate:
+            check_tree_inputs(tree, node_tokens, draft_probs, target_probs, self.draft_schemes, who=repr(self.name))
+        self.check_supports_tree(tree)
         num_drafts, draft_len = _chain_shape(tree)
         chain = tree_inputs_as_chains(tree, node_tokens, draft_probs, target_probs)
-        law = self.verifier.output_probs(*chain, validate=False)
+        law = check_output_probs(self.verifier.output_probs(*chain, validate=False), node_tokens.shape[0], num_drafts,
+                                 draft_len, target_probs.shape[-1], who=self.verifier.name)
         return chain_law_as_tree(law.double(), num_drafts, draft_len)
+
+    def _tree_output_probs(self, tree, node_tokens, draft_probs, target_probs) -> torch.Tensor:
+        return self.tree_output_probs(tree, node_tokens, draft_probs, target_probs, validate=False)
 
 
 class TreeVerifierAsChain(Verifier):

@@ -36,7 +36,8 @@ from spectr_audit.contract.correction import CorrectionChain
 from spectr_audit.contract.logits import output_probs_with_params, takes_logits
 from spectr_audit.drafting.decoding import append_tokens, emitted_tokens
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.iteration import _check_exact_law, target_laws, _worst_strings, enumerate_drafts, string_of
+from spectr_audit.exact.iteration import _check_exact_law, enumerate_drafts
+from spectr_audit.exact.law import _worst_strings, string_of, target_laws
 from spectr_audit.drafting.models import PAD, Model, contexts_from
 from spectr_audit.drafting.processed import audit_params, is_processed, node_logits, processed_model
 

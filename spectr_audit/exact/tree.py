@@ -1,24 +1,30 @@
-"""Exact audit of one tree verification step by enumerating every realisation of the tree's drafts.
+"""Exact audit of one verification step by enumerating every realisation of a draft tree's drafts.
 
-For a :class:`~spectr_audit.contract.tree.DraftTree` and a draft scheme, every *realisation* of
-the node tokens is enumerated with its probability (docs/audit/exact.md):
+One enumeration for chains and trees: a chain of K drafts of L tokens is ``DraftTree.chains(K, L)``
+(:func:`spectr_audit.exact.iteration.exact_iteration` is its chain face).  For a
+:class:`~spectr_audit.contract.tree.DraftTree` and a draft scheme, every *realisation* of the node tokens
+is enumerated with its probability (docs/audit/exact.md):
 
 ``iid``
     every child of node ``n`` drawn independently from the draft law at ``n``: ``V**c`` choices
-    for a node with ``c`` children, weights the products of the draft probabilities;
+    for a node with ``c`` children, each child's factor its draft probability;
 ``without_replacement``
     the children of ``n`` drawn one after another with the tokens already drawn removed:
-    ``V! / (V - c)!`` ordered choices, weights ``prod p(x_i) / (mass not yet drawn)``;
+    ``V! / (V - c)!`` ordered choices, each child's factor ``p(x_i) / (mass not yet drawn)``;
 ``topk``, ``none``
     deterministic: child of rank ``r`` is the ``r``-th most likely draft token (ties to the smallest
     id), one realisation of weight 1 (``none`` passes no draft probabilities to the verifier).
 
-Realisations of probability 0 are left out.  The verifier's exact law (``tree_output_probs``) is
-summed over them, weighted, into ``E(s)``, the law of the emitted string (1 to ``D + 1`` tokens,
-``D = tree.max_depth``); from it, exactly as for chains (:mod:`spectr_audit.exact.iteration`),
-``F(w)``, the law of the first ``D + 1`` tokens when decoding continues with the unmodified
-target, the prefix caps ``B(u) <= q(u)``, membership acceptance (the first emitted token is one of
-the root's children's tokens) and the expected accepted length ``E[len(s)] - 1``.
+Given the root, the root's children's branches are independent: each branch is expanded on its own,
+a realisation is one realisation of each branch, its weight the product over branches of the product
+of each branch's factors, and realisations come lexicographic in the branches' tokens, branch by
+branch: on chain trees, the order and the floating-point products of the chain contract's draft
+tuples.  Realisations of probability 0 are left out.  The verifier's exact law (``tree_output_probs``)
+is summed over them, weighted, into ``E(s)``, the law of the emitted string (1 to ``D + 1`` tokens,
+``D = tree.max_depth``); from it (:mod:`spectr_audit.exact.law`) ``F(w)``, the law of the first
+``D + 1`` tokens when decoding continues with the unmodified target, the prefix caps ``B(u) <= q(u)``,
+membership acceptance (the first emitted token is one of the root's children's tokens) and the
+expected accepted length ``E[len(s)] - 1``.
 
 Reach
 -----
@@ -48,7 +54,7 @@ from spectr_audit.contract.tree_verifier import TreeVerifier, check_tree_output_
 from spectr_audit.contract.convert import as_tree_verifier
 from spectr_audit.drafting.models import Model, contexts_from
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.iteration import ExactIterationResult, _accumulate, check_vocab, _law_fields, _product_grid
+from spectr_audit.exact.law import ExactIterationResult, check_vocab, _law_fields, _product_grid
 
 __all__ = [
     "MAX_TREE_REALISATIONS",
@@ -156,11 +162,22 @@ def tree_enumeration_size(tree: DraftTree, draft_scheme: str, vocab_size: int) -
     return size
 
 
-def _path_tables(model: Model, prefix: Sequence[int], vocab_size: int, max_depth: int) -> torch.Tensor:
+def _path_table(model: Model, prefix: Sequence[int], vocab_size: int, max_depth: int) -> torch.Tensor:
     """The model's law after every token path of depth 0 .. ``max_depth``, depth-major: ``[sum_d V**d, V]``."""
     return torch.cat(
         [model(contexts_from(prefix, _product_grid(vocab_size, depth))).double() for depth in range(max_depth + 1)]
     )
+
+
+def path_tables(draft_model: Model, target_model: Model, prefix: Sequence[int], vocab_size: int,
+                max_depth: int) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """``(draft_table, target_table, offsets)``: both models' laws after every path of depth 0 .. ``max_depth``
+    (``[sum_d V**d, V]``, depth-major) and ``offsets[d]``, the first row of the depth-``d`` paths."""
+    offsets = [0]
+    for depth in range(max_depth + 1):
+        offsets.append(offsets[-1] + vocab_size**depth)
+    return (_path_table(draft_model, prefix, vocab_size, max_depth), _path_table(target_model, prefix, vocab_size,
+            max_depth), offsets)
 
 
 def _choices(draft_scheme: str, vocab_size: int, num_children: int) -> torch.Tensor:  # [num_choices, num_children]
@@ -172,21 +189,123 @@ def _choices(draft_scheme: str, vocab_size: int, num_children: int) -> torch.Ten
     return grid
 
 
-def _choice_weights(dist: torch.Tensor, choices: torch.Tensor, draft_scheme: str) -> torch.Tensor:  # [R, C]
-    """P(children = choice | parent's draft law) for every row's law ``dist [R, V]`` and every choice."""
-    picked = dist[:, choices]  # [R, C, c]
+def child_factors(dist: torch.Tensor, picks: torch.Tensor, draft_scheme: str) -> torch.Tensor:  # [R, c]
+    """Each child's factor of P(children = picks | parent's draft law ``dist [R, V]``): its draft probability
+    (``iid``), or its probability over the mass not yet drawn among its siblings (``without_replacement``)."""
+    picked = dist.gather(1, picks)
     if draft_scheme == "iid":
-        return picked.prod(-1)
-    # Without replacement: the mass left before each pick, summed over the tokens not yet drawn
-    # (1 - drawn mass would cancel when the last tokens carry tiny mass).
-    num_children = choices.shape[1]
-    drawn = torch.zeros(choices.shape[0], num_children, dist.shape[1], dtype=torch.bool)
+        return picked
+    # The mass left before each pick, summed over the tokens not yet drawn (1 - drawn mass would cancel
+    # when the last tokens carry tiny mass).
+    num_children = picks.shape[1]
+    drawn = torch.zeros(picks.shape[0], num_children, dist.shape[1], dtype=torch.bool)
     for i in range(1, num_children):
-        drawn[:, i] = drawn[:, i - 1].scatter(1, choices[:, i - 1 : i], True)
-    remaining = (dist.unsqueeze(1).unsqueeze(1) * ~drawn).sum(-1)  # [R, C, c]
-    ratio = torch.where(remaining > 0, picked / torch.where(remaining > 0, remaining, torch.ones_like(remaining)),
-                        torch.zeros_like(picked))
-    return ratio.prod(-1)
+        drawn[:, i] = drawn[:, i - 1].scatter(1, picks[:, i - 1 : i], True)
+    remaining = (dist.unsqueeze(1) * ~drawn).sum(-1)  # [R, c]
+    return torch.where(remaining > 0, picked / torch.where(remaining > 0, remaining, torch.ones_like(remaining)),
+                       torch.zeros_like(picked))
+
+
+def branches(tree: DraftTree) -> list:
+    """The nodes of each root child's branch (the child, then its descendants, in node order), in rank order."""
+    out = []
+    for child in tree.children[0]:
+        nodes, stack = [], [child]
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            stack.extend(tree.children[node])
+        out.append(sorted(nodes))
+    return out
+
+
+def _refuse_size(tree: DraftTree, draft_scheme: str, vocab_size: int, size: int, node: int, limit: int) -> None:
+    if size > limit:
+        raise InvalidArgument(
+            f"tree: the {draft_scheme!r} drafts over V = {vocab_size} of the {tree.describe()} reach {size} "
+            f"realisations at node {node} (at most {tree_enumeration_size(tree, draft_scheme, vocab_size)} in "
+            f"all), above the exact audit's limit of {limit}; use the statistical audit"
+        )
+
+
+def branch_realisations(tree: DraftTree, nodes: list, draft_scheme: str, root_law: torch.Tensor, tables: tuple,
+                         others: int, limit: int):
+    """Every realisation of one branch with positive probability: ``(tokens, codes, factors)``, each
+    ``[R, num_nodes]`` (zero / one outside the branch), lexicographic in the branch's tokens in node order.
+
+    ``factors`` holds each non-root node's factor of the draft probability, except the branch's own first
+    token, whose factor under ``without_replacement`` depends on its siblings' tokens (set by the caller);
+    ``others`` is the product of the earlier branches' sizes (for the size limit).
+    """
+    draft_table, offsets = tables
+    vocab_size, num_nodes, child = root_law.shape[0], tree.num_nodes, nodes[0]
+    keep = root_law > 0
+    count = int(keep.sum())
+    tokens = torch.zeros(count, num_nodes, dtype=torch.int64)
+    tokens[:, child] = torch.arange(vocab_size)[keep]
+    codes = tokens.clone()
+    factors = torch.ones(count, num_nodes, dtype=torch.float64)
+    running = root_law[keep]  # the branch's probability so far, to leave out what has none
+    for node in nodes:
+        kids = list(tree.children[node])
+        if not kids:
+            continue
+        choices = _choices(draft_scheme, vocab_size, len(kids))  # [C, c]
+        _refuse_size(tree, draft_scheme, vocab_size, others * tokens.shape[0] * choices.shape[0], node, limit)
+        dist = draft_table[offsets[tree.depths[node]] + codes[:, node]]  # [R, V]
+        rows = torch.arange(tokens.shape[0]).repeat_interleave(choices.shape[0])
+        picks = choices.repeat(tokens.shape[0], 1)
+        step = child_factors(dist[rows], picks, draft_scheme)  # [R * C, c]
+        joint = running[rows] * step.prod(-1)
+        positive = joint > 0
+        rows, picks, step, running = rows[positive], picks[positive], step[positive], joint[positive]
+        tokens, codes, factors = tokens[rows], codes[rows], factors[rows]
+        tokens[:, kids], factors[:, kids] = picks, step
+        codes[:, kids] = codes[:, node].unsqueeze(1) * vocab_size + picks
+    return tokens, codes, factors
+
+
+def mixed_grid(sizes: Sequence[int]) -> torch.Tensor:  # [prod(sizes), len(sizes)] int64
+    """Every index tuple, the last fastest (``itertools.product(*map(range, sizes))``)."""
+    grid = torch.zeros(1, 0, dtype=torch.int64)
+    for size in sizes:
+        grid = torch.cat([grid.repeat_interleave(size, 0), torch.arange(size).repeat(grid.shape[0]).unsqueeze(1)], 1)
+    return grid
+
+
+def _realisations(tree: DraftTree, draft_scheme: str, draft_table: torch.Tensor, offsets: list, limit: int):
+    """``(node_tokens, path_codes, weights)`` of every realisation with positive probability.
+
+    The root's children and their branches are drawn independently given the root (under
+    ``without_replacement`` the root's children are distinct), so a realisation is one realisation of
+    each branch; its weight is the product over branches of the product of the branch's factors.
+    Realisations come lexicographic in the branches' tokens, branch by branch: on
+    ``DraftTree.chains(K, L)`` the order and the floating-point products of the chain contract's draft
+    tuples (docs/audit/exact.md).
+    """
+    root_law, vocab_size = draft_table[0], draft_table.shape[1]
+    kids = list(tree.children[0])
+    lists, others = [], 1
+    for nodes in branches(tree):
+        lists.append(branch_realisations(tree, nodes, draft_scheme, root_law, (draft_table, offsets), others, limit))
+        others *= lists[-1][0].shape[0]
+        _refuse_size(tree, draft_scheme, vocab_size, others, nodes[0], limit)
+    grid = mixed_grid([tokens.shape[0] for tokens, _, _ in lists])  # [G, K]
+    tokens = torch.zeros(grid.shape[0], tree.num_nodes, dtype=torch.int64)
+    codes = torch.zeros_like(tokens)
+    factors = torch.ones(grid.shape[0], tree.num_nodes, dtype=torch.float64)
+    for column, (nodes, (branch_tokens, branch_codes, branch_factors)) in enumerate(zip(branches(tree), lists)):
+        rows = grid[:, column]
+        tokens[:, nodes], codes[:, nodes] = branch_tokens[rows][:, nodes], branch_codes[rows][:, nodes]
+        factors[:, nodes] = branch_factors[rows][:, nodes]
+    if draft_scheme == "without_replacement":
+        first = tokens[:, kids]
+        distinct = ((first.unsqueeze(2) != first.unsqueeze(1)) | torch.eye(len(kids), dtype=torch.bool)).all(-1).all(-1)
+        tokens, codes, factors = tokens[distinct], codes[distinct], factors[distinct]
+    factors[:, kids] = child_factors(root_law.expand(tokens.shape[0], vocab_size), tokens[:, kids], draft_scheme)
+    weights = torch.stack([factors[:, nodes].prod(-1) for nodes in branches(tree)], dim=1).prod(-1)
+    positive = weights > 0
+    return tokens[positive], codes[positive], weights[positive]
 
 
 def enumerate_tree_drafts(
@@ -195,18 +314,22 @@ def enumerate_tree_drafts(
     tree: DraftTree,
     draft_scheme: str = "iid",
     prefix: Sequence[int] = (),
+    *,
+    max_realisations: int = MAX_TREE_REALISATIONS,
 ) -> TreeDraftEnumeration:
     """Every realisation of ``tree``'s node tokens under ``draft_scheme``, with its probability.
 
-    Nodes with children are expanded in node order (a node's token is known before its children
-    are drawn).  See the module docstring for the schemes and the limits.
+    A node's token is known before its children are drawn; the root's children's branches are
+    independent given the root (distinct first tokens without replacement).  See the module docstring
+    for the schemes and the limits; ``max_realisations`` is the limit on realisations.
 
     Raises
     ------
     InvalidArgument
         For a scheme that cannot draft the tree (more children than tokens to draw without
-        replacement, a rank beyond the vocabulary under ``topk``), or an enumeration beyond
-        ``MAX_TREE_REALISATIONS`` realisations or ``MAX_TREE_STRINGS`` strings.
+        replacement, a rank beyond the vocabulary under ``topk``), drafts with no realisation of
+        positive probability, or an enumeration beyond ``max_realisations`` realisations or
+        ``MAX_TREE_STRINGS`` strings.
 
     Examples
     --------
@@ -233,37 +356,23 @@ def enumerate_tree_drafts(
         )
     if draft_scheme in ("topk", "none") and max(tree.ranks) >= vocab_size:
         raise InvalidArgument(f"tree: a node has rank {max(tree.ranks)}, beyond the vocabulary of {vocab_size} tokens")
-    offsets = [0]
-    for depth in range(tree.max_depth + 1):
-        offsets.append(offsets[-1] + vocab_size**depth)
-    draft_table = _path_tables(draft_model, prefix, vocab_size, tree.max_depth)
-    target_table = _path_tables(target_model, prefix, vocab_size, tree.max_depth)
-    num_nodes = tree.num_nodes
-    tokens = torch.zeros(1, num_nodes, dtype=torch.int64)
-    codes = torch.zeros(1, num_nodes, dtype=torch.int64)
-    weights = torch.ones(1, dtype=torch.float64)
-    for node in tree.internal_nodes:
-        kids = list(tree.children[node])
-        dist = draft_table[offsets[tree.depths[node]] + codes[:, node]]  # [R, V]
-        if draft_scheme in ("topk", "none"):
-            ranks = torch.tensor([tree.ranks[c] for c in kids])
-            tokens[:, kids] = topk_order(dist)[:, ranks]
-        else:
-            choices = _choices(draft_scheme, vocab_size, len(kids))  # [C, c]
-            size = tokens.shape[0] * choices.shape[0]
-            if size > MAX_TREE_REALISATIONS:
-                raise InvalidArgument(
-                    f"tree: the {draft_scheme!r} drafts over V = {vocab_size} of the {tree.describe()} reach {size} "
-                    f"realisations at node {node} (at most {tree_enumeration_size(tree, draft_scheme, vocab_size)} in "
-                    f"all), above the exact tree audit's limit of {MAX_TREE_REALISATIONS}; use the statistical audit"
-                )
-            joint = weights.unsqueeze(1) * _choice_weights(dist, choices, draft_scheme)  # [R, C]
-            keep = joint.reshape(-1) > 0
-            rows = torch.arange(tokens.shape[0]).repeat_interleave(choices.shape[0])[keep]
-            picks = choices.repeat(tokens.shape[0], 1)[keep]
-            tokens, codes, weights = tokens[rows], codes[rows], joint.reshape(-1)[keep]
-            tokens[:, kids] = picks
-        codes[:, kids] = codes[:, node].unsqueeze(1) * vocab_size + tokens[:, kids]
+    draft_table, target_table, offsets = path_tables(draft_model, target_model, prefix, vocab_size, tree.max_depth)
+    if draft_scheme in ("topk", "none"):
+        tokens = torch.zeros(1, tree.num_nodes, dtype=torch.int64)
+        codes = torch.zeros(1, tree.num_nodes, dtype=torch.int64)
+        for node in tree.internal_nodes:
+            kids = list(tree.children[node])
+            dist = draft_table[offsets[tree.depths[node]] + codes[:, node]]  # [1, V]
+            tokens[:, kids] = topk_order(dist)[:, torch.tensor([tree.ranks[c] for c in kids])]
+            codes[:, kids] = codes[:, node].unsqueeze(1) * vocab_size + tokens[:, kids]
+        weights = torch.ones(1, dtype=torch.float64)
+    else:
+        tokens, codes, weights = _realisations(tree, draft_scheme, draft_table, offsets, max_realisations)
+        if weights.numel() == 0:
+            raise InvalidArgument(
+                f"draft_model: the {draft_scheme!r} drafts of the {tree.describe()} have no realisation of positive "
+                "probability (too few tokens of positive draft probability for the children to draw)"
+            )
     return TreeDraftEnumeration(
         tree=tree,
         draft_scheme=draft_scheme,
@@ -298,13 +407,27 @@ class ExactTreeResult(ExactIterationResult):
         return self.num_draft_tuples
 
 
-def _tree_emitted_laws(verifier: TreeVerifier, enumeration: TreeDraftEnumeration,
-                       chunk_size: int) -> tuple[list, float]:
-    """``E_m`` (the law of emitted strings of m + 1 tokens, m = 0 .. D) and the membership acceptance."""
+def _membership_slots(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(slots, live)``, each ``[K, 1 + width]``: the nodes of each branch after a leading slot, padded to the
+    widest branch (``live`` marks the branch's nodes).  Membership sums the deeper nodes' mass in this layout,
+    branch by branch: on ``DraftTree.chains(K, L)`` the chain contract's ``[K, L + 1]`` layout, so that chains
+    keep the chain audit's floating-point sum."""
+    nodes = branches(tree)
+    width = max(len(b) for b in nodes)
+    slots = torch.tensor([[0] + b + [0] * (width - len(b)) for b in nodes], dtype=torch.int64)
+    live = torch.tensor([[False] + [True] * len(b) + [False] * (width - len(b)) for b in nodes])
+    return slots, live
+
+
+def emitted_laws(verifier: TreeVerifier, enumeration: TreeDraftEnumeration, chunk_size: int) -> tuple[list, float]:
+    """``E_m`` (the law of emitted strings of m + 1 tokens, m = 0 .. D) and the membership acceptance, over every
+    realisation: the verifier's law (``tree_output_probs``) of each chunk of realisations, weighted."""
     tree, vocab_size = enumeration.tree, enumeration.vocab_size
     emitted = [torch.zeros(vocab_size ** (m + 1), dtype=torch.float64) for m in range(tree.max_depth + 1)]
     membership = torch.zeros((), dtype=torch.float64)
     root_children = list(tree.level(1))
+    slots, live = _membership_slots(tree)
+    live = live.view(1, *live.shape, 1)
     for start in range(0, enumeration.num_realisations, chunk_size):
         rows = slice(start, start + chunk_size)
         tokens, draft_probs, target_probs = enumeration.chunk(rows)
@@ -313,11 +436,19 @@ def _tree_emitted_laws(verifier: TreeVerifier, enumeration: TreeDraftEnumeration
             tree, tokens.shape[0], vocab_size, who=verifier.name,
         )
         weighted = law * enumeration.weights[rows].view(-1, 1, 1)  # [n, N + 1, V]
-        by_depth = level_codes(tree, enumeration.path_codes[rows], vocab_size)
-        levels = [(strings, weighted[:, nodes]) for nodes, strings in by_depth]  # by depth
+        for nodes, strings in level_codes(tree, enumeration.path_codes[rows], vocab_size):  # by depth
+            emitted[tree.depths[nodes[0]]].scatter_add_(0, strings.reshape(-1), weighted[:, nodes].reshape(-1))
         # membership: the first emitted token is among the root's children's tokens
-        membership += _accumulate(emitted, levels, tokens[:, root_children], weighted[:, 0], weighted[:, 1:])
+        first = torch.zeros(weighted[:, 0].shape, dtype=torch.bool).scatter(1, tokens[:, root_children], True)
+        deeper = torch.where(live, weighted[:, slots], torch.zeros((), dtype=torch.float64))[:, :, 1:]
+        membership += deeper.sum() + (weighted[:, 0] * first).sum()
     return emitted, float(membership)
+
+
+def block_efficiency(emitted: list) -> float:
+    """``E[len(s)]``, the mean emitted length, from the emitted laws ``E_m``."""
+    lengths = torch.arange(1, len(emitted) + 1, dtype=torch.float64)
+    return float(sum(lengths[m] * emitted[m].sum() for m in range(len(emitted))))
 
 
 def exact_tree(
@@ -386,7 +517,7 @@ def exact_tree(
         raise InvalidArgument(f"chunk_size: expected a positive integer, got {chunk_size!r}")
     enumeration = enumerate_tree_drafts(draft_model, target_model, tree, draft_scheme, prefix)
     vocab_size = enumeration.vocab_size
-    emitted, membership = _tree_emitted_laws(verifier, enumeration, chunk_size)
+    emitted, membership = emitted_laws(verifier, enumeration, chunk_size)
     length_law = tuple(float(e.sum()) for e in emitted)
     accepted_length = float(sum(m * mass for m, mass in enumerate(length_law)))
     return ExactTreeResult(
@@ -395,7 +526,7 @@ def exact_tree(
         draft_len=tree.max_depth,
         num_draft_tuples=enumeration.num_realisations,
         **_law_fields(target_model, prefix, emitted, vocab_size),
-        block_efficiency=accepted_length + 1.0,
+        block_efficiency=block_efficiency(emitted),
         acceptance=membership,
         tree=tree,
         draft_scheme=draft_scheme,

@@ -80,7 +80,7 @@ def test_verifier_without_exact_law_is_refused():
 def test_product_grid_matches_itertools_product(base, length):
     import itertools
 
-    from spectr_audit.exact.iteration import _product_grid
+    from spectr_audit.exact.law import _product_grid
 
     expected = torch.tensor(list(itertools.product(range(base), repeat=length)), dtype=torch.int64)
     assert torch.equal(_product_grid(base, length), expected.reshape(base**length, length))

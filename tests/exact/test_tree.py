@@ -12,10 +12,13 @@ from spectr_audit.contract.tree import DraftTree
 from spectr_audit.contract.tree_verifier import FunctionTreeVerifier
 from spectr_audit.drafting.models import ContextFreeModel, Model, random_markov
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.iteration import exact_iteration
+from spectr_audit.contract.chain_trees import tree_inputs_as_chains
+from spectr_audit.defaults import EXACT_CHUNK
+from spectr_audit.exact.iteration import enumerate_drafts, exact_iteration
 from spectr_audit.exact.tree import (
     MAX_TREE_REALISATIONS,
     MAX_TREE_STRINGS,
+    branches,
     enumerate_tree_drafts,
     exact_tree,
     tree_enumeration_size,
@@ -147,16 +150,51 @@ def test_a_lossy_tree_verifier_is_caught():
     assert result.prefix_cap_excess == pytest.approx(0.8, abs=1e-12) and result.worst_prefix == (0,)
 
 
+@pytest.mark.parametrize("scheme", ["iid", "without_replacement"])
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_realisations_come_branch_by_branch_in_lexicographic_order(scheme, data):
+    """The documented order: lexicographic in the tokens of the root's first branch, then the second, ..."""
+    tree, vocab_size, draft_fn, target_fn = data.draw(tree_cases(scheme, max_nodes=6))
+    assume(tree_enumeration_size(tree, scheme, vocab_size) <= 20_000)
+    enum = enumerate_tree_drafts(PathFnModel(draft_fn, vocab_size), PathFnModel(target_fn, vocab_size), tree, scheme)
+    order = [node for branch in branches(tree) for node in branch]
+    keys = [tuple(row[n] for n in order) for row in enum.node_tokens.tolist()]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+
+
+@settings(max_examples=60, deadline=None)
+@given(num_drafts=st.integers(1, 3), draft_len=st.integers(1, 3), vocab_size=st.integers(2, 4),
+       seed=st.integers(0, 2**16), scheme=st.sampled_from(["iid", "without_replacement"]))
+def test_chain_trees_enumerate_the_chain_contracts_draft_tuples_bit_for_bit(num_drafts, draft_len, vocab_size, seed,
+                                                                            scheme):
+    """On DraftTree.chains(K, L) the realisations are the chain contract's draft tuples, in their order, with the
+    same floating-point weights (the products of the drafts' sequence probabilities)."""
+    if scheme == "without_replacement":
+        draft_len, num_drafts = 1, min(num_drafts, vocab_size)
+    assume(vocab_size ** (draft_len * num_drafts) <= 5_000)
+    draft, target = random_markov(vocab_size, seed=seed), random_markov(vocab_size, seed=seed + 1)
+    chains = enumerate_drafts(draft, target, num_drafts, draft_len, scheme)
+    tree = DraftTree.chains(num_drafts, draft_len)
+    enum = enumerate_tree_drafts(draft, target, tree, scheme)
+    tokens, draft_probs, target_probs = tree_inputs_as_chains(tree, *enum.chunk(slice(None)))
+    assert torch.equal(tokens, chains.draft_tokens)
+    assert torch.equal(enum.weights, chains.weights)
+    assert torch.equal(draft_probs, chains.draft_probs) and torch.equal(target_probs, chains.target_probs)
+
+
 @pytest.mark.parametrize("num_drafts, draft_len, chain_name", [(2, 1, "kseq"), (3, 1, "rrs"), (2, 2, "spectr-tree"),
-                                                               (2, 2, "rrs")])
-def test_chain_trees_reproduce_the_chain_audit(num_drafts, draft_len, chain_name):
-    draft, target = random_markov(2, seed=3), random_markov(2, seed=4)
+                                                               (2, 2, "rrs"), (2, 1, "rrs-wor")])
+def test_the_chain_face_is_the_tree_audit_on_chain_trees(num_drafts, draft_len, chain_name):
+    draft, target = random_markov(3, seed=3), random_markov(3, seed=4)
     chain = exact_iteration(load_verifier(chain_name), draft, target, num_drafts, draft_len)
-    tree = exact_tree(load_tree_verifier(chain_name), draft, target, DraftTree.chains(num_drafts, draft_len))
+    tree = exact_tree(load_tree_verifier(chain_name), draft, target, DraftTree.chains(num_drafts, draft_len),
+                      chunk_size=EXACT_CHUNK)
     assert tree.num_realisations == chain.num_draft_tuples
-    for field in ("acceptance", "block_efficiency", "tv_distance", "prefix_cap_excess"):
-        assert getattr(tree, field) == pytest.approx(getattr(chain, field), abs=1e-12), field
-    torch.testing.assert_close(tree.implied_law, chain.implied_law, atol=1e-12, rtol=0)
+    for field in ("acceptance", "block_efficiency", "tv_distance", "max_abs_error", "prefix_cap_excess",
+                  "token_tv_distance"):
+        assert getattr(tree, field) == getattr(chain, field), field
+    assert all(torch.equal(a, b) for a, b in zip(tree.emitted_law, chain.emitted_law))
 
 
 # Hand-derived values.  RRS on two i.i.d. siblings, p = (.6, .4), q = (.3, .7): the first child is

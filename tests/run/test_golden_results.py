@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,22 @@ def test_results_are_the_recorded_ones(suite):
         pytest.skip(f"recorded on {recorded['platform']}, this machine is {record_golden.platform()}")
     found = record_golden.differences(recorded["report"], record_golden.results(suite))
     assert not found, f"{len(found)} differences from the recorded {suite} results:\n" + "\n".join(found[:30])
+
+
+@pytest.mark.slow
+def test_the_avx2_records_hold_with_avx2_kernels_on_an_avx512_machine():
+    """An AVX512 machine checks the AVX2 family too (torch's and numpy's AVX2 kernels; the script's docstring
+    gives the measured agreement with a real AVX2 machine), so that neither family's record goes stale."""
+    if record_golden.torch.backends.cpu.get_cpu_capability() != "AVX512":
+        pytest.skip(f"the AVX2 kernels run in place of AVX512 ones; this machine's are "
+                    f"{record_golden.torch.backends.cpu.get_cpu_capability()}")
+    avx2 = json.loads((record_golden.GOLDEN / "AVX2" / "default.json").read_text())["platform"]
+    if avx2["torch"] != record_golden.platform()["torch"]:
+        pytest.skip(f"the AVX2 records are of torch {avx2['torch']}, this machine has {record_golden.platform()['torch']}")
+    done = subprocess.run([sys.executable, str(_SCRIPT), "--check", "--family", "AVX2"], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.stdout.count(", 0 differences") == len(record_golden.SUITES), done.stdout
 
 
 def test_differences_names_each_changed_path():
