@@ -32,8 +32,9 @@ import scipy.sparse as sp
 import torch
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.exact.iteration import emitted_codes, enumerate_drafts
+from spectr_audit.contract.tree import DraftTree
 from spectr_audit.exact.law import target_laws
+from spectr_audit.exact.tree import TreeDraftEnumeration, enumerate_tree_drafts, level_codes
 from spectr_audit import defaults
 from spectr_audit.drafting.models import Model
 
@@ -101,18 +102,27 @@ def _distinct_candidates(levels):
     return keys[keep, 0], keys[keep, 1], keys[keep, 2], joints[keep]
 
 
-def _candidates(draft_tokens: torch.Tensor, target_probs: torch.Tensor, vocab_size: int):
-    """Allowed outputs of every tuple, deduplicated: (tuple, length, code, q(s)) as numpy arrays."""
-    draft_len = draft_tokens.shape[-1]
-    target = target_probs.double()
-    path_target = target[:, :, :draft_len].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [T, K, L]
-    prefix_joint = torch.cat([torch.ones_like(path_target[..., :1]), path_target], -1).cumprod(-1)  # [T, K, L + 1]
-    codes = emitted_codes(draft_tokens, vocab_size)  # by number accepted, each [T, K, V]
-    # q(s) of s = the accepted prefix then a token
-    return _distinct_candidates(
-        (codes[accepted], prefix_joint[:, :, accepted, None] * target[:, :, accepted])
-        for accepted in range(draft_len + 1)
-    )
+def _path_joints(enumeration: TreeDraftEnumeration) -> torch.Tensor:  # [R, N + 1]
+    """q(path(n)) for every realisation and node."""
+    tree = enumeration.tree
+    paths = enumeration.node_paths
+    joint = torch.ones(enumeration.num_realisations, tree.num_nodes, dtype=torch.float64)
+    for node in range(1, tree.num_nodes):
+        parent = tree.parents[node]
+        step = enumeration.path_target_probs[paths[:, parent]].gather(1, enumeration.node_tokens[:, node : node + 1])
+        joint[:, node] = joint[:, parent] * step.squeeze(1)
+    return joint
+
+
+def realisation_candidates(enumeration: TreeDraftEnumeration):
+    """Allowed outputs of every realisation of a tree's drafts (a tree path then one token), deduplicated:
+    (realisation, length, code, q(s)) as numpy arrays.  On ``DraftTree.chains(K, L)`` these are the chain tuples'
+    outputs (a prefix of one draft then one token), with the same floats."""
+    joint = _path_joints(enumeration)
+    target = enumeration.path_target_probs[enumeration.node_paths]  # [R, N + 1, V]
+    by_depth = level_codes(enumeration.tree, enumeration.path_codes, enumeration.vocab_size)
+    # q(s) of s = a node's path then a token
+    return _distinct_candidates((codes, joint[:, nodes].unsqueeze(-1) * target[:, nodes]) for nodes, codes in by_depth)
 
 
 def _solve(problem, solver: str, attempts: Sequence[dict]) -> tuple[float, str]:
@@ -293,15 +303,16 @@ def block_lp(
         raise InvalidArgument(f"draft_len: expected an integer >= 1, got {draft_len!r}")
     attempts = _solver_attempts(solver, solver_options)
     vocab_size = draft_model.vocab_size
-    enumeration = enumerate_drafts(draft_model, target_model, num_drafts, draft_len, "iid", prefix)
-    candidates = _candidates(enumeration.draft_tokens, enumeration.target_probs, vocab_size)
-    lps = _string_lps(*candidates, enumeration.weights.double().numpy(), target_model, prefix, draft_len + 1,
-                      vocab_size, solver, attempts)
+    # the draft tuples are the realisations of the chain tree (the same tuples, order and weights)
+    enumeration = enumerate_tree_drafts(draft_model, target_model, DraftTree.chains(num_drafts, draft_len), "iid",
+                                        prefix, max_realisations=defaults.EXACT_MAX_TUPLES)
+    lps = _string_lps(*realisation_candidates(enumeration), enumeration.weights.double().numpy(), target_model, prefix,
+                      draft_len + 1, vocab_size, solver, attempts)
     return BlockLPResult(
         num_drafts=num_drafts,
         draft_len=draft_len,
         vocab_size=vocab_size,
-        num_draft_tuples=enumeration.weights.shape[0],
+        num_draft_tuples=enumeration.num_realisations,
         solver=solver,
         **lps,
     )

@@ -39,7 +39,7 @@ from spectr_audit.bounds.acceptance import (
     optimal_acceptance_lp_from_sets,
     without_replacement_set_probs,
 )
-from spectr_audit.bounds.block_lp import _distinct_candidates, _solver_attempts, _string_lps
+from spectr_audit.bounds.block_lp import _solver_attempts, _string_lps, realisation_candidates
 from spectr_audit.contract.tree import DraftTree
 from spectr_audit.drafting.models import Model, contexts_from
 from spectr_audit.drafting.tree import draft_tree
@@ -49,7 +49,6 @@ from spectr_audit.exact.tree import (
     TreeDraftEnumeration,
     check_scheme,
     check_tree,
-    level_codes,
     enumerate_tree_drafts,
 )
 
@@ -217,27 +216,6 @@ def tree_paths_target_mass(
     return float(sum(mass[1:]))
 
 
-def _path_joints(enumeration: TreeDraftEnumeration) -> torch.Tensor:  # [R, N + 1]
-    """q(path(n)) for every realisation and node."""
-    tree = enumeration.tree
-    paths = enumeration.node_paths
-    joint = torch.ones(enumeration.num_realisations, tree.num_nodes, dtype=torch.float64)
-    for node in range(1, tree.num_nodes):
-        parent = tree.parents[node]
-        step = enumeration.path_target_probs[paths[:, parent]].gather(1, enumeration.node_tokens[:, node : node + 1])
-        joint[:, node] = joint[:, parent] * step.squeeze(1)
-    return joint
-
-
-def _tree_candidates(enumeration: TreeDraftEnumeration):
-    """Allowed outputs of every realisation, deduplicated: (realisation, length, code, q(s)) as numpy arrays."""
-    joint = _path_joints(enumeration)
-    target = enumeration.path_target_probs[enumeration.node_paths]  # [R, N + 1, V]
-    by_depth = level_codes(enumeration.tree, enumeration.path_codes, enumeration.vocab_size)
-    # q(s) of s = a node's path then a token
-    return _distinct_candidates((codes, joint[:, nodes].unsqueeze(-1) * target[:, nodes]) for nodes, codes in by_depth)
-
-
 def _root_set_law(enumeration: TreeDraftEnumeration) -> dict:
     kids = list(enumeration.tree.level(1))
     law: dict = {}
@@ -299,7 +277,7 @@ def tree_lp(
         raise InvalidArgument(
             f"max_variables: the tree LP needs up to {estimate} variables ({enumeration.num_realisations} realisations x "
             f"{tree.num_nodes} nodes x V = {vocab_size}), above max_variables={max_variables}")
-    lps = _string_lps(*_tree_candidates(enumeration), enumeration.weights.numpy(), target_model, prefix,
+    lps = _string_lps(*realisation_candidates(enumeration), enumeration.weights.numpy(), target_model, prefix,
                       tree.max_depth + 1, vocab_size, solver, attempts)
     _, root_target = _root_laws(draft_model, target_model, prefix)
     try:

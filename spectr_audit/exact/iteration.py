@@ -150,17 +150,6 @@ def enumerate_drafts(
     )
 
 
-def emitted_codes(draft_tokens: torch.Tensor, vocab_size: int) -> list:  # each [n, K, V]
-    """Codes of the strings a step may emit, by number accepted: ``draft_tokens[:, k, :accepted]`` then any token."""
-    draft_len = draft_tokens.shape[-1]
-    powers = vocab_size ** torch.arange(draft_len - 1, -1, -1, dtype=torch.int64)
-    return [
-        (draft_tokens[:, :, :accepted] * powers[draft_len - accepted :]).sum(-1).unsqueeze(-1) * vocab_size
-        + torch.arange(vocab_size)
-        for accepted in range(draft_len + 1)
-    ]
-
-
 def _check_chain_drafts(draft_model: Model, prefix: Sequence[int], num_drafts: int, draft_len: int,
                         draft_scheme: str, vocab_size: int) -> None:
     """The chain contract's drafts: K >= 1 drafts of L >= 1 tokens, i.i.d. or (L = 1) without replacement from

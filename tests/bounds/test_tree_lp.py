@@ -10,6 +10,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from spectr_audit.bounds.acceptance import optimal_acceptance_lp_from_sets
+from spectr_audit.bounds.block_lp import block_lp
 from spectr_audit.bounds.tree_lp import (
     tree_bound,
     tree_lp,
@@ -164,3 +165,15 @@ def test_bounds_beyond_reach_say_why():
     bound = tree_bound(draft, target, DraftTree.topk_depth(3, 2), "iid")
     assert bound.accepted_length is None and bound.accepted_length_source.startswith("skipped:")
     assert 0 < bound.acceptance <= 1
+
+
+@pytest.mark.parametrize("num_drafts, draft_len, vocab_size", [(1, 2, 2), (2, 2, 2), (1, 3, 2), (2, 1, 3)])
+def test_the_block_lp_is_the_tree_lp_on_chain_trees(num_drafts, draft_len, vocab_size):
+    """One LP over the realisations of the drafts: the block LP of K chains of L tokens is the tree LP of
+    DraftTree.chains(K, L), to the last bit (the same candidates, weights and constraints)."""
+    draft, target = random_markov(vocab_size, seed=11), random_markov(vocab_size, seed=12)
+    block = block_lp(draft, target, num_drafts, draft_len)
+    tree = tree_lp(draft, target, DraftTree.chains(num_drafts, draft_len))
+    assert block.num_draft_tuples == tree.num_realisations
+    assert block.unmodified_value - 1.0 == tree.accepted_length
+    assert block.repair_value - 1.0 == tree.repair_accepted_length
