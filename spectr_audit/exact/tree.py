@@ -34,10 +34,10 @@ it refuses with :class:`~spectr_audit.errors.InvalidArgument`, naming the size a
 The realisations number ``prod_n V**c_n`` (``iid``) or ``prod_n V!/(V - c_n)!``
 (``without_replacement``) over the nodes with children, fewer where draft probabilities are 0;
 so, for instance, V = 2 reaches i.i.d. trees of 18 draft nodes, V = 3 the first 8 paths of
-the Medusa repository's 63-path ``mc_sim_7b_63`` tree (6,561 i.i.d. realisations, a few seconds), V = 4
-``DraftTree.cartesian([2, 2])`` (4,096, under a second), and ``topk`` / ``none`` any tree with
-``V**(D + 1) <= 2**22`` (one realisation).  The time is about 0.5 ms per realisation on two CPU
-cores; docs/audit/exact.md lists measured sizes.
+the Medusa repository's 63-path ``mc_sim_7b_63`` tree (6,561 i.i.d. realisations, 0.06 s), V = 4
+``DraftTree.cartesian([2, 2])`` (4,096, 0.02 s), and ``topk`` / ``none`` any tree with
+``V**(D + 1) <= 2**22`` (one realisation).  The time is about 10 to 20 microseconds per realisation on two
+CPU cores; docs/audit/exact.md lists measured sizes.
 """
 
 from __future__ import annotations
@@ -50,8 +50,10 @@ import torch
 
 from spectr_audit import defaults
 from spectr_audit.contract.tree import TREE_DRAFT_SCHEMES, DraftTree, topk_order
-from spectr_audit.contract.tree_verifier import TreeVerifier, check_tree_output_probs
+from spectr_audit._validation import check_simplex
+from spectr_audit.contract.chain_trees import ChainVerifierAsTree
 from spectr_audit.contract.convert import as_tree_verifier
+from spectr_audit.contract.tree_verifier import TreeVerifier, check_tree_inputs, check_tree_output_probs
 from spectr_audit.drafting.models import Model, contexts_from
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.exact.law import ExactIterationResult, check_vocab, _law_fields, _product_grid
@@ -101,11 +103,13 @@ class TreeDraftEnumeration:
     def num_realisations(self) -> int:
         return int(self.weights.numel())
 
+    def _offsets(self) -> torch.Tensor:  # [num_nodes]
+        return torch.tensor([self.path_offsets[d] for d in self.tree.depths], dtype=torch.int64)
+
     @property
     def node_paths(self) -> torch.Tensor:  # [num_realisations, num_nodes]
         """Row of each node's path in ``path_*_probs``."""
-        offsets = torch.tensor([self.path_offsets[d] for d in self.tree.depths], dtype=torch.int64)
-        return self.path_codes + offsets
+        return self.path_codes + self._offsets()
 
     def chunk(self, rows: slice) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
         """``(node_tokens, draft_probs, target_probs)`` of the realisations in ``rows``, as the harness gives them.
@@ -113,7 +117,7 @@ class TreeDraftEnumeration:
         ``draft_probs`` rows of leaves are zero (never read), and ``None`` under scheme ``"none"``.
         """
         tokens = self.node_tokens[rows]
-        paths = self.node_paths[rows]
+        paths = self.path_codes[rows] + self._offsets()
         target = self.path_target_probs[paths]  # [n, num_nodes, V]
         if self.draft_scheme == "none":
             return tokens, None, target
@@ -296,8 +300,8 @@ def _realisations(tree: DraftTree, draft_scheme: str, draft_table: torch.Tensor,
     factors = torch.ones(grid.shape[0], tree.num_nodes, dtype=torch.float64)
     for column, (nodes, (branch_tokens, branch_codes, branch_factors)) in enumerate(zip(branches(tree), lists)):
         rows = grid[:, column]
-        tokens[:, nodes], codes[:, nodes] = branch_tokens[rows][:, nodes], branch_codes[rows][:, nodes]
-        factors[:, nodes] = branch_factors[rows][:, nodes]
+        tokens[:, nodes], codes[:, nodes] = branch_tokens[:, nodes][rows], branch_codes[:, nodes][rows]
+        factors[:, nodes] = branch_factors[:, nodes][rows]
     if draft_scheme == "without_replacement":
         first = tokens[:, kids]
         distinct = ((first.unsqueeze(2) != first.unsqueeze(1)) | torch.eye(len(kids), dtype=torch.bool)).all(-1).all(-1)
@@ -419,28 +423,57 @@ def _membership_slots(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
     return slots, live
 
 
+def _validated_once(verifier: TreeVerifier, enumeration: TreeDraftEnumeration) -> bool:
+    """Check the verifier's inputs once, where it takes the standard entry point: every chunk is built from rows
+    of the path tables, so the rows the realisations use are checked here, and one realisation's inputs in full
+    (shapes, tokens, schemes), instead of every chunk's copies of them.  False (each chunk is checked) otherwise."""
+    # the class, not type(): a time-limited proxy (run.guard) reads as the verifier it limits
+    entry = getattr(verifier.__class__, "tree_output_probs", None)
+    if entry not in (TreeVerifier.tree_output_probs, ChainVerifierAsTree.tree_output_probs):
+        return False
+    tree = enumeration.tree
+    tokens, draft_probs, target_probs = enumeration.chunk(slice(0, 1))
+    check_tree_inputs(tree, tokens, draft_probs, target_probs, verifier.draft_schemes, who=repr(verifier.name))
+    paths = enumeration.node_paths
+
+    def used(columns) -> torch.Tensor:  # the table rows some realisation reads, in table order
+        mask = torch.zeros(enumeration.path_target_probs.shape[0], dtype=torch.bool)
+        mask[paths[:, columns].reshape(-1)] = True
+        return mask
+
+    check_simplex("target_probs", enumeration.path_target_probs[used(slice(None))])
+    if draft_probs is not None:
+        check_simplex("draft_probs", enumeration.path_draft_probs[used(list(tree.internal_nodes))])
+    return True
+
+
 def emitted_laws(verifier: TreeVerifier, enumeration: TreeDraftEnumeration, chunk_size: int) -> tuple[list, float]:
     """``E_m`` (the law of emitted strings of m + 1 tokens, m = 0 .. D) and the membership acceptance, over every
     realisation: the verifier's law (``tree_output_probs``) of each chunk of realisations, weighted."""
     tree, vocab_size = enumeration.tree, enumeration.vocab_size
+    law_kwargs = {"validate": False} if _validated_once(verifier, enumeration) else {}
+    chain = isinstance(verifier, ChainVerifierAsTree)
     emitted = [torch.zeros(vocab_size ** (m + 1), dtype=torch.float64) for m in range(tree.max_depth + 1)]
     membership = torch.zeros((), dtype=torch.float64)
     root_children = list(tree.level(1))
     slots, live = _membership_slots(tree)
+    padded = not bool(live[:, 1:].all())  # branches of unequal sizes (never on chain trees)
     live = live.view(1, *live.shape, 1)
     for start in range(0, enumeration.num_realisations, chunk_size):
         rows = slice(start, start + chunk_size)
         tokens, draft_probs, target_probs = enumeration.chunk(rows)
-        law = check_tree_output_probs(
-            verifier.tree_output_probs(tree, tokens, draft_probs, target_probs).double(),
-            tree, tokens.shape[0], vocab_size, who=verifier.name,
-        )
+        law = verifier.tree_output_probs(tree, tokens, draft_probs, target_probs, **law_kwargs).double()
+        if not chain:  # a chain verifier's law was checked in the chain contract's terms
+            law = check_tree_output_probs(law, tree, tokens.shape[0], vocab_size, who=verifier.name)
         weighted = law * enumeration.weights[rows].view(-1, 1, 1)  # [n, N + 1, V]
-        for nodes, strings in level_codes(tree, enumeration.path_codes[rows], vocab_size):  # by depth
-            emitted[tree.depths[nodes[0]]].scatter_add_(0, strings.reshape(-1), weighted[:, nodes].reshape(-1))
+        for depth, (nodes, strings) in enumerate(level_codes(tree, enumeration.path_codes[rows], vocab_size)):
+            emitted[depth].scatter_add_(0, strings.reshape(-1), weighted[:, nodes[0] : nodes[-1] + 1].reshape(-1))
         # membership: the first emitted token is among the root's children's tokens
         first = torch.zeros(weighted[:, 0].shape, dtype=torch.bool).scatter(1, tokens[:, root_children], True)
-        deeper = torch.where(live, weighted[:, slots], torch.zeros((), dtype=torch.float64))[:, :, 1:]
+        deeper = weighted[:, slots]
+        if padded:
+            deeper = torch.where(live, deeper, torch.zeros((), dtype=torch.float64))
+        deeper = deeper[:, :, 1:]
         membership += deeper.sum() + (weighted[:, 0] * first).sum()
     return emitted, float(membership)
 

@@ -373,8 +373,10 @@ def _tuples_text(s: _Sizes, tuples_lg: float) -> str:
 
 
 def _exact_needs(s: _Sizes, what: str = "the exact audit", laws: bool = True, limit: bool = True) -> list[Need]:
-    """Peak memory of ``exact_iteration``: the V^L grid of draft sequences with their conditionals, the
-    tuples and one chunk of their conditionals, and the laws over V^(L+1) strings."""
+    """Peak memory of ``exact_iteration``: the draft and target laws after every path of up to L tokens (about
+    the V^L grid of draft sequences with their conditionals), the tuples (the chain tree's realisations: tokens,
+    path codes and factors of its 1 + K L nodes) and one chunk of their conditionals, and the laws over V^(L+1)
+    strings."""
     vocab_lg, length = _lg(s.vocab_size), s.draft_len
     grid_lg = length * vocab_lg if s.draft_scheme == "iid" else vocab_lg
     # per sequence: tokens and codes, draft conditionals (list and stack), target conditionals, contexts; twice
@@ -394,7 +396,8 @@ def _exact_needs(s: _Sizes, what: str = "the exact audit", laws: bool = True, li
                           limit=f"{_MAX_TUPLES:,} tuples"))
     if tuples_lg <= _lg(_MAX_TUPLES):  # beyond the limit, the audit refuses right after the grid
         tuple_text = f"{_tuples_text(s, tuples_lg)} draft tuples of K={s.num_drafts}"
-        per_tuple = 6 * s.num_drafts + 2
+        # tokens, path codes and factors per node, the branch grid, the weight and its copies
+        per_tuple = 3 * (1 + s.num_drafts * s.draft_len) + s.num_drafts + 2
         if s.draft_scheme == "without_replacement":  # the drawn-token masks, [N, K, V], and their masses
             per_tuple += 9 * s.num_drafts * s.vocab_size / _ENTRY
         needs.append(Need(what, tuples_lg + _lg(per_tuple * _ENTRY), tuple_text))

@@ -250,3 +250,18 @@ def test_refusals_name_the_size_and_the_limit():
 def test_bad_input_is_refused(call, message):
     with pytest.raises(InvalidArgument, match=message):
         call()
+
+
+@pytest.mark.parametrize("scheme", ["iid", "without_replacement"])
+def test_the_rows_checked_once_still_name_a_bad_conditional(scheme):
+    """The tree audit checks the rows its realisations read once, not every chunk's copies: a target conditional
+    reached only below the root (summing to 1.2) must still be named, and so must a bad draft row."""
+    from tests.exact.test_iteration import _OffSimplexAfterToken
+
+    tree = DraftTree.from_paths([(0,), (1,), (0, 0)])
+    verifier = load_tree_verifier("tree-rrs" if scheme == "iid" else "tree-rrs-wor")
+    good, bad = ContextFreeModel([0.2, 0.5, 0.3]), _OffSimplexAfterToken([0.3, 0.3, 0.4])
+    with pytest.raises(InvalidArgument, match="target_probs"):
+        exact_tree(verifier, good, bad, tree, draft_scheme=scheme, chunk_size=2)
+    with pytest.raises(InvalidArgument, match="draft_probs"):
+        exact_tree(verifier, bad, good, tree, draft_scheme=scheme, chunk_size=2)
