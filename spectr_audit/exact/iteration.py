@@ -36,7 +36,9 @@ from spectr_audit.exact.law import ExactIterationResult, _law_fields, check_voca
 from spectr_audit.exact.tree import (
     block_efficiency,
     branch_realisations,
+    check_chunk_size,
     child_factors,
+    distinct_rows,
     emitted_laws,
     enumerate_tree_drafts,
     mixed_grid,
@@ -87,8 +89,6 @@ class DraftEnumeration:
         return self.sequence_target_probs[self.index]
 
 
-
-
 def _check_exact_law(verifier: Verifier) -> None:
     if not verifier.has_exact_law:
         raise InvalidArgument(f"verifier: {verifier.name!r} has no exact law (output_probs); use the statistical audit")
@@ -113,7 +113,7 @@ def enumerate_drafts(
     the same tuples, in the same order, with the same floating-point weights and conditionals.
     """
     vocab_size = check_vocab(draft_model, target_model)
-    _check_chain_drafts(draft_model, prefix, num_drafts, draft_len, draft_scheme, vocab_size)
+    _check_chain_drafts(draft_model, prefix, num_drafts, draft_len, draft_scheme)
     draft_table, target_table, offsets = path_tables(draft_model, target_model, prefix, vocab_size, draft_len)
     # one draft's realisations: the draft sequences of positive probability, lexicographic
     chain = DraftTree.chains(1, draft_len)
@@ -133,7 +133,7 @@ def enumerate_drafts(
         weights = factors[:, nodes].prod(-1)[index].prod(-1)
     else:
         first = firsts[index]  # [N, K]
-        distinct = ((first.unsqueeze(2) != first.unsqueeze(1)) | torch.eye(num_drafts, dtype=torch.bool)).all(-1).all(-1)
+        distinct = distinct_rows(first)
         index, first = index[distinct], first[distinct]
         weights = child_factors(root_law.expand(index.shape[0], vocab_size), first, draft_scheme).prod(-1)
     positive = weights > 0
@@ -151,7 +151,7 @@ def enumerate_drafts(
 
 
 def _check_chain_drafts(draft_model: Model, prefix: Sequence[int], num_drafts: int, draft_len: int,
-                        draft_scheme: str, vocab_size: int) -> None:
+                        draft_scheme: str) -> None:
     """The chain contract's drafts: K >= 1 drafts of L >= 1 tokens, i.i.d. or (L = 1) without replacement from
     enough tokens of positive draft probability."""
     if num_drafts < 1 or draft_len < 1:
@@ -243,9 +243,8 @@ def exact_iteration(
     verifier.check_supports(num_drafts, draft_len)
     draft_scheme = draft_scheme or verifier.draft_scheme
     vocab_size = check_vocab(draft_model, target_model)
-    _check_chain_drafts(draft_model, prefix, num_drafts, draft_len, draft_scheme, vocab_size)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise InvalidArgument(f"chunk_size: expected a positive integer, got {chunk_size!r}")
+    _check_chain_drafts(draft_model, prefix, num_drafts, draft_len, draft_scheme)
+    check_chunk_size(chunk_size)
     # One exact audit for chains and trees: the chains are the tree DraftTree.chains(K, L), the verifier its
     # tree form (its own output_probs on the chains).
     tree = DraftTree.chains(num_drafts, draft_len)

@@ -188,8 +188,7 @@ def _choices(draft_scheme: str, vocab_size: int, num_children: int) -> torch.Ten
     """Every ordered choice of the children's tokens: all tuples (iid) or tuples of distinct tokens."""
     grid = _product_grid(vocab_size, num_children)
     if draft_scheme == "without_replacement":
-        distinct = (grid.unsqueeze(2) != grid.unsqueeze(1)) | torch.eye(num_children, dtype=torch.bool)
-        grid = grid[distinct.all(-1).all(-1)]
+        grid = grid[distinct_rows(grid)]
     return grid
 
 
@@ -269,6 +268,16 @@ def branch_realisations(tree: DraftTree, nodes: list, draft_scheme: str, root_la
     return tokens, codes, factors
 
 
+def distinct_rows(tokens: torch.Tensor) -> torch.Tensor:  # [R] bool
+    """Which rows of ``tokens [R, c]`` hold ``c`` distinct tokens (siblings drawn without replacement)."""
+    return ((tokens.unsqueeze(2) != tokens.unsqueeze(1)) | torch.eye(tokens.shape[1], dtype=torch.bool)).all(-1).all(-1)
+
+
+def check_chunk_size(chunk_size) -> None:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise InvalidArgument(f"chunk_size: expected a positive integer, got {chunk_size!r}")
+
+
 def mixed_grid(sizes: Sequence[int]) -> torch.Tensor:  # [prod(sizes), len(sizes)] int64
     """Every index tuple, the last fastest (``itertools.product(*map(range, sizes))``)."""
     grid = torch.zeros(1, 0, dtype=torch.int64)
@@ -289,8 +298,9 @@ def _realisations(tree: DraftTree, draft_scheme: str, draft_table: torch.Tensor,
     """
     root_law, vocab_size = draft_table[0], draft_table.shape[1]
     kids = list(tree.children[0])
+    tree_branches = branches(tree)
     lists, others = [], 1
-    for nodes in branches(tree):
+    for nodes in tree_branches:
         lists.append(branch_realisations(tree, nodes, draft_scheme, root_law, (draft_table, offsets), others, limit))
         others *= lists[-1][0].shape[0]
         _refuse_size(tree, draft_scheme, vocab_size, others, nodes[0], limit)
@@ -298,16 +308,15 @@ def _realisations(tree: DraftTree, draft_scheme: str, draft_table: torch.Tensor,
     tokens = torch.zeros(grid.shape[0], tree.num_nodes, dtype=torch.int64)
     codes = torch.zeros_like(tokens)
     factors = torch.ones(grid.shape[0], tree.num_nodes, dtype=torch.float64)
-    for column, (nodes, (branch_tokens, branch_codes, branch_factors)) in enumerate(zip(branches(tree), lists)):
+    for column, (nodes, (branch_tokens, branch_codes, branch_factors)) in enumerate(zip(tree_branches, lists)):
         rows = grid[:, column]
         tokens[:, nodes], codes[:, nodes] = branch_tokens[:, nodes][rows], branch_codes[:, nodes][rows]
         factors[:, nodes] = branch_factors[:, nodes][rows]
     if draft_scheme == "without_replacement":
-        first = tokens[:, kids]
-        distinct = ((first.unsqueeze(2) != first.unsqueeze(1)) | torch.eye(len(kids), dtype=torch.bool)).all(-1).all(-1)
+        distinct = distinct_rows(tokens[:, kids])
         tokens, codes, factors = tokens[distinct], codes[distinct], factors[distinct]
     factors[:, kids] = child_factors(root_law.expand(tokens.shape[0], vocab_size), tokens[:, kids], draft_scheme)
-    weights = torch.stack([factors[:, nodes].prod(-1) for nodes in branches(tree)], dim=1).prod(-1)
+    weights = torch.stack([factors[:, nodes].prod(-1) for nodes in tree_branches], dim=1).prod(-1)
     positive = weights > 0
     return tokens[positive], codes[positive], weights[positive]
 
@@ -452,7 +461,6 @@ def emitted_laws(verifier: TreeVerifier, enumeration: TreeDraftEnumeration, chun
     realisation: the verifier's law (``tree_output_probs``) of each chunk of realisations, weighted."""
     tree, vocab_size = enumeration.tree, enumeration.vocab_size
     law_kwargs = {"validate": False} if _validated_once(verifier, enumeration) else {}
-    chain = isinstance(verifier, ChainVerifierAsTree)
     emitted = [torch.zeros(vocab_size ** (m + 1), dtype=torch.float64) for m in range(tree.max_depth + 1)]
     membership = torch.zeros((), dtype=torch.float64)
     root_children = list(tree.level(1))
@@ -462,9 +470,10 @@ def emitted_laws(verifier: TreeVerifier, enumeration: TreeDraftEnumeration, chun
     for start in range(0, enumeration.num_realisations, chunk_size):
         rows = slice(start, start + chunk_size)
         tokens, draft_probs, target_probs = enumeration.chunk(rows)
-        law = verifier.tree_output_probs(tree, tokens, draft_probs, target_probs, **law_kwargs).double()
-        if not chain:  # a chain verifier's law was checked in the chain contract's terms
-            law = check_tree_output_probs(law, tree, tokens.shape[0], vocab_size, who=verifier.name)
+        law = check_tree_output_probs(
+            verifier.tree_output_probs(tree, tokens, draft_probs, target_probs, **law_kwargs).double(),
+            tree, tokens.shape[0], vocab_size, who=verifier.name,
+        )
         weighted = law * enumeration.weights[rows].view(-1, 1, 1)  # [n, N + 1, V]
         for depth, (nodes, strings) in enumerate(level_codes(tree, enumeration.path_codes[rows], vocab_size)):
             emitted[depth].scatter_add_(0, strings.reshape(-1), weighted[:, nodes[0] : nodes[-1] + 1].reshape(-1))
@@ -546,8 +555,7 @@ def exact_tree(
             f"draft_scheme: {verifier.name!r} verifies drafts of the schemes {verifier.draft_schemes}; auditing it under "
             f"{draft_scheme!r} would blame it for a draft-scheme mismatch, not a bug"
         )
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise InvalidArgument(f"chunk_size: expected a positive integer, got {chunk_size!r}")
+    check_chunk_size(chunk_size)
     enumeration = enumerate_tree_drafts(draft_model, target_model, tree, draft_scheme, prefix)
     vocab_size = enumeration.vocab_size
     emitted, membership = emitted_laws(verifier, enumeration, chunk_size)
