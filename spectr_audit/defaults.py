@@ -39,7 +39,6 @@ __all__ = [
     "EXACT_MAX_TREE_REALISATIONS",
     "EXACT_MAX_TREE_STRINGS",
     "EXACT_TREE_CHUNK",
-    "BOUND_MAX_ORDERED_DRAWS",
     "TREE_LP_MAX_REALISATIONS",
     "PARTITION_MAX_CELLS",
     "MAX_STRATA",
@@ -50,8 +49,6 @@ __all__ = [
     "MAX_COVARIANCE_CELLS",
     "MIN_PER_STRATUM",
     "MAX_STRATIFIED_CELLS",
-    "PLAN_MAX_ORDERED_DRAWS",
-    "PLAN_LP_MAX_VARIABLES",
     "PLAN_MAX_BOUND_STRINGS",
     "FIRST_CHUNK",
     "ENGINE_TREE_CHUNK",
@@ -124,9 +121,6 @@ EXACT_MAX_TREE_REALISATIONS = 500_000
 EXACT_MAX_TREE_STRINGS = 1 << 22
 #: The exact draft-tree audit calls ``tree_output_probs`` on this many realisations at a time.
 EXACT_TREE_CHUNK = 4096
-#: The law of the set of K drafts drawn without replacement (the chain's and the tree root's alpha*)
-#: enumerates at most this many ordered draws.
-BOUND_MAX_ORDERED_DRAWS = 2_000_000
 #: An engine's tree audit solves the draft-tree LP when the drafts have at most this many realisations.
 TREE_LP_MAX_REALISATIONS = 5_000
 #: Cells of the statistical audit's prefix-tree partition.
@@ -137,7 +131,12 @@ MAX_STRATA = 4096
 MAX_STRATIFIED_ENTRIES = 1 << 20
 #: Cells with fewer expected counts than this are pooled before a goodness-of-fit test.
 MIN_EXPECTED = 5.0
-#: The without-replacement draft-tree bound sums over 2**V token sets, up to this V.
+#: alpha* of drafts without replacement (a chain's K drafts, a tree root's children) is the exact min-cut
+#: over the law of the set of drafts: both sum over the 2**n subsets of the n tokens of positive draft
+#: probability at the first position, for n up to this.  Beyond it no alpha* is computed, in a run and in
+#: the statistical audit's plan alike: the run notes why in its details (``optimal_acceptance``,
+#: ``tree_bound``) and checks acceptance against no bound; the plan goes without the
+#: ``acceptance<=optimal`` sub-test.
 MIN_CUT_MAX_SUPPORT = 20
 #: A goodness-of-fit null is enumerated exactly (every multinomial outcome) up to this many outcomes,
 #: Monte-Carlo beyond.
@@ -149,10 +148,6 @@ MAX_COVARIANCE_CELLS = 2048
 MIN_PER_STRATUM = 32
 #: ... and the partition has at most this many cells (its null needs an eigen-decomposition).
 MAX_STRATIFIED_CELLS = 2048
-#: The planner computes alpha* for drafts without replacement (an LP over the draft sets) up to this many
-#: ordered draws and LP variables; beyond, the plan goes without that bound.
-PLAN_MAX_ORDERED_DRAWS = 50_000
-PLAN_LP_MAX_VARIABLES = 50_000
 #: The planner's block-efficiency bound enumerates joint laws over at most this many strings (V^L).
 PLAN_MAX_BOUND_STRINGS = 4096
 #: Smallest chunk of the statistical audit's geometric chunk schedule (the e-process sees blatant bugs

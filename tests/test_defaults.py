@@ -42,7 +42,6 @@ SENTINELS = {
     "EXACT_MAX_TREE_REALISATIONS": 345_678,
     "EXACT_MAX_TREE_STRINGS": 3 * 2**20 + 1,
     "EXACT_TREE_CHUNK": 2345,
-    "BOUND_MAX_ORDERED_DRAWS": 1_234_321,
     "TREE_LP_MAX_REALISATIONS": 4321,
     "PARTITION_MAX_CELLS": 2**19 + 3,
     "MAX_STRATA": 3210,
@@ -53,8 +52,6 @@ SENTINELS = {
     "MAX_COVARIANCE_CELLS": 1234,
     "MIN_PER_STRATUM": 29,
     "MAX_STRATIFIED_CELLS": 1357,
-    "PLAN_MAX_ORDERED_DRAWS": 43_210,
-    "PLAN_LP_MAX_VARIABLES": 32_109,
     "PLAN_MAX_BOUND_STRINGS": 3579,
     "FIRST_CHUNK": 3001,
     "ENGINE_TREE_CHUNK": 1717,
@@ -86,13 +83,29 @@ _PROBE = textwrap.dedent(
     def default(fn, name):
         return inspect.signature(fn).parameters[name].default
 
-    def wr_limit():
-        # 11 * 10 * ... * 5 = 1,663,200 ordered draws: above the sentinel limit, below the real one
+    def support_limit(compute):
+        # 18 tokens of positive draft probability: above the sentinel limit, below the real one
         try:
-            acceptance.without_replacement_set_probs([1 / 11] * 11, 7)
+            message = compute([1 / 18] * 18)
         except Exception as exc:
-            return int(str(exc).split("limit of ")[1].split(" ")[0])
-        return None
+            message = str(exc)
+        return int(message.split("limit of 2**")[1].split(" ")[0]) if "limit of 2**" in str(message) else None
+
+    def run_optimality(draft):
+        from types import SimpleNamespace
+        from spectr_audit.drafting.models import ContextFreeModel
+        from spectr_audit.run import checks
+        case = SimpleNamespace(draft_model=ContextFreeModel(draft), target_model=ContextFreeModel(draft), prefix=(),
+                               num_drafts=2)
+        details = {}
+        checks.optimality(case, "without_replacement", {}, details)
+        return details.get("optimal_acceptance")
+
+    def min_cut(draft):
+        from spectr_audit.contract.tree import DraftTree
+        from spectr_audit.drafting.models import ContextFreeModel
+        return tree_lp.tree_optimal_acceptance(ContextFreeModel(draft), ContextFreeModel(draft), DraftTree.chains(2, 1),
+                                               "without_replacement")
 
     def subparser(parser, command):
         action = next(a for a in parser._actions if getattr(a, "choices", None) and command in a.choices)
@@ -175,7 +188,9 @@ _PROBE = textwrap.dedent(
         "exact.tree.MAX_TREE_REALISATIONS": tree_exact.MAX_TREE_REALISATIONS,
         "exact.tree.MAX_TREE_STRINGS": tree_exact.MAX_TREE_STRINGS,
         "exact.tree.chunk_size": default(tree_exact.exact_tree, "chunk_size"),
-        "acceptance.without_replacement.limit": wr_limit(),
+        "acceptance.without_replacement.limit": support_limit(lambda p: acceptance.without_replacement_set_probs(p, 2)),
+        "tree_lp.min_cut.limit": support_limit(min_cut),
+        "run.checks.optimality.limit": support_limit(run_optimality),
         "engines.tree_audit.MAX_BOUND_REALISATIONS": tree_audit.MAX_BOUND_REALISATIONS,
         "gof.MIN_EXPECTED": gof.MIN_EXPECTED,
         "statistical_audit.min_expected": default(audit.statistical_audit, "min_expected"),
@@ -187,14 +202,11 @@ _PROBE = textwrap.dedent(
         "planning.MAX_STRATIFIED_ENTRIES": _planning.MAX_STRATIFIED_ENTRIES,
         "planning.MIN_PER_STRATUM": _planning.MIN_PER_STRATUM,
         "planning.MAX_STRATIFIED_CELLS": _planning.MAX_STRATIFIED_CELLS,
-        "planning.PLAN_MAX_ORDERED_DRAWS": _planning.PLAN_MAX_ORDERED_DRAWS,
-        "planning.PLAN_LP_MAX_VARIABLES": _planning.PLAN_LP_MAX_VARIABLES,
         "planning.block_efficiency_bound.max_strings": default(_planning._block_efficiency_bound, "max_strings"),
         "nulls.MAX_EXACT_OUTCOMES": nulls.MAX_EXACT_OUTCOMES,
         "agreement.MAX_COVARIANCE_CELLS": agreement.MAX_COVARIANCE_CELLS,
         "checks.FIRST_CHUNK": _checks.FIRST_CHUNK,
         "engines.tree_audit.chunk_size": default(tree_audit.tree_engine_audit, "chunk_size"),
-        "tree_lp.MAX_MIN_CUT_SUPPORT": tree_lp.MAX_MIN_CUT_SUPPORT,
         "runner.PROBE_CALLS": runner.PROBE_CALLS,
         "runner.probe_rows": runner.probe_rows(None),
         "guard.probe_checks.rows": default(guard.probe_checks, "rows"),
@@ -213,7 +225,9 @@ _PROBE = textwrap.dedent(
 #: Each face's default -> the name in spectr_audit.defaults it must come from.
 EXPECTED = {
     "exact.tree.chunk_size": "EXACT_TREE_CHUNK",
-    "acceptance.without_replacement.limit": "BOUND_MAX_ORDERED_DRAWS",
+    "acceptance.without_replacement.limit": "MIN_CUT_MAX_SUPPORT",
+    "tree_lp.min_cut.limit": "MIN_CUT_MAX_SUPPORT",
+    "run.checks.optimality.limit": "MIN_CUT_MAX_SUPPORT",
     "engines.tree_audit.MAX_BOUND_REALISATIONS": "TREE_LP_MAX_REALISATIONS",
     "budget.fraction": "MAX_MEMORY_FRACTION",
     "budget.fallback": "MAX_MEMORY_FALLBACK",
@@ -273,14 +287,11 @@ EXPECTED = {
     "planning.MAX_STRATIFIED_ENTRIES": "MAX_STRATIFIED_ENTRIES",
     "planning.MIN_PER_STRATUM": "MIN_PER_STRATUM",
     "planning.MAX_STRATIFIED_CELLS": "MAX_STRATIFIED_CELLS",
-    "planning.PLAN_MAX_ORDERED_DRAWS": "PLAN_MAX_ORDERED_DRAWS",
-    "planning.PLAN_LP_MAX_VARIABLES": "PLAN_LP_MAX_VARIABLES",
     "planning.block_efficiency_bound.max_strings": "PLAN_MAX_BOUND_STRINGS",
     "nulls.MAX_EXACT_OUTCOMES": "NULL_MAX_EXACT_OUTCOMES",
     "agreement.MAX_COVARIANCE_CELLS": "MAX_COVARIANCE_CELLS",
     "checks.FIRST_CHUNK": "FIRST_CHUNK",
     "engines.tree_audit.chunk_size": "ENGINE_TREE_CHUNK",
-    "tree_lp.MAX_MIN_CUT_SUPPORT": "MIN_CUT_MAX_SUPPORT",
     "runner.PROBE_CALLS": "PROBE_CALLS",
     "runner.probe_rows": "PROBE_ROWS",
     "guard.probe_checks.rows": "PROBE_ROWS",

@@ -46,6 +46,7 @@ __all__ = [
     "optimal_acceptance",
     "optimal_acceptance_lp",
     "optimal_acceptance_lp_from_sets",
+    "check_min_cut_support",
     "spectr_guarantee",
     "without_replacement_set_probs",
 ]
@@ -335,13 +336,27 @@ def _iid_set_probs(draft: np.ndarray, num_drafts: int) -> dict[frozenset[int], f
     return set_probs
 
 
+def check_min_cut_support(support: int, argument: str = "num_drafts") -> None:
+    """InvalidArgument (naming ``argument``) when the bound of drafts without replacement cannot be computed
+    on a draft law with ``support`` tokens of positive probability: the set law and the min-cut sum over
+    its 2**support token sets, at most 2**:data:`spectr_audit.defaults.MIN_CUT_MAX_SUPPORT`."""
+    limit = defaults.MIN_CUT_MAX_SUPPORT
+    if support > limit:
+        raise InvalidArgument(
+            f"{argument}: alpha* of drafts without replacement sums over the 2**{support} sets of the draft's "
+            f"{support} tokens of positive probability, above the limit of 2**{limit} "
+            f"(spectr_audit.defaults.MIN_CUT_MAX_SUPPORT)")
+
+
 def without_replacement_set_probs(draft: ProbsLike, num_drafts: int, argument: str = "num_drafts") -> dict:
     """P(set of drafts = S) for ``num_drafts`` tokens drawn one after another without replacement from ``draft``.
 
-    Each ordered draw has probability ``prod_i p(x_i) / (mass not yet drawn)``, the mass summed over
-    the tokens not yet drawn (``1 -`` the drawn mass would cancel when the last tokens carry tiny
-    mass).  At most :data:`spectr_audit.defaults.BOUND_MAX_ORDERED_DRAWS` ordered draws are
-    enumerated; errors name ``argument``.
+    The next draw depends only on the set drawn so far: a token ``t`` not yet drawn comes next with
+    probability ``p(t) / (mass not yet drawn)``, that mass summed over the tokens not yet drawn (``1 -``
+    the drawn mass would cancel when the last tokens carry tiny mass).  So the law is built one draw at a
+    time over the subsets of the draft's support, at most
+    :data:`spectr_audit.defaults.MIN_CUT_MAX_SUPPORT` tokens of positive probability
+    (:func:`check_min_cut_support`); errors name ``argument``.
 
     Examples
     --------
@@ -355,20 +370,26 @@ def without_replacement_set_probs(draft: ProbsLike, num_drafts: int, argument: s
         raise InvalidArgument(
             f"{argument}: {num_drafts} tokens drawn without replacement need as many of positive draft probability; "
             f"the draft law has {len(support)}")
-    draws = math.perm(len(support), num_drafts)
-    if draws > defaults.BOUND_MAX_ORDERED_DRAWS:
-        raise InvalidArgument(
-            f"{argument}: {draws} ordered draws of {num_drafts} tokens without replacement exceed the set law's limit "
-            f"of {defaults.BOUND_MAX_ORDERED_DRAWS} (spectr_audit.defaults.BOUND_MAX_ORDERED_DRAWS)")
-    mass = {t: values[t] for t in support}
-    sets: dict = {}
-    for draw in itertools.permutations(support, num_drafts):
-        prob = 1.0
-        for i, t in enumerate(draw):
-            prob *= mass[t] / sum(m for s, m in mass.items() if s not in draw[:i])
-        key = frozenset(draw)
-        sets[key] = sets.get(key, 0.0) + prob
-    return sets
+    check_min_cut_support(len(support), argument)
+    size = len(support)
+    masks = np.arange(1 << size)  # bit b: the support's b-th token
+    mass = np.array([values[t] for t in support])
+    inside = np.zeros(1 << size)  # the mass of a set's tokens, summed in token order
+    for bit in range(size):
+        inside[1 << bit:2 << bit] = inside[:1 << bit] + mass[bit]
+    left = inside[(1 << size) - 1 - masks]  # the mass not yet drawn, summed (not subtracted)
+    drawn = np.zeros(1 << size, dtype=np.int64)
+    for bit in range(size):
+        drawn += (masks >> bit) & 1
+    law = np.zeros(1 << size)  # P(the first k draws are the set), k = the set's size
+    law[0] = 1.0
+    for k in range(num_drafts):
+        layer = masks[(drawn == k) & (law > 0)]
+        for bit in range(size):
+            sets = layer[(layer >> bit) & 1 == 0]
+            law[sets | (1 << bit)] += law[sets] * (mass[bit] / left[sets])
+    full = masks[(drawn == num_drafts) & (law > 0)].tolist()
+    return {frozenset(support[b] for b in range(size) if m >> b & 1): float(law[m]) for m in full}
 
 
 #: Up to this K the multinomial weights are exact integers times float powers; beyond, K! overflows a

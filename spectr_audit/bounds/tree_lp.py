@@ -10,7 +10,8 @@ Two numbers per (draft model, target model, tree, scheme, prefix):
   - ``iid``: ``min_T [q(T) + 1 - p(T)^K]``, K the root's children
     (:func:`~spectr_audit.bounds.acceptance.optimal_acceptance`);
   - ``without_replacement``: the same minimum with ``P(S subset of T)`` the chance that K draws
-    without replacement all land in T, taken over every T (a sum over subsets, V <= 20);
+    without replacement all land in T, taken over every T (a sum over the subsets of the draft's
+    tokens of positive probability, at most ``defaults.MIN_CUT_MAX_SUPPORT`` of them);
   - ``topk``, ``none``: S is a fixed set (the tokens of the root's children's ranks), so
     ``alpha* = q(S)``.
 
@@ -35,6 +36,7 @@ import torch
 
 from spectr_audit import defaults
 from spectr_audit.bounds.acceptance import (
+    check_min_cut_support,
     optimal_acceptance,
     optimal_acceptance_lp_from_sets,
     without_replacement_set_probs,
@@ -60,9 +62,6 @@ __all__ = [
     "tree_optimal_acceptance",
     "tree_paths_target_mass",
 ]
-
-#: Largest support for the without-replacement min-cut (a sum over 2**support token sets).
-MAX_MIN_CUT_SUPPORT = defaults.MIN_CUT_MAX_SUPPORT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,20 +131,24 @@ def _root_laws(draft_model: Model, target_model: Model, prefix: Sequence[int]) -
 
 
 def _min_cut(set_law: dict, target: np.ndarray) -> float:
-    """``min_T [q(T) + 1 - P(S subset of T)]`` over every token set T (bit masks; a zeta transform)."""
-    vocab_size = target.shape[0]
-    if vocab_size > MAX_MIN_CUT_SUPPORT:
-        raise InvalidArgument(
-            f"tree: the without-replacement min-cut sums over 2**{vocab_size} token sets, above 2**{MAX_MIN_CUT_SUPPORT}")
-    size = 1 << vocab_size
+    """``min_T [q(T) + 1 - P(S subset of T)]`` over every token set T (bit masks; a zeta transform).
+
+    T runs over the subsets of the tokens the sets ``S`` hold: a token no draft reaches only adds its
+    target mass to ``q(T)``, so the minimum is among them (:func:`~spectr_audit.bounds.acceptance.check_min_cut_support`
+    bounds their number).
+    """
+    tokens = sorted(set().union(*set_law))
+    check_min_cut_support(len(tokens), "tree")
+    bit_of = {t: b for b, t in enumerate(tokens)}
+    size = 1 << len(tokens)
     inside = np.zeros(size)  # P(S = mask)
     for key, mass in set_law.items():
-        inside[sum(1 << t for t in key)] += mass
+        inside[sum(1 << bit_of[t] for t in key)] += mass
     target_mass = np.zeros(size)  # q(mask)
-    for t in range(vocab_size):
-        target_mass[1 << t] = target[t]
+    for t, b in bit_of.items():
+        target_mass[1 << b] = target[t]
     masks = np.arange(size)
-    for bit in range(vocab_size):  # sum over subsets: f[T] = sum_{S subset of T} f[S]
+    for bit in range(len(tokens)):  # sum over subsets: f[T] = sum_{S subset of T} f[S]
         has = (masks >> bit) & 1 == 1
         inside[has] += inside[masks[has] ^ (1 << bit)]
         target_mass[has] += target_mass[masks[has] ^ (1 << bit)]

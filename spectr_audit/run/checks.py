@@ -23,7 +23,8 @@ from spectr_audit.bounds.acceptance import (
     without_replacement_set_probs,
 )
 from spectr_audit.bounds.block_lp import block_lp
-from spectr_audit.bounds.tree_lp import tree_bound
+from spectr_audit.bounds.tree_lp import tree_bound, tree_optimal_acceptance
+from spectr_audit.contract.tree import DraftTree
 from spectr_audit.contract.logits import takes_logits
 from spectr_audit.drafting.models import contexts_from
 from spectr_audit.errors import InvalidArgument
@@ -64,23 +65,35 @@ def first_position(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def optimality(case: Case, draft_scheme: str, metrics: dict, details: dict) -> Optional[float]:
-    """alpha* for the case's first position under ``draft_scheme``; fills metrics and details."""
+    """alpha* for the case's first position under ``draft_scheme``; fills metrics and details.
+
+    i.i.d. drafts: the closed form ``min_T [q(T) + 1 - p(T)^K]``; without replacement: the exact min-cut
+    over the law of the set of drafts (:func:`~spectr_audit.bounds.tree_lp.tree_optimal_acceptance` on
+    ``DraftTree.chains(K, 1)``, as for a tree's root), None where that is beyond
+    ``defaults.MIN_CUT_MAX_SUPPORT``.  The transport LP is solved beside either as a cross-check, up to
+    ``LP_MAX_VARIABLES`` variables.
+    """
     draft_first, target_first = first_position(case)
     if draft_scheme == "without_replacement":
-        # The closed form min_T [q(T) + 1 - p(T)^K] is for i.i.d. drafts; without replacement the
-        # set law differs, so the bound comes from the transport LP over that law.
         try:
-            lp = optimal_acceptance_lp_from_sets(
-                without_replacement_set_probs(draft_first, case.num_drafts), target_first, max_variables=LP_MAX_VARIABLES
-            )
+            alpha_star, source = tree_optimal_acceptance(case.draft_model, case.target_model,
+                                                         DraftTree.chains(case.num_drafts, 1), draft_scheme,
+                                                         prefix=case.prefix)
+            sets = without_replacement_set_probs(draft_first, case.num_drafts)
+        except InvalidArgument as exc:
+            details["optimal_acceptance"] = f"skipped: {exc}"
+            return None
+        metrics["optimal_acceptance"] = alpha_star
+        details["optimal_acceptance_source"] = source
+        try:
+            lp = optimal_acceptance_lp_from_sets(sets, target_first, max_variables=LP_MAX_VARIABLES)
         except InvalidArgument:
             details["optimal_acceptance_lp"] = "skipped: too large"
-            return None
-        metrics["optimal_acceptance"] = metrics["optimal_acceptance_lp"] = lp.value
-        details["optimal_acceptance_lp"] = {"status": lp.status, "solver": lp.solver, "num_variables": lp.num_variables,
-                                            "draft_scheme": draft_scheme}
-        details["optimal_acceptance_source"] = "lp"
-        return lp.value
+        else:
+            metrics["optimal_acceptance_lp"] = lp.value
+            details["optimal_acceptance_lp"] = {"status": lp.status, "solver": lp.solver,
+                                                "num_variables": lp.num_variables, "draft_scheme": draft_scheme}
+        return alpha_star
     alpha_star = optimal_acceptance(draft_first, target_first, case.num_drafts).item()
     metrics["optimal_acceptance"] = alpha_star
     metrics["spectr_bound"] = spectr_guarantee(case.num_drafts) * alpha_star
@@ -110,15 +123,13 @@ def exact_checks(request, alpha_star, carries, checks, metrics, details) -> None
         metrics["single_iteration_max_abs_error"] = metrics.pop("max_abs_error")
     if alpha_star is not None:
         acceptance = audit.acceptance
-        # An LP optimum is only as accurate as the solver (about 1e-9 relative); the closed form is exact.
-        tol = LP_TOL if details.get("optimal_acceptance_source") == "lp" else BOUND_TOL
         metrics["acceptance_ratio"] = acceptance / alpha_star if alpha_star > 0 else None
-        below = acceptance <= alpha_star + tol
+        below = acceptance <= alpha_star + BOUND_TOL  # alpha* is exact: a closed form or the exact min-cut
         checks.append(Check("acceptance<=optimal", below, acceptance, alpha_star, said(
             below, "P(first emitted token in the drafts' first tokens) <= alpha*, as for every exact verifier",
             "P(first emitted token in the drafts' first tokens) above alpha*, which no exact verifier reaches")))
         if "optimal" in verifier.guarantees:
-            reached = acceptance >= alpha_star - tol
+            reached = acceptance >= alpha_star - BOUND_TOL
             checks.append(Check("acceptance>=optimal", reached, acceptance, alpha_star, said(
                 reached, "reaches the optimal acceptance alpha* it claims",
                 "below the optimal acceptance alpha* it claims")))

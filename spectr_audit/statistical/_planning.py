@@ -12,21 +12,17 @@ budget.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 
 from spectr_audit import defaults
 from spectr_audit._validation import check_positive_int, check_prob
-from spectr_audit.bounds.acceptance import (
-    optimal_acceptance,
-    optimal_acceptance_lp_from_sets,
-    without_replacement_set_probs,
-)
+from spectr_audit.bounds.acceptance import optimal_acceptance
 from spectr_audit.bounds.tree_lp import tree_optimal_acceptance, tree_paths_target_mass
+from spectr_audit.contract.tree import DraftTree
 from spectr_audit.drafting.models import Model, contexts_from
-from spectr_audit.errors import InvalidArgument, SpectrAuditError
+from spectr_audit.errors import InvalidArgument
 from spectr_audit.exact.iteration import DraftEnumeration, enumerate_drafts
 from spectr_audit.statistical import power as sizing
 from spectr_audit.statistical._audit_args import AuditArgs
@@ -45,11 +41,7 @@ MIN_PER_STRATUM = defaults.MIN_PER_STRATUM
 MAX_STRATIFIED_CELLS = defaults.MAX_STRATIFIED_CELLS
 #: ...and the stratified counts (strata x cells) stay this small (they travel with every chunk).
 MAX_STRATIFIED_ENTRIES = defaults.MAX_STRATIFIED_ENTRIES
-#: alpha* of drafts without replacement (an LP over the draft sets) is planned with up to this many ordered
-#: draws and LP variables ...
-PLAN_MAX_ORDERED_DRAWS = defaults.PLAN_MAX_ORDERED_DRAWS
-PLAN_LP_MAX_VARIABLES = defaults.PLAN_LP_MAX_VARIABLES
-#: ... and the block-efficiency bound over joint laws of at most this many strings.
+#: The block-efficiency bound is planned over joint laws of at most this many strings.
 PLAN_MAX_BOUND_STRINGS = defaults.PLAN_MAX_BOUND_STRINGS
 
 
@@ -58,23 +50,16 @@ PLAN_MAX_BOUND_STRINGS = defaults.PLAN_MAX_BOUND_STRINGS
 # ---------------------------------------------------------------------------------------------
 
 
-def _optimal_acceptance(
-    draft_root: torch.Tensor,  # [vocab_size]
-    target_root: torch.Tensor,  # [vocab_size]
-    num_drafts: int,
-    draft_scheme: str,
-) -> Optional[float]:
-    """alpha* at the first position for the drafting scheme; None when too large to compute."""
-    if draft_scheme == "iid":
-        return optimal_acceptance(draft_root, target_root, num_drafts).item()
-    # Without replacement: the transport LP over the law of the set of distinct drafts.
-    support = int((draft_root > 0).sum())
-    if support < num_drafts or math.perm(support, num_drafts) > PLAN_MAX_ORDERED_DRAWS:
-        return None
-    sets = without_replacement_set_probs(draft_root, num_drafts)
+def _optimal_acceptance(args: AuditArgs, draft_root: torch.Tensor, target_root: torch.Tensor) -> Optional[float]:
+    """alpha* at the first position for the verifier's drafting scheme, as a run computes it
+    (:func:`spectr_audit.run.checks.optimality`): the closed form for i.i.d. drafts, the exact min-cut on
+    ``DraftTree.chains(K, 1)`` without replacement; None beyond the min-cut's ``defaults.MIN_CUT_MAX_SUPPORT``."""
+    if args.verifier.draft_scheme == "iid":
+        return optimal_acceptance(draft_root, target_root, args.num_drafts).item()
     try:
-        return optimal_acceptance_lp_from_sets(sets, target_root, max_variables=PLAN_LP_MAX_VARIABLES).value
-    except SpectrAuditError:
+        return tree_optimal_acceptance(args.draft_model, args.target_model, DraftTree.chains(args.num_drafts, 1),
+                                       args.verifier.draft_scheme, args.prefix)[0]
+    except InvalidArgument:
         return None
 
 
@@ -320,7 +305,7 @@ def plan_audit(args: AuditArgs) -> Plan:
     else:
         draft_scheme = args.verifier.draft_scheme
         draft_root, target_root = root_laws(draft_model, target_model, prefix, args.device)
-        alpha_star = _optimal_acceptance(draft_root, target_root, num_drafts, draft_scheme) if one_iteration else None
+        alpha_star = _optimal_acceptance(args, draft_root, target_root) if one_iteration else None
         block_efficiency_bound = (
             _block_efficiency_bound(draft_model, target_model, prefix, num_drafts, draft_len, args.device)
             if one_iteration and draft_len >= 2 and draft_scheme == "iid" else None)

@@ -306,8 +306,8 @@ def test_the_without_replacement_set_law_matches_the_recursive_oracle(pair, num_
 def test_the_without_replacement_set_law_refuses_beyond_its_limit(monkeypatch) -> None:
     from spectr_audit import defaults
 
-    monkeypatch.setattr(defaults, "BOUND_MAX_ORDERED_DRAWS", 60)  # 5 * 4 * 3 ordered draws of 3 of 5 tokens
-    assert len(set_probs_without_replacement([0.2] * 5, 3)) == 10
-    monkeypatch.setattr(defaults, "BOUND_MAX_ORDERED_DRAWS", 59)
-    with pytest.raises(InvalidArgument, match="tree: 60 ordered draws .* limit of 59"):
-        set_probs_without_replacement([0.2] * 5, 3, argument="tree")
+    monkeypatch.setattr(defaults, "MIN_CUT_MAX_SUPPORT", 5)  # five tokens of positive probability: 2**5 sets
+    assert len(set_probs_without_replacement([0.2] * 5 + [0.0], 3)) == 10
+    monkeypatch.setattr(defaults, "MIN_CUT_MAX_SUPPORT", 4)
+    with pytest.raises(InvalidArgument, match=r"tree: .* 2\*\*5 sets of the draft's 5 tokens .* limit of 2\*\*4"):
+        set_probs_without_replacement([0.2] * 5 + [0.0], 3, argument="tree")

@@ -1,6 +1,7 @@
 """The checks chain and tree verifiers share, in the same words on both: the contract checks of
-check_verifier (chain and ``tree=...``), its sampler-versus-exact-law check, and the runner's loading
-of the verifiers a case names.
+check_verifier (chain and ``tree=...``), its sampler-versus-exact-law check, the runner's loading
+of the verifiers a case names, and alpha* of drafts without replacement (one min-cut for a run, a tree
+and the statistical audit's plan).
 
 Each broken verifier here breaks one thing on purpose; the expected words are the check's own
 (docs/report-schema.md).  The sampler checks run with fixed seeds; the broken samplers are off their
@@ -11,14 +12,23 @@ from __future__ import annotations
 
 import itertools
 import re
+from types import SimpleNamespace as NS
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import assume, given, settings, strategies as st
 
+from spectr_audit.drafting.models import ContextFreeModel
 from spectr_audit.registry import load_tree_verifier
+from spectr_audit.run.checks import first_position, optimality
 from spectr_audit.run.conformance import check_verifier
 from spectr_audit.run.runner import plan_jobs
 from spectr_audit.run.suite import parse_suite
+from spectr_audit.statistical import _planning
+
+from tests.oracles.acceptance import brute_force_alpha_from_sets
+from tests.oracles.acceptance import without_replacement_set_probs as oracle_set_probs
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -162,3 +172,44 @@ def test_the_verifiers_a_case_names_are_loaded_once_per_kind_and_an_unloadable_o
     assert hasattr(by_case["tree"], "verify_tree") and not hasattr(by_case["chain-1"], "verify_tree")
     assert [(e.verifier, e.case) for e in errors] == [("no-such-verifier", c) for c in ("chain-1", "tree", "chain-2")]
     assert all(e.error.startswith("InvalidArgument: ") and "'no-such-verifier'" in e.error for e in errors)
+
+
+@settings(max_examples=40, deadline=None)
+@given(vocab_size=st.integers(2, 6), num_drafts=st.integers(1, 6), seed=st.integers(0, 2**31 - 1))
+def test_a_run_and_the_plan_take_alpha_star_of_drafts_without_replacement_from_one_min_cut(vocab_size, num_drafts,
+                                                                                            seed):
+    assume(num_drafts <= vocab_size)
+    rng = np.random.default_rng(seed)
+    draft, target = rng.dirichlet(np.full(vocab_size, 0.8)), rng.dirichlet(np.full(vocab_size, 0.8))
+    case = NS(draft_model=ContextFreeModel(draft), target_model=ContextFreeModel(target), prefix=(),
+              num_drafts=num_drafts)
+    metrics, details = {}, {}
+    alpha_star = optimality(case, "without_replacement", metrics, details)
+    # the slow way: the recursive set law, then the minimum over every token set by brute force
+    expected = brute_force_alpha_from_sets(oracle_set_probs(draft, num_drafts), target)
+    assert alpha_star == metrics["optimal_acceptance"] == pytest.approx(expected, abs=1e-12)
+    assert details["optimal_acceptance_source"] == "closed form: min-cut over token sets (without replacement)"
+    plan_args = NS(verifier=NS(draft_scheme="without_replacement"), num_drafts=num_drafts, prefix=(),
+                   draft_model=case.draft_model, target_model=case.target_model)
+    draft_root, target_root = first_position(case)
+    assert _planning._optimal_acceptance(plan_args, draft_root, target_root) == alpha_star  # one bound, bit for bit
+
+
+def test_beyond_the_min_cut_limit_neither_a_run_nor_the_plan_has_alpha_star(monkeypatch):
+    from spectr_audit import defaults
+
+    draft = [0.2] * 5
+    case = NS(draft_model=ContextFreeModel(draft), target_model=ContextFreeModel(draft), prefix=(), num_drafts=2)
+    plan_args = NS(verifier=NS(draft_scheme="without_replacement"), num_drafts=2, prefix=(),
+                   draft_model=case.draft_model, target_model=case.target_model)
+    root = first_position(case)
+    monkeypatch.setattr(defaults, "MIN_CUT_MAX_SUPPORT", 5)
+    assert optimality(case, "without_replacement", {}, {}) == pytest.approx(1.0)  # draft = target: every token a draft
+    assert _planning._optimal_acceptance(plan_args, *root) is not None
+    monkeypatch.setattr(defaults, "MIN_CUT_MAX_SUPPORT", 4)
+    metrics, details = {}, {}
+    assert optimality(case, "without_replacement", metrics, details) is None
+    assert "optimal_acceptance" not in metrics
+    assert re.match(r"skipped: tree: .* 5 tokens .* limit of 2\*\*4 \(spectr_audit.defaults.MIN_CUT_MAX_SUPPORT\)",
+                    details["optimal_acceptance"])
+    assert _planning._optimal_acceptance(plan_args, *root) is None
