@@ -42,7 +42,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from spectr_audit import defaults
 from spectr_audit.run.options import AuditOptions
-from spectr_audit.run.stages import EXTRA_STAGES, chain_stages
+from spectr_audit.run.stages import EXTRA_STAGES, audit_stages
 from spectr_audit.errors import InvalidArgument
 
 __all__ = [
@@ -478,7 +478,7 @@ def _multi_iteration_needs(s: _Sizes) -> list[Need]:
 
 def audit_needs(verifier: Any, case: Any, options: Any = None) -> list[Need]:
     """The estimated peak memory of each stage of ``audit_case(verifier, case, options)``: the stages of
-    :data:`~spectr_audit.run.stages.CHAIN_STAGES` that apply, the table the runner reads.
+    :data:`~spectr_audit.run.stages.STAGES` that apply, the table the runner reads.
 
     The block LP is left out: it is an extra, skipped (with a note) when over budget
     (:func:`check_block_lp`).
@@ -486,10 +486,10 @@ def audit_needs(verifier: Any, case: Any, options: Any = None) -> list[Need]:
     if options is None:
         options = AuditOptions()
     if getattr(case, "tree", None) is not None:
-        return []  # draft-tree cases: sized by their own audits
+        return []  # draft-tree cases: the exact tree audit holds its enumeration to its own limits
     s = _sizes(case, verifier.draft_scheme)
     needs: list[Need] = []
-    for stage in chain_stages(verifier, case):
+    for stage in audit_stages(verifier, case):
         if stage not in EXTRA_STAGES:  # an extra is sized when it runs (check_block_lp) and skipped, not refused
             needs += _STAGE_NEEDS[stage](s, options)
     return needs
@@ -499,7 +499,8 @@ def _optimality_needs(s: _Sizes, options: Any) -> list[Need]:
     return [Need("the optimality bound", _lg(s.vocab_size * 16 * _ENTRY) + 4, f"V={s.vocab_size} tokens")]
 
 
-#: What each stage of a chain audit but the extras allocates at its peak (none: no sizeable allocation).
+#: What each stage of a chain case's audit but the extras allocates at its peak (none: no sizeable allocation;
+#: ``bounds`` runs on tree cases only).
 _STAGE_NEEDS = {
     "probe": lambda s, options: [_probe_need(s)],
     "optimality": _optimality_needs,
@@ -508,6 +509,7 @@ _STAGE_NEEDS = {
     "sampler": lambda s, options: _sampler_needs(s),
     "certificate": lambda s, options: [],
     "statistical": _statistical_needs,
+    "bounds": lambda s, options: [],
 }
 
 

@@ -1,7 +1,7 @@
 """An audit's findings in a result's terms: the checks (each with the words of its outcome), metrics and details.
 
-Every stage of :func:`~spectr_audit.run.runner.audit_case` and
-:func:`~spectr_audit.run.runner.audit_tree_case` calls the audit it names (the exact law, the
+Every stage of :func:`~spectr_audit.run.runner.audit_case` (:data:`~spectr_audit.run.stages.STAGES`, for
+chain and tree cases alike) calls the audit it names (the exact law, the
 multi-iteration law, the bounds, the statistical audit, the sampler check) and turns what comes back into
 :class:`~spectr_audit.results.Check` records, ``metrics`` (every number) and ``details``; only the checks
 decide a verdict.
@@ -108,7 +108,8 @@ def optimality(case: Case, draft_scheme: str, metrics: dict, details: dict) -> O
 
 
 def exact_checks(request, alpha_star, carries, checks, metrics, details) -> None:
-    """Single-iteration exact law: exactness (the judge unless a repair is carried), prefix cap, acceptance."""
+    """Single-iteration exact law: exactness (the judge unless a repair is carried), prefix cap (acceptance
+    against alpha* is the bounds stage's, :func:`bound_checks`)."""
     verifier, case = request.verifier, request.case
     audit = exact_iteration(
         verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, prefix=case.prefix,
@@ -121,24 +122,6 @@ def exact_checks(request, alpha_star, carries, checks, metrics, details) -> None
     if carries:
         metrics["single_iteration_tv_distance"] = metrics.pop("tv_distance")
         metrics["single_iteration_max_abs_error"] = metrics.pop("max_abs_error")
-    if alpha_star is not None:
-        acceptance = audit.acceptance
-        metrics["acceptance_ratio"] = acceptance / alpha_star if alpha_star > 0 else None
-        below = acceptance <= alpha_star + BOUND_TOL  # alpha* is exact: a closed form or the exact min-cut
-        checks.append(Check("acceptance<=optimal", below, acceptance, alpha_star, said(
-            below, "P(first emitted token in the drafts' first tokens) <= alpha*, as for every exact verifier",
-            "P(first emitted token in the drafts' first tokens) above alpha*, which no exact verifier reaches")))
-        if "optimal" in verifier.guarantees:
-            reached = acceptance >= alpha_star - BOUND_TOL
-            checks.append(Check("acceptance>=optimal", reached, acceptance, alpha_star, said(
-                reached, "reaches the optimal acceptance alpha* it claims",
-                "below the optimal acceptance alpha* it claims")))
-        if "spectr" in verifier.guarantees and "spectr_bound" in metrics:
-            floor = metrics["spectr_bound"]
-            kept = acceptance >= floor - BOUND_TOL
-            checks.append(Check("spectr-guarantee", kept, acceptance, floor, said(
-                kept, "acceptance >= (1 - (1 - 1/K)^K) alpha*: SpecTr's guarantee kept",
-                "acceptance below (1 - (1 - 1/K)^K) alpha*: SpecTr's guarantee broken")))
 
 
 #: The metrics every exact audit (single iteration, tree) records under its own attribute's name.
@@ -407,18 +390,30 @@ def tree_optimality(case: Case, draft_scheme: str, metrics: dict, details: dict)
     return bound
 
 
-def tree_bound_checks(tree_verifier, bound, checks: list, metrics: dict) -> None:
-    """Acceptance and accepted length against the tree bound (the length only for a verifier found exact)."""
-    if bound is None or "acceptance" not in metrics:
+#: The words of the acceptance checks on each shape: what the acceptance is, and whose alpha* bounds it.
+_ACCEPTANCE_WORDS = {
+    "chain": ("P(first emitted token in the drafts' first tokens)", "alpha*", ", as for every exact verifier"),
+    "tree": ("P(first emitted token among the root's children's tokens)", "alpha* of the tree's draft scheme", ""),
+}
+
+
+def bound_checks(verifier, alpha_star: Optional[float], checks: list, metrics: dict, *, tree: bool = False,
+                 tree_bound=None) -> None:
+    """Acceptance against alpha* (``acceptance<=optimal``; ``acceptance>=optimal`` and ``spectr-guarantee``
+    where the verifier claims them), of a chain or (``tree``) a tree case; with the tree's bound, the accepted
+    length against the best of a lossless verifier too (only for a verifier found exact).
+
+    An exact acceptance is compared within ``BOUND_TOL`` (alpha* is exact: a closed form or the exact
+    min-cut); a sampled one (a tree's statistical audit) by a one-sided exact binomial test at the audit's
+    alpha: a verifier that reaches alpha* exactly lands above it in half the samples' runs.
+    """
+    if alpha_star is None or "acceptance" not in metrics:
         return
     acceptance = metrics["acceptance"]
-    alpha_star = bound.acceptance
     metrics["acceptance_ratio"] = acceptance / alpha_star if alpha_star > 0 else None
-    what = "P(first emitted token among the root's children's tokens)"
+    what, bound, held = _ACCEPTANCE_WORDS["tree" if tree else "chain"]
     sampled = "acceptance_samples" in metrics
     if sampled:
-        # A sampled acceptance is judged by a one-sided exact binomial test at the audit's alpha: a verifier
-        # that reaches alpha* exactly lands above it in half the samples' runs.
         num, alpha = metrics["acceptance_samples"], metrics["alpha"]
         hits = round(acceptance * num)
 
@@ -432,23 +427,29 @@ def tree_bound_checks(tree_verifier, bound, checks: list, metrics: dict) -> None
     shown = "shown " if sampled else ""
     below, on = judged(binomial_above if sampled else None, acceptance <= alpha_star + BOUND_TOL)
     checks.append(Check("acceptance<=optimal", below, acceptance, alpha_star, said(
-        below, f"{what} {'not shown above' if sampled else '<='} alpha* of the tree's draft scheme{on}",
-        f"{what} {shown}above alpha* of the tree's draft scheme{on}, which no exact verifier reaches")))
-    if "optimal" in tree_verifier.guarantees:
+        below, f"{what} {'not shown above' if sampled else '<='} {bound}{on}{held}",
+        f"{what} {shown}above {bound}{on}, which no exact verifier reaches")))
+    if "optimal" in verifier.guarantees:
         reached, on = judged(binomial_below if sampled else None, acceptance >= alpha_star - BOUND_TOL)
         checks.append(Check("acceptance>=optimal", reached, acceptance, alpha_star, said(
             reached, f"{'not shown below' if sampled else 'reaches'} the optimal acceptance alpha* it claims{on}",
             f"{shown}below the optimal acceptance alpha* it claims{on}")))
-    best = bound.accepted_length
+    if "spectr" in verifier.guarantees and "spectr_bound" in metrics:
+        floor = metrics["spectr_bound"]
+        kept = acceptance >= floor - BOUND_TOL
+        checks.append(Check("spectr-guarantee", kept, acceptance, floor, said(
+            kept, "acceptance >= (1 - (1 - 1/K)^K) alpha*: SpecTr's guarantee kept",
+            "acceptance below (1 - (1 - 1/K)^K) alpha*: SpecTr's guarantee broken")))
+    best = None if tree_bound is None else tree_bound.accepted_length
     length = metrics.get("accepted_length")
     if best is None or length is None:
         return
     metrics["accepted_length_ratio"] = length / best if best > 0 else None
     if metrics.get("max_abs_error", 1.0) <= EXACT_TOL:
         # only a lossless verifier is bound; an inexact one can "beat" the optimum by losing fidelity
-        tol = LP_TOL if bound.accepted_length_source == "lp" else BOUND_TOL
+        tol = LP_TOL if tree_bound.accepted_length_source == "lp" else BOUND_TOL
         within = length <= best + tol
-        source = bound.accepted_length_source
+        source = tree_bound.accepted_length_source
         checks.append(Check("accepted-length<=optimal", within, length, best, said(
             within, f"E[accepted draft tokens] <= the best of a lossless verifier ({source})",
             f"E[accepted draft tokens] above the best of a lossless verifier ({source}), which no exact verifier "

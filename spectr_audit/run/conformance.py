@@ -177,8 +177,7 @@ def _contract_checks(verifier, num_drafts: int, draft_len: int, seed: int, batch
     # in-place change that scales or clamps an entry leaves a zero unchanged: check on inputs whose
     # every probability is positive too.
     return _call_checks(
-        run, inputs, ("draft_tokens", "draft_probs", "target_probs"), where, seed, contract="output contract",
-        verb="verify", fields=("num_accepted", "draft_index", "next_token"), emitted_ok=emitted_ok,
+        run, inputs, ("draft_tokens", "draft_probs", "target_probs"), where, seed, verb="verify", fields=("num_accepted", "draft_index", "next_token"), emitted_ok=emitted_ok,
         dense_mutations=lambda: guard.dense_mutations(verifier, vocab_size, num_drafts, draft_len, seed, batch_size),
         law_checks=(lambda: _law_checks(verifier, batch, num_samples, alpha, seed, where)) if verifier.has_exact_law
         else None)
@@ -207,9 +206,8 @@ def _law_checks(verifier, batch, num_samples: int, alpha: float, seed: int, wher
             expected[key] = expected.get(key, 0.0) + float(law[t, k, n, y]) * per_tuple
         return f"drafts {drafts}", observed, expected
 
-    return _sampler_law_checks(checked_law, sample, batch_size, num_samples, alpha, where,
-                               checks=("exact law is a distribution", "sampler follows the exact law"),
-                               law_name="output_probs", worst_cell=True)
+    return _sampler_law_checks(checked_law, sample, batch_size, num_samples, alpha, where, law_name="output_probs",
+                               worst_cell=True)
 
 
 # ---------------------------------------------------------------------------------------------

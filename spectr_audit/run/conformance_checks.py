@@ -1,6 +1,8 @@
 """The conformance check's building blocks: its check and result records, the failure it raises,
-and the contract and law checks shared by the chain and tree checks (:mod:`spectr_audit.run.conformance`,
-:mod:`spectr_audit.run.tree_conformance`)."""
+and its one set of contract and law checks (:data:`CONTRACT_CHECKS`), run alike on a chain verifier
+(:mod:`spectr_audit.run.conformance`: its ``verify`` on drafted chains, the chain tree
+``DraftTree.chains(K, L)``) and on a tree verifier (:mod:`spectr_audit.run.tree_conformance`:
+``verify_tree`` on drafted trees); each face hands in how to call its verifier and read its output."""
 
 from __future__ import annotations
 
@@ -11,7 +13,21 @@ from typing import Any, Callable, Optional, Sequence
 from spectr_audit.errors import InvalidArgument, SpectrAuditError, VerifierError
 from spectr_audit.results import AuditReport
 
-__all__ = ["ConformanceCheck", "ConformanceResult", "ConformanceFailure", "alpha_split_text", "describe_result"]
+__all__ = ["CONTRACT_CHECKS", "ConformanceCheck", "ConformanceResult", "ConformanceFailure", "alpha_split_text",
+           "describe_result"]
+
+#: The contract checks of a chain and a tree verifier alike, in the order they run (the last two where the
+#: verifier has an exact law: ``output_probs``, ``tree_output_probs``).  ``where`` tells the two apart: "K=2,
+#: L=1" for a chain, the tree and its draft scheme for a tree.
+CONTRACT_CHECKS: tuple[str, ...] = (
+    "output contract",
+    "inputs unchanged",
+    "deterministic under a fixed generator",
+    "emitted tokens have target mass",
+    "float32 inputs",
+    "exact law is a distribution",
+    "sampler follows the exact law",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,12 +180,13 @@ def _rows(mask) -> str:
     return ", ".join(map(str, rows[:8])) + (" ..." if len(rows) > 8 else "")
 
 
-def _call_checks(run: Callable, inputs: Sequence, names: Sequence[str], where: str, seed: int, *, contract: str,
+def _call_checks(run: Callable, inputs: Sequence, names: Sequence[str], where: str, seed: int, *,
                  verb: str, fields: Sequence[str], emitted_ok: Callable, dense_mutations: Callable[[], list] = list,
                  law_checks: Optional[Callable[[], list]] = None) -> list[ConformanceCheck]:
-    """The contract checks of a chain or a tree verifier's calls, in order; nothing after the first when it fails.
+    """The contract checks of a chain or a tree verifier's calls, in the order of :data:`CONTRACT_CHECKS`;
+    nothing after the first when it fails.
 
-    ``contract`` (the first call's output has int64 ``[batch_size]`` fields in range), ``inputs unchanged``
+    ``output contract`` (the first call's output has int64 ``[batch_size]`` fields in range), ``inputs unchanged``
     (the ``names`` of the inputs ``verb`` modified in place, then ``dense_mutations()``), ``deterministic
     under a fixed generator`` (the output ``fields`` of two calls with the same seed), ``emitted tokens
     have target mass`` (``emitted_ok(first_output)``: ``[batch_size]`` bools), ``float32 inputs`` (every
@@ -181,6 +198,7 @@ def _call_checks(run: Callable, inputs: Sequence, names: Sequence[str], where: s
 
     import torch
 
+    contract, unchanged, deterministic, target_mass, float32 = CONTRACT_CHECKS[:5]
     # Shapes, dtypes, ranges (float64 inputs).
     originals = [None if t is None else t.clone() for t in inputs]
     try:
@@ -192,25 +210,25 @@ def _call_checks(run: Callable, inputs: Sequence, names: Sequence[str], where: s
                if before is not None and not torch.equal(before, after)]
     changed = [f"{verb} modified {', '.join(changed)} in place"] if changed else []
     changed += dense_mutations()
-    checks.append(ConformanceCheck("inputs unchanged", where, not changed, "; ".join(changed)))
+    checks.append(ConformanceCheck(unchanged, where, not changed, "; ".join(changed)))
     # Determinism under a fixed generator.
     second = run(inputs, seed)
     differs = functools.reduce(operator.or_, (getattr(first, field) != getattr(second, field) for field in fields))
     checks.append(ConformanceCheck(
-        "deterministic under a fixed generator", where, not bool(differs.any()),
+        deterministic, where, not bool(differs.any()),
         f"two calls with torch.Generator().manual_seed({seed}) differ at rows {_rows(differs)}" if differs.any() else ""))
     bad = ~emitted_ok(first)
     checks.append(ConformanceCheck(
-        "emitted tokens have target mass", where, not bool(bad.any()),
+        target_mass, where, not bool(bad.any()),
         f"rows {_rows(bad)} emit a token whose target probability is 0 (an exact verifier never does)"
         if bad.any() else ""))
     # float32 inputs.
     try:
         run([t.float() if t is not None and t.is_floating_point() else t for t in inputs], seed)
     except (VerifierError, InvalidArgument) as exc:
-        checks.append(ConformanceCheck("float32 inputs", where, False, str(exc)))
+        checks.append(ConformanceCheck(float32, where, False, str(exc)))
     else:
-        checks.append(ConformanceCheck("float32 inputs", where, True))
+        checks.append(ConformanceCheck(float32, where, True))
     if law_checks is not None:
         checks += law_checks()
     return checks
@@ -254,16 +272,17 @@ def _pearson_pvalue(observed: dict, expected: dict) -> Optional[float]:
 
 
 def _sampler_law_checks(law: Callable, sample: Callable, batch_size: int, num_samples: int, alpha: float, where: str,
-                        *, checks: tuple[str, str], law_name: str, worst_cell: bool) -> list[ConformanceCheck]:
+                        *, law_name: str, worst_cell: bool) -> list[ConformanceCheck]:
     """A chain or a tree verifier's exact law is a distribution, and its sampler follows it on up to three rows.
 
-    ``law()``: the checked law (VerifierError / InvalidArgument fail the first of ``checks``).  ``sample(law,
+    The last two of :data:`CONTRACT_CHECKS`.  ``law()``: the checked law (VerifierError / InvalidArgument
+    fail the first).  ``sample(law,
     row, num)``: the row's label, the sampler's emitted strings over ``num`` calls on it and their expected
-    counts under the law.  The second of ``checks`` fails at a string the law (``law_name``) gives
+    counts under the law.  The second fails at a string the law (``law_name``) gives
     probability 0, or when Pearson's test rejects on a row at ``alpha`` split over the rows; its detail
     names the row of the smallest p-value (and, with ``worst_cell``, that row's cell furthest off).
     """
-    distribution, follows = checks
+    distribution, follows = CONTRACT_CHECKS[5:]
     try:
         computed = law().double()
     except (VerifierError, InvalidArgument) as exc:

@@ -5,8 +5,9 @@ audit of that verifier on that case becomes a result with ``error`` set.
 
 :func:`audit_case` binds the audit once (:class:`~spectr_audit.run.request.AuditRequest`: the
 verifier under its time limit, the case and its laws, the options, the sampling parameters) and
-runs the stages of :data:`~spectr_audit.run.stages.CHAIN_STAGES` that apply, the table the memory
-budget reads too; :mod:`spectr_audit.run.checks` turns what each stage finds into checks.
+runs the stages of :data:`~spectr_audit.run.stages.STAGES` that apply, for a chain case and a tree
+case alike, the table the memory budget reads too; :mod:`spectr_audit.run.checks` turns what each
+stage finds into checks.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from spectr_audit.run.checks import (  # noqa: F401 (the tolerances and the stat
     MULTI_TOL,
     add_statistical_result,
     block_lp_check,
+    bound_checks,
     exact_certificate,
     exact_checks,
     exact_tree_checks,
@@ -45,7 +47,6 @@ from spectr_audit.run.checks import (  # noqa: F401 (the tolerances and the stat
     sampler_check,
     statistical_check,
     statistical_detail,
-    tree_bound_checks,
     tree_optimality,
     tv_text,
 )
@@ -53,7 +54,7 @@ from spectr_audit.run.guard import probe_checks as guard_probe
 from spectr_audit.run.incomplete import RunAborted, RunInterrupted, incomplete_report
 from spectr_audit.run.options import AuditOptions
 from spectr_audit.run.request import AuditRequest
-from spectr_audit.run.stages import chain_stages, tree_stages
+from spectr_audit.run.stages import audit_stages
 from spectr_audit.run.suite import Case, Suite, describe_tree_case
 
 __all__ = ["AuditOptions", "audit_case", "audit_tree_case", "tree_fits", "declared_verdict", "error_result", "plan_jobs", "run_suite", "scheme_fits", "select_verifiers", "EXACT_TOL", "BOUND_TOL"]
@@ -119,66 +120,66 @@ def audit_case(verifier: Verifier, case: Case, options: AuditOptions = AuditOpti
             return audit_tree_case(limited, laws, options)
     budget.check_audit(verifier, laws, options)
     with guard.time_limited(verifier, timeout) as limited:
-        return _ChainAudit(AuditRequest(limited, case, options)).run()
+        return _CaseAudit(AuditRequest(limited, case, options)).run()
 
 
-class _Audit:
-    """One audit within its guards, of a chain or a tree case: the stages of its table run in order, their
-    findings (checks, metrics, details) kept, and whatever was found before an error kept in the error result.
+class _CaseAudit:
+    """One audit within its guards, of a chain or a tree case: the stages of
+    :data:`~spectr_audit.run.stages.STAGES` that apply run in order, their findings (checks, metrics,
+    details) kept, and whatever was found before an error kept in the error result.
 
-    A subclass names its table (:meth:`stages`) and implements a method per stage (``_exact`` for
-    ``"exact"``); :meth:`_prepare` runs first, inside the same guard.
+    A chain case (K drafts of L tokens: the tree ``DraftTree.chains(K, L)``) is audited with the chain
+    contract: exact verifiers (with ``output_probs``) get the exact single-iteration audit, the
+    multi-iteration audit when they carry a next-iteration repair, the block LP for L > 1, and
+    optionally a sampler-versus-law check; black boxes get the statistical audit.  With sampling
+    parameters (``case.params``) the audits take the raw models and the parameters (a verifier that
+    takes logits is handed the raw logits), while the bounds, the block LP and the probe use the
+    processed laws (``case.laws()``); the setting is recorded in ``metrics`` (``sampling``,
+    ``temperature``, ``top_k``, ``top_p``, ``min_p``) and in ``details["sampling"]``.
+
+    A tree case is audited with the tree verifier (a chain verifier converted to run on chain trees,
+    which the result names): the exact tree audit where the enumeration is in reach, else the
+    statistical audit on sampled trees, then acceptance and accepted length against the tree's bound;
+    ``details["tree"]`` describes the tree.  Every number lands in ``metrics``; only ``checks`` decide.
     """
 
-    def __init__(self, request: AuditRequest, metrics: dict, details: dict):
+    def __init__(self, request: AuditRequest):
+        case = request.case
         self.request = request
         self.subject = request.verifier  # the verifier the result names
         self.checks: list[Check] = []
-        self.metrics = metrics
-        self.details = details
-
-    def stages(self) -> tuple[str, ...]:
-        raise NotImplementedError
+        self.metrics = {"num_drafts": case.num_drafts, "draft_len": case.draft_len, "vocab_size": case.vocab_size}
+        self.details: dict = {}
+        self.tree = getattr(case, "tree", None)
+        self.alpha_star: Optional[float] = None
+        self.bound = None  # a tree case's bound (alpha* and the best accepted length)
+        self.exact_done = False
+        self.scheme: Optional[str] = None
+        if self.tree is None:
+            self.carries = has_carried_correction(request.verifier)
+            record_sampling(request.verifier, case, self.metrics, self.details)
+        else:
+            self.carries = False  # a verifier that carries a repair is judged on chain cases
+            self.metrics.update(tree_draft_nodes=self.tree.num_draft_nodes, tree_depth=self.tree.max_depth)
+            self.details["tree"] = describe_tree_case(case)
 
     def _prepare(self) -> None:
         """Work before the first stage that may fail like a stage (an error result, not an exception)."""
+        if self.tree is not None:
+            # a chain verifier runs on chain trees; the result names the tree verifier
+            self.subject = as_tree_verifier(self.request.verifier)
+            self.scheme = self.request.case.draft_scheme or self.subject.draft_schemes[0]
+            self.details["tree"]["draft_scheme"] = self.scheme
 
     def run(self) -> AuditResult:
         start = time.perf_counter()
         try:
             self._prepare()
-            for stage in self.stages():
+            for stage in audit_stages(self.subject, self.request.case):
                 getattr(self, "_" + stage.replace("-", "_"))()
         except Exception as exc:  # one bad verifier or case must never lose the other results
             return error_result(self.subject, self.request.case.name, exc, self.checks, self.metrics)
         return _audited(self.subject, self.request.case, self.checks, self.metrics, self.details, start)
-
-
-class _ChainAudit(_Audit):
-    """One chain audit within its guards: the request's stages run in the table's order, their findings kept.
-
-    Exact verifiers (with ``output_probs``) get the exact single-iteration audit, the
-    multi-iteration audit when they carry a next-iteration repair, the block LP for
-    L > 1, and optionally a sampler-versus-law check; black boxes get the statistical
-    audit.  Every number lands in ``metrics``; only ``checks`` decide.
-
-    With sampling parameters (``case.params``) the audits take the raw models and the
-    parameters (a verifier that takes logits is handed the raw logits), while the bounds, the
-    block LP and the probe use the processed laws (``case.laws()``); the setting is recorded in
-    ``metrics`` (``sampling``, ``temperature``, ``top_k``, ``top_p``, ``min_p``) and in
-    ``details["sampling"]``.
-    """
-
-    def __init__(self, request: AuditRequest):
-        case = request.case
-        super().__init__(request, {"num_drafts": case.num_drafts, "draft_len": case.draft_len,
-                                   "vocab_size": case.vocab_size}, {})
-        self.alpha_star: Optional[float] = None
-        self.carries = has_carried_correction(request.verifier)
-        record_sampling(request.verifier, case, self.metrics, self.details)
-
-    def stages(self) -> tuple[str, ...]:
-        return chain_stages(self.request.verifier, self.request.case)
 
     def _probe(self) -> None:
         request = self.request
@@ -187,10 +188,24 @@ class _ChainAudit(_Audit):
         self.request = request.with_options(_after_probe(request.options, PROBE_CALLS * rows))
 
     def _optimality(self) -> None:
-        self.alpha_star = optimality(self.request.laws, self.request.verifier.draft_scheme, self.metrics, self.details)
+        if self.tree is None:
+            self.alpha_star = optimality(self.request.laws, self.request.verifier.draft_scheme, self.metrics,
+                                         self.details)
+        else:
+            self.bound = tree_optimality(self.request.case, self.scheme, self.metrics, self.details)
+            self.alpha_star = None if self.bound is None else self.bound.acceptance
 
     def _exact(self) -> None:
-        exact_checks(self.request, self.alpha_star, self.carries, self.checks, self.metrics, self.details)
+        if self.tree is None:
+            exact_checks(self.request, self.alpha_star, self.carries, self.checks, self.metrics, self.details)
+            return
+        case = self.request.case
+        reason = exact_tree_reach(case, self.scheme)
+        if reason is not None:
+            self.details["exact"] = f"skipped: {reason}; the statistical audit runs instead"
+            return
+        exact_tree_checks(self.subject, case, self.scheme, self.checks, self.metrics, self.details)
+        self.exact_done = True
 
     def _multi_iteration(self) -> None:
         multi_iteration_check(self.request, self.checks, self.metrics, self.details)
@@ -203,7 +218,20 @@ class _ChainAudit(_Audit):
 
     def _statistical(self) -> None:
         request = self.request
-        statistical_check(request.verifier, request.case, request.options, self.checks, self.metrics, self.details)
+        if self.tree is None:
+            statistical_check(request.verifier, request.case, request.options, self.checks, self.metrics,
+                              self.details)
+            return
+        if self.exact_done:
+            return
+        statistical_check(self.subject, request.case, request.options, self.checks, self.metrics, self.details,
+                          draft_scheme=self.scheme)
+        if self.metrics.get("block_efficiency") is not None:
+            self.metrics["accepted_length"] = self.metrics["block_efficiency"] - 1.0
+
+    def _bounds(self) -> None:
+        bound_checks(self.subject, self.alpha_star, self.checks, self.metrics, tree=self.tree is not None,
+                     tree_bound=self.bound)
 
     def _block_lp(self) -> None:
         laws = self.request.laws
@@ -267,53 +295,7 @@ def audit_tree_case(verifier, case: Case, options: AuditOptions = AuditOptions()
     Acceptance and accepted length are checked against the tree's bound
     (:func:`spectr_audit.bounds.tree_lp.tree_bound`).  ``details["tree"]`` describes the tree.
     """
-    return _TreeAudit(AuditRequest(verifier, case, options)).run()
-
-
-class _TreeAudit(_Audit):
-    """One draft-tree audit within its guards: the stages of :data:`~spectr_audit.run.stages.TREE_STAGES`."""
-
-    def __init__(self, request: AuditRequest):
-        case = request.case
-        tree = case.tree
-        super().__init__(request, {"num_drafts": case.num_drafts, "draft_len": case.draft_len,
-                                   "vocab_size": case.vocab_size, "tree_draft_nodes": tree.num_draft_nodes,
-                                   "tree_depth": tree.max_depth}, {"tree": describe_tree_case(case)})
-        self.scheme: Optional[str] = None
-        self.bound = None
-        self.exact_done = False
-
-    def _prepare(self) -> None:
-        # a chain verifier runs on chain trees; the result names the tree verifier
-        self.subject = as_tree_verifier(self.request.verifier)
-        self.scheme = self.request.case.draft_scheme or self.subject.draft_schemes[0]
-        self.details["tree"]["draft_scheme"] = self.scheme
-
-    def stages(self) -> tuple[str, ...]:
-        return tree_stages(self.subject, self.request.case)
-
-    def _optimality(self) -> None:
-        self.bound = tree_optimality(self.request.case, self.scheme, self.metrics, self.details)
-
-    def _exact(self) -> None:
-        case = self.request.case
-        reason = exact_tree_reach(case, self.scheme)
-        if reason is not None:
-            self.details["exact"] = f"skipped: {reason}; the statistical audit runs instead"
-            return
-        exact_tree_checks(self.subject, case, self.scheme, self.checks, self.metrics, self.details)
-        self.exact_done = True
-
-    def _statistical(self) -> None:
-        if self.exact_done:
-            return
-        statistical_check(self.subject, self.request.case, self.request.options, self.checks, self.metrics,
-                          self.details, draft_scheme=self.scheme)
-        if self.metrics.get("block_efficiency") is not None:
-            self.metrics["accepted_length"] = self.metrics["block_efficiency"] - 1.0
-
-    def _bounds(self) -> None:
-        tree_bound_checks(self.subject, self.bound, self.checks, self.metrics)
+    return _CaseAudit(AuditRequest(verifier, case, options)).run()
 
 
 def select_verifiers(specs: Optional[Sequence[str]]) -> Optional[list[Verifier]]:

@@ -1,6 +1,7 @@
 """The conformance check of a tree verifier: :func:`check_verifier(verifier, tree=...) <spectr_audit.run.conformance.check_verifier>`.
 
-As for chains, two parts, for every (tree, draft scheme) asked for:
+The same checks as for a chain verifier (:data:`~spectr_audit.run.conformance_checks.CONTRACT_CHECKS`, a
+chain being the tree ``DraftTree.chains(K, L)``), in two parts, for every (tree, draft scheme) asked for:
 
 *Contract* (deterministic, on drafted trees): ``verify_tree`` runs on float64 and float32 inputs,
 returns int64 ``[batch_size]`` fields in range, leaves its inputs untouched, is deterministic
@@ -8,7 +9,7 @@ under a fixed ``torch.Generator``, never emits a token of zero target probabilit
 emitted path; where it has an exact law (``tree_output_probs``) the law is a distribution and
 the sampler follows it on a few fixed realisations (Pearson's test).
 
-*Fidelity*: :func:`spectr_audit.run.runner.audit_tree_case` on a standard small suite on each tree
+*Fidelity*: :func:`spectr_audit.run.runner.audit_case` on a standard small suite on each tree
 (:func:`standard_tree_suite`): the exact tree audit where a law exists and the enumeration is in
 reach, the statistical audit on sampled trees otherwise; acceptance and accepted length against
 the tree's bound.
@@ -31,7 +32,7 @@ from spectr_audit.drafting.tree import draft_tree
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.registry import load_tree_verifier
 from spectr_audit.run import guard
-from spectr_audit.run.runner import AuditOptions, audit_tree_case, tree_fits
+from spectr_audit.run.runner import AuditOptions, audit_case, tree_fits
 from spectr_audit.run.suite import Case, Suite, load_suite, model_from_spec, tree_from_spec
 from spectr_audit.statistical.sampling import tree_emitted_strings
 from spectr_audit.run.conformance_checks import (
@@ -117,7 +118,6 @@ def _tree_law_checks(verifier, tree, batch, num_samples: int, alpha: float, seed
         return f"node tokens {node_tokens}", observed, expected
 
     return _sampler_law_checks(checked_law, sample, batch_size, num_samples, alpha, where,
-                               checks=("exact tree law is a distribution", "sampler follows the exact tree law"),
                                law_name="tree_output_probs", worst_cell=False)
 
 
@@ -150,8 +150,7 @@ def _tree_contract_checks(verifier, tree, scheme: str, seed: int, batch_size: in
         return ok & (mass > 0)
 
     return _call_checks(
-        run, inputs, ("node_tokens", "draft_probs", "target_probs"), where, seed, contract="tree output contract",
-        verb="verify_tree", fields=("accepted_node", "next_token"), emitted_ok=emitted_ok,
+        run, inputs, ("node_tokens", "draft_probs", "target_probs"), where, seed, verb="verify_tree", fields=("accepted_node", "next_token"), emitted_ok=emitted_ok,
         law_checks=(lambda: _tree_law_checks(verifier, tree, batch, num_samples, alpha, seed, where))
         if verifier.has_tree_law else None)
 
@@ -237,7 +236,8 @@ def check_tree_verifier(
     with guard.time_limited(verifier, verifier_timeout) as limited:
         for t, scheme in combos:
             checks += _tree_contract_checks(limited, t, scheme, seed, batch_size, num_samples, test_alpha)
-        results = [audit_tree_case(limited, case, options) for case in cases]
+        # audit_case limits the calls itself (the outer limit holds where both do)
+        results = [audit_case(verifier, case, options) for case in cases]
     report = _conformance_result(verifier, checks, results, suite, seed, alpha)
     if raise_on_failure and not report.passed:
         raise ConformanceFailure(report)

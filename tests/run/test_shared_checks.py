@@ -23,6 +23,7 @@ from spectr_audit.drafting.models import ContextFreeModel
 from spectr_audit.registry import load_tree_verifier
 from spectr_audit.run.checks import first_position, optimality
 from spectr_audit.run.conformance import check_verifier
+from spectr_audit.run.conformance_checks import CONTRACT_CHECKS
 from spectr_audit.run.runner import plan_jobs
 from spectr_audit.run.suite import parse_suite
 from spectr_audit.statistical import _planning
@@ -81,7 +82,7 @@ def _stops_at_the_root(tree, node_tokens, draft_probs, target_probs, generator):
      "two calls with torch.Generator().manual_seed(0) differ at rows "),
     (_emits_token_zero, None, "iid", "emitted tokens have target mass",
      "rows 0, 1, 2, 3, 4, 5, 6, 7 ... emit a token whose target probability is 0 (an exact verifier never does)"),
-    (_stops_at_the_root, _good_law, "topk", "sampler follows the exact tree law",
+    (_stops_at_the_root, _good_law, "topk", "sampler follows the exact law",
      "which its own tree_output_probs gives probability 0"),
 ], ids=["modifies inputs", "ignores the generator", "emits a forbidden token", "sampler off its own law"])
 def test_a_broken_tree_verifier_fails_the_contract_check_it_breaks_in_the_chain_words(verify, law, scheme, failed,
@@ -96,17 +97,23 @@ def test_a_broken_tree_verifier_fails_the_contract_check_it_breaks_in_the_chain_
 
 def test_a_tree_output_outside_the_contract_stops_that_combination_at_its_first_check():
     report = check_verifier(_int32_fields, tree=TREE, draft_scheme="topk", num_samples=2000, raise_on_failure=False)
-    assert [(c.name, c.passed) for c in report.checks] == [("tree output contract", False)]
+    assert [(c.name, c.passed) for c in report.checks] == [("output contract", False)]
     assert "int64" in report.checks[0].detail
 
 
 def test_a_correct_tree_function_passes_every_contract_check_in_order():
     report = check_verifier(_good, tree=TREE, draft_scheme="topk", output_probs=_good_law, num_samples=2000)
     assert [c.name for c in report.checks] == [
-        "tree output contract", "inputs unchanged", "deterministic under a fixed generator",
-        "emitted tokens have target mass", "float32 inputs", "exact tree law is a distribution",
-        "sampler follows the exact tree law"]
+        "output contract", "inputs unchanged", "deterministic under a fixed generator",
+        "emitted tokens have target mass", "float32 inputs", "exact law is a distribution",
+        "sampler follows the exact law"]
     assert report.checks[0].detail == "int64 [batch_size] fields in range"
+
+
+def test_a_chain_and_a_tree_verifier_are_held_to_one_set_of_contract_checks():
+    chain = check_verifier("speculative", num_drafts=1, num_samples=2000)
+    tree = check_verifier(_good, tree=TREE, draft_scheme="topk", output_probs=_good_law, num_samples=2000)
+    assert [c.name for c in chain.checks] == [c.name for c in tree.checks] == list(CONTRACT_CHECKS)
 
 
 # --- the sampler against its own law: Pearson's test on three rows ---------------------------
@@ -142,7 +149,7 @@ def test_a_tree_sampler_off_its_law_is_named_by_its_row_and_samples():
     report = check_verifier(_tree_cubed_target, tree="paths:[[0],[1]]", draft_scheme="topk",
                             output_probs=_tree_law_at_node_1, num_samples=2000, raise_on_failure=False)
     (check,) = [c for c in report.checks if not c.passed]
-    assert check.name == "sampler follows the exact tree law"
+    assert check.name == "sampler follows the exact law"
     # three rows of max(200, 2000 // 3) = 666 samples each; the tree detail names no cell
     assert re.fullmatch(r"node tokens \[\d+(, \d+)*\]: Pearson p = \S+ over 666 samples", check.detail), check.detail
 

@@ -1,5 +1,5 @@
-"""The stage table of a chain audit: which stages run, that the runner runs exactly those, and that the
-memory budget sizes each of them (one table for both)."""
+"""The stage table of an audit, of a chain case and a tree case alike: which stages run, that the runner runs
+exactly those, and that the memory budget sizes each of them (one table for both)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,19 @@ from spectr_audit.drafting.models import ContextFreeModel
 from spectr_audit.registry import load_verifier
 from spectr_audit.run import budget, runner
 from spectr_audit.run.runner import AuditOptions, Case, audit_case
-from spectr_audit.run.stages import CHAIN_STAGES, chain_stages
+from spectr_audit.run.stages import STAGES, audit_stages
 
 #: (has_exact_law, carries a repair, draft scheme, checks, L) -> the stages, derived by hand from the table's rules.
 STAGE_CASES = [
-    (True, False, "iid", ("exact", "optimality"), 1, ("probe", "optimality", "exact", "certificate")),
-    (True, False, "iid", ("exact", "sampler", "block-lp"), 2, ("probe", "exact", "sampler", "certificate", "block-lp")),
-    (True, False, "iid", ("exact", "block-lp"), 1, ("probe", "exact", "certificate")),
-    (True, False, "without_replacement", ("exact", "block-lp"), 2, ("probe", "exact", "certificate")),
-    (True, True, "iid", ("exact",), 2, ("probe", "exact", "multi-iteration", "certificate")),
-    (True, True, "iid", ("multi-iteration",), 2, ("probe", "multi-iteration", "certificate")),
-    (True, False, "iid", ("multi-iteration",), 2, ("probe", "certificate")),
-    (True, False, "iid", ("statistical",), 1, ("probe", "certificate")),
+    (True, False, "iid", ("exact", "optimality"), 1, ("probe", "optimality", "exact", "bounds", "certificate")),
+    (True, False, "iid", ("exact", "sampler", "block-lp"), 2,
+     ("probe", "exact", "bounds", "sampler", "certificate", "block-lp")),
+    (True, False, "iid", ("exact", "block-lp"), 1, ("probe", "exact", "bounds", "certificate")),
+    (True, False, "without_replacement", ("exact", "block-lp"), 2, ("probe", "exact", "bounds", "certificate")),
+    (True, True, "iid", ("exact",), 2, ("probe", "exact", "bounds", "multi-iteration", "certificate")),
+    (True, True, "iid", ("multi-iteration",), 2, ("probe", "bounds", "multi-iteration", "certificate")),
+    (True, False, "iid", ("multi-iteration",), 2, ("probe", "bounds", "certificate")),
+    (True, False, "iid", ("statistical",), 1, ("probe", "bounds", "certificate")),
     (False, False, "iid", ("statistical", "exact", "sampler"), 1, ("probe", "statistical")),
     (False, False, "iid", ("exact",), 1, ("probe",)),
     (False, False, "iid", ("optimality", "statistical", "block-lp"), 3, ("probe", "optimality", "statistical", "block-lp")),
@@ -35,15 +36,15 @@ def test_the_stages_that_run(exact, carries, scheme, checks, draft_len, expected
     verifier = NS(has_exact_law=exact, draft_scheme=scheme)
     if carries:
         verifier.carried_correction = lambda *args: None
-    assert chain_stages(verifier, NS(checks=checks, draft_len=draft_len)) == expected
+    assert audit_stages(verifier, NS(checks=checks, draft_len=draft_len)) == expected
 
 
 def test_the_memory_budget_sizes_every_stage_of_the_table():
     # a stage added to the table without a size would be a KeyError in the budget; an extra is sized when it runs
     from spectr_audit.run.stages import EXTRA_STAGES
 
-    assert set(budget._STAGE_NEEDS) == {stage.name for stage in CHAIN_STAGES} - EXTRA_STAGES
-    assert EXTRA_STAGES <= {stage.name for stage in CHAIN_STAGES}
+    assert set(budget._STAGE_NEEDS) == {stage.name for stage in STAGES} - EXTRA_STAGES
+    assert EXTRA_STAGES <= {stage.name for stage in STAGES}
 
 
 def _case(checks, num_drafts=1, draft_len=2):
@@ -59,20 +60,20 @@ def _case(checks, num_drafts=1, draft_len=2):
 ])
 def test_the_runner_runs_exactly_the_tables_stages_in_order(monkeypatch, name, checks, num_drafts, draft_len):
     ran = []
-    for stage in CHAIN_STAGES:
+    for stage in STAGES:
         method = "_" + stage.name.replace("-", "_")
-        original = getattr(runner._ChainAudit, method)
+        original = getattr(runner._CaseAudit, method)
 
         def spy(self, _original=original, _name=stage.name):
             ran.append(_name)
             return _original(self)
 
-        monkeypatch.setattr(runner._ChainAudit, method, spy)
+        monkeypatch.setattr(runner._CaseAudit, method, spy)
     verifier = load_verifier(name)
     case = _case(checks, num_drafts, draft_len)
     result = audit_case(verifier, case, AuditOptions(max_samples=2_000, sampler_max_samples=2_000))
     assert result.error is None, result.error
-    assert tuple(ran) == chain_stages(verifier, case)
+    assert tuple(ran) == audit_stages(verifier, case)
     assert len(ran) >= 2
 
 
@@ -80,7 +81,7 @@ def test_a_black_box_runs_the_statistical_stage_and_the_budget_sizes_it():
     black_box = load_verifier("speculative")
     black_box = NS(name="black-box", has_exact_law=False, draft_scheme="iid", verify=black_box.verify)
     case = _case(("statistical", "optimality"))
-    stages = chain_stages(black_box, case)
+    stages = audit_stages(black_box, case)
     assert stages == ("probe", "optimality", "statistical")
     needs = budget.audit_needs(black_box, case, AuditOptions())
     assert {need.stage for need in needs} == {"the verifier probe", "the optimality bound", "the statistical audit"}
@@ -106,38 +107,38 @@ def test_the_memory_budget_imports_no_torch():
 
 
 @pytest.mark.parametrize("has_law, checks, expected", [
-    (True, ("exact", "optimality"), ("optimality", "exact", "statistical", "bounds")),
+    (True, ("exact", "optimality"), ("optimality", "exact", "statistical", "bounds", "certificate")),
     (False, ("exact", "optimality"), ("optimality", "statistical", "bounds")),
-    (True, ("optimality",), ("optimality", "bounds")),
+    (True, ("optimality",), ("optimality", "bounds", "certificate")),
     (False, ("statistical",), ("statistical", "bounds")),
 ])
 def test_the_tree_stages_that_run(has_law, checks, expected):
-    from spectr_audit.run.stages import tree_stages
-
-    assert tree_stages(NS(has_tree_law=has_law), NS(checks=checks)) == expected
+    # whatever else the tree verifier declares (a repair, a chain draft scheme), a tree case runs no chain-only stage
+    tree_verifier = NS(has_tree_law=has_law, has_exact_law=True, draft_scheme="iid", carried_correction=lambda: None)
+    assert audit_stages(tree_verifier, NS(checks=checks + ("sampler", "block-lp", "multi-iteration"), draft_len=2,
+                                          tree="chains:2,2")) == expected
 
 
 def test_a_tree_audit_runs_its_tables_stages_and_stands_the_sampler_down_after_an_exact_law(monkeypatch):
     from spectr_audit.registry import load_tree_verifier
     from spectr_audit.run.checks import statistical_check as real_statistical_check
-    from spectr_audit.run.stages import TREE_STAGES, tree_stages
     from spectr_audit.run.suite import load_suite
 
     ran, sampled = [], []
-    for stage in TREE_STAGES:
-        method = "_" + stage.name
-        original = getattr(runner._TreeAudit, method)
+    for stage in STAGES:
+        method = "_" + stage.name.replace("-", "_")
+        original = getattr(runner._CaseAudit, method)
 
         def spy(self, _original=original, _name=stage.name):
             ran.append(_name)
             return _original(self)
 
-        monkeypatch.setattr(runner._TreeAudit, method, spy)
+        monkeypatch.setattr(runner._CaseAudit, method, spy)
     monkeypatch.setattr(runner, "statistical_check", lambda *a, **k: (sampled.append(True), real_statistical_check(*a, **k)))
     case = next(c for c in load_suite("default").cases if c.name.startswith("tree-chains-2-2"))
     tree_verifier = load_tree_verifier("tree-rrs")
     result = audit_case(tree_verifier, case, AuditOptions(max_samples=2_000))
     assert result.error is None, result.error
-    assert tuple(ran) == tree_stages(tree_verifier, case) and "exact" in ran
+    assert tuple(ran) == audit_stages(tree_verifier, case) and "exact" in ran
     assert sampled == []  # the law was enumerated: the statistical stage stood down
     assert any(c.name == "exact" for c in result.checks)

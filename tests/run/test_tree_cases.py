@@ -250,8 +250,8 @@ def test_cli_list_shows_trees_and_schemes(capsys):
 def test_check_verifier_on_a_tree():
     report = check_verifier("tree-target-only", tree="cartesian:2,1", draft_scheme="topk", num_samples=2000)
     assert report.passed and {c.name for c in report.checks} >= {
-        "tree output contract", "inputs unchanged", "deterministic under a fixed generator",
-        "emitted tokens have target mass", "float32 inputs", "sampler follows the exact tree law"}
+        "output contract", "inputs unchanged", "deterministic under a fixed generator",
+        "emitted tokens have target mass", "float32 inputs", "sampler follows the exact law"}
     with pytest.raises(AssertionError, match="acceptance<=optimal"):
         check_verifier(_lossy, tree="paths:[[0],[1]]", draft_scheme="topk", output_probs=_lossy_law, num_samples=2000)
     with pytest.raises(InvalidArgument, match="a tree check takes them from tree"):
