@@ -11,7 +11,10 @@
 - import cycles: strongly connected components of the module import graph with every import as an
   edge (a cycle held open by a deferred import is still a cycle of the design);
 - private names (a leading underscore) or private modules imported from another package of the
-  project (the root package's shared leaves ``_validation``, ``_files`` and ``_deadline`` excepted).
+  project (the root package's shared leaves ``_validation``, ``_files`` and ``_deadline`` excepted);
+- the audit's stage tables (module-level tuples of ``Stage(...)`` entries) and the classes that run
+  them (classes with a ``stages`` method or a ``run`` method beside ``_exact``): one of each when chain
+  and tree cases run through one table.
 """
 
 from __future__ import annotations
@@ -171,6 +174,24 @@ def cycles(edges: dict) -> list:
     return sorted(result)
 
 
+def stage_tables(name: str, source: str) -> tuple[list, list]:
+    """The module's stage tables (module-level tuples of ``Stage(...)`` calls, with their sizes) and the classes
+    that run stages (a ``run`` method beside stage methods such as ``_exact``)."""
+    tree = ast.parse(source)
+    tables, drivers = [], []
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if isinstance(value, ast.Tuple) and value.elts and all(
+                isinstance(e, ast.Call) and getattr(e.func, "id", None) == "Stage" for e in value.elts):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            tables.append((f"{name}.{getattr(target, 'id', '?')}", len(value.elts)))
+        if isinstance(node, ast.ClassDef):
+            methods = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+            if "_exact" in methods:
+                drivers.append(f"{name}.{node.name}")
+    return tables, drivers
+
+
 def measure() -> dict:
     found = modules()
     known = set(found)
@@ -201,6 +222,11 @@ def measure() -> dict:
     longest = sorted(sizes.items(), key=lambda item: -item[1])
     functions = sorted((f for name, path in found.items()
                         for f in longest_functions(name, path.read_text(encoding="utf-8"))), reverse=True)[:5]
+    tables, drivers = [], []
+    for name, path in found.items():
+        found_tables, found_drivers = stage_tables(name, path.read_text(encoding="utf-8"))
+        tables += found_tables
+        drivers += found_drivers
     pairs = sum(len(v) for v in edges.values())
     deferred_pairs = sum(len(edges[n] - eager[n]) for n in edges)
     return {"modules": len(found), "imports": total, "deferred_imports": deferred,
@@ -208,7 +234,7 @@ def measure() -> dict:
             "deferred_only_pairs": deferred_pairs,
             "cycles": cycles({k: sorted(v) for k, v in edges.items()}), "private_cross_package": sorted(private),
             "over_500_lines": [(n, s) for n, s in longest if s > 500], "longest": longest[:10],
-            "longest_functions": [(n, s) for s, n in functions]}
+            "longest_functions": [(n, s) for s, n in functions], "stage_tables": tables, "stage_drivers": drivers}
 
 
 def main(argv=None) -> int:
@@ -239,6 +265,9 @@ def main(argv=None) -> int:
     print("longest functions (lines of body):")
     for name, size in result["longest_functions"]:
         print(f"  {size:5d}  {name}")
+    print(f"stage tables: {len(result['stage_tables'])} "
+          f"({', '.join(f'{name}: {size} stages' for name, size in result['stage_tables'])})")
+    print(f"classes running stages: {len(result['stage_drivers'])} ({', '.join(result['stage_drivers'])})")
     return 0
 
 

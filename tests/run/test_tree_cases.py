@@ -200,6 +200,22 @@ def test_a_sampled_acceptance_at_the_bound_is_not_a_finding():
     assert max(false_alarms.values()) <= 1, false_alarms
 
 
+@pytest.mark.parametrize("shape", ["tree case", "chain case"])
+def test_an_exact_law_is_its_own_certificate_on_a_tree_case_as_on_a_chain_case(shape):
+    # the same verifier on the same chain, once as the tree chains:2,1 and once as K = 2, L = 1
+    where = {"tree": "chains:2,1", "draft_scheme": "iid"} if shape == "tree case" else {"num_drafts": 2, "draft_len": 1}
+    suite = parse_suite({"case": [{"name": "t", "draft": [0.5, 0.3, 0.2], "target": [0.2, 0.3, 0.5], **where}]})
+    exact = FunctionTreeVerifier(_lossy, tree_output_probs=_lossy_law, draft_schemes=("iid",), name="lossy")
+    verifier = load_verifier("rrs") if shape == "chain case" else load_tree_verifier("tree-rrs")
+    for subject, tolerance, verdict in ((verifier, 1e-6, "CERTIFIED"), (exact, 1e-6, "FINDING")):
+        if shape == "chain case" and subject is exact:
+            continue  # a tree function has no chain face
+        result = audit_case(subject, suite.cases[0], AuditOptions(certify_tv=tolerance))
+        (check,) = [c for c in result.checks if c.name == "certified-tv"]
+        assert check.value == result.metrics["tv_distance"] and check.threshold == tolerance
+        assert result.verdict == verdict, [str(c) for c in result.checks]
+
+
 def test_an_exact_audit_out_of_reach_falls_back_to_samples():
     suite = parse_suite({"case": [{"name": "big", "draft": {"dirichlet": {"vocab_size": 4, "seed": 1}},
                                    "target": {"dirichlet": {"vocab_size": 4, "seed": 2}}, "tree": "topk_depth:3,3",
