@@ -65,9 +65,8 @@ def _outcomes(result: dict) -> dict:
 
 def compare_results(before: list, now: list) -> dict:
     """The moves between two lists of results (matched by verifier and case)."""
-    key = lambda r: (r["verifier"], r["case"])  # noqa: E731
-    old = {key(r): r for r in before}
-    new = {key(r): r for r in now}
+    old = {(r["verifier"], r["case"]): r for r in before}
+    new = {(r["verifier"], r["case"]): r for r in now}
     moved_results, moved_values, outcome_changes, unmatched = 0, [], [], sorted(set(old) ^ set(new))
     for name in sorted(set(old) & set(new)):
         a, b = flatten(old[name]), flatten(new[name])
