@@ -107,7 +107,7 @@ def optimality(case: Case, draft_scheme: str, metrics: dict, details: dict) -> O
     return alpha_star
 
 
-def exact_checks(request, alpha_star, carries, checks, metrics, details) -> None:
+def exact_checks(request, carries, checks, metrics, details) -> None:
     """Single-iteration exact law: exactness (the judge unless a repair is carried), prefix cap (acceptance
     against alpha* is the bounds stage's, :func:`bound_checks`)."""
     verifier, case = request.verifier, request.case

@@ -197,7 +197,7 @@ class _CaseAudit:
 
     def _exact(self) -> None:
         if self.tree is None:
-            exact_checks(self.request, self.alpha_star, self.carries, self.checks, self.metrics, self.details)
+            exact_checks(self.request, self.carries, self.checks, self.metrics, self.details)
             return
         case = self.request.case
         reason = exact_tree_reach(case, self.scheme)
