@@ -32,13 +32,41 @@ from typing import Any, Optional
 
 from spectr_audit import __version__
 
-__all__ = ["Check", "AuditResult", "AuditReport", "EXIT_INCONCLUSIVE", "VERDICTS", "jsonable"]
+__all__ = ["Check", "AuditResult", "AuditReport", "EXIT_ERROR", "EXIT_INCONCLUSIVE", "VERDICTS", "error_origin",
+           "jsonable"]
 
 #: The verdicts of a result, from :attr:`AuditResult.verdict`.
 VERDICTS = ("exact", "CERTIFIED", "INCONCLUSIVE", "FINDING", "ERROR")
 #: Exit status of a run that failed only because some results were inconclusive
 #: (``--fail-on-inconclusive``, or ``--certify-tv`` where a certificate was not reached).
 EXIT_INCONCLUSIVE = 3
+#: Exit status of a run in which some audits could not run (the verifier raised, broke the call's contract or
+#: ran past its time limit) and no finding stood in the way: errors are not findings.
+EXIT_ERROR = 4
+
+
+def error_origin(result: "AuditResult") -> str:
+    """Where an error result's exception was raised, from its traceback (``details["traceback"]``): the last
+    ``File "...", line N, in f`` of its root cause (the first exception of a chain), as ``file:N in f``; ``""``
+    when the result has none.
+
+    Examples
+    --------
+    >>> tb = ['Traceback (most recent call last):', '  File "/x/my_verifier.py", line 7, in my_verify',
+    ...       '    y = x[3]', 'IndexError: index 3 is out of bounds']
+    >>> error_origin(AuditResult("v", "c", error="IndexError: ...", details={"traceback": chr(10).join(tb)}))
+    '/x/my_verifier.py:7 in my_verify'
+    """
+    text = str((result.details or {}).get("traceback") or "")
+    # a chained traceback lists the root cause first: where the verifier itself raised
+    for separator in ("The above exception was the direct cause", "During handling of the above exception"):
+        text = text.split(separator)[0]
+    frames = [line.strip() for line in text.splitlines() if line.strip().startswith('File "')]
+    if not frames:
+        return ""
+    path, _, rest = frames[-1][len('File "'):].partition('", line ')
+    number, _, function = rest.partition(", in ")
+    return f"{path}:{number}" + (f" in {function}" if function else "")
 
 
 def jsonable(value: Any) -> Any:
@@ -185,15 +213,29 @@ class AuditReport:
         return [r for r in self.results if r.inconclusive]
 
     @property
+    def errors(self) -> list:
+        """The results of audits that could not run (``error`` set): not findings."""
+        return [r for r in self.results if r.error is not None]
+
+    @property
+    def findings(self) -> list:
+        """The results that ran and whose verdict is not as declared (a finding of a verifier declared exact or
+        undeclared, or none of one declared inexact)."""
+        return [r for r in self.results if r.error is None and not r.as_expected]
+
+    @property
     def exit_code(self) -> int:
         """0 when every verdict is as expected, 1 otherwise (2 is reserved for usage errors)."""
         return 0 if self.passed else 1
 
     def exit_status(self, fail_on_inconclusive: bool = False) -> int:
-        """:attr:`exit_code`, or :data:`EXIT_INCONCLUSIVE` (3) when that is 0, inconclusive results
-        fail the run (``fail_on_inconclusive``) and there are some."""
-        if self.exit_code == 0 and fail_on_inconclusive and self.inconclusive:
-            return EXIT_INCONCLUSIVE
+        """The run's exit status: 0 every verdict as expected; 1 a finding (or a run that stopped early);
+        :data:`EXIT_ERROR` (4) no finding but some audits errored; :data:`EXIT_INCONCLUSIVE` (3) all as
+        expected but inconclusive results fail the run (``fail_on_inconclusive``) and there are some."""
+        if self.exit_code == 0:
+            return EXIT_INCONCLUSIVE if fail_on_inconclusive and self.inconclusive else 0
+        if not self.findings and self.errors and not self.meta.get("incomplete"):
+            return EXIT_ERROR
         return self.exit_code
 
     def to_dict(self) -> dict:
