@@ -164,7 +164,7 @@ def test_a_broken_verifier_fails_its_test_naming_case_and_cells(project):
     result = project.runpytest(*FAST)
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines([
-        "E *ConformanceFailure: check_verifier(bad_verify): 5 of 10 checks failed",
+        "E *ConformanceFailure: check_verifier(bad_verify): 5 of 20 checks failed (0 of the contract's 5; 5 in the fidelity audits of 5 of 5 cases)",
         "E *fidelity on case 'seed-spectr/K=1/L=1':",
         "E *check statistical failed: value *, threshold 0.0002 *",
         "E *worst cells (observed vs expected count): *",

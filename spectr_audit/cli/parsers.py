@@ -26,7 +26,7 @@ from spectr_audit.cli._args import (
 )
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.run.gate import add_gate_arguments
-from spectr_audit.run.suite import parse_values
+from spectr_audit.run.selection import parse_values
 
 __all__ = ["COMMAND_MODULES", "build_parser"]
 
