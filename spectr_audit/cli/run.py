@@ -147,25 +147,6 @@ def _write_reports(args, out: Path, report, gate, complete: bool) -> list:
     return paths
 
 
-def _summary_counts(report) -> dict:
-    """The results in disjoint groups: passed, findings as declared, findings not as declared, declared inexact
-    but held, errors, inconclusive."""
-    groups: dict = {"passed": 0, "expected findings": 0, "findings": 0, "held though declared inexact": 0,
-                    "errors": 0, "inconclusive": 0}
-    for r in report.results:
-        if r.error is not None:
-            groups["errors"] += 1
-        elif not r.passed:
-            groups["expected findings" if r.as_expected else "findings"] += 1
-        elif not r.as_expected:
-            groups["held though declared inexact"] += 1
-        elif r.inconclusive:
-            groups["inconclusive"] += 1
-        else:
-            groups["passed"] += 1
-    return groups
-
-
 #: Error results printed one per line before the rest are counted.
 _ERRORS_LISTED = 5
 
@@ -174,25 +155,16 @@ def _print_summary(args, report, gate, paths: list, seconds: float, fail_on_inco
     """The run's verdict line (findings, errors and inconclusive results counted apart), the errors with
     their last line and where they were raised, the findings not as expected, the inconclusive results, and
     the reports written."""
-    groups = _summary_counts(report)
     inconclusive = report.inconclusive
     certified = [r for r in report.results if r.verdict == "CERTIFIED"]
     gate_failed = gate is not None and not gate.passed
     failed = not report.passed or gate_failed or (fail_on_inconclusive and inconclusive)
     verdict = ("ERROR" if report.errors and not report.findings and not gate_failed else "FAIL") if failed else (
         "INCONCLUSIVE" if inconclusive else "PASS")
-    parts = [f"{groups['passed']} passed" + (f" ({len(certified)} certified)" if getattr(args, "certify_tv", None)
-                                              else "")]
-    if groups["expected findings"]:
-        parts.append(f"{groups['expected findings']} findings on rules declared inexact, as expected")
-    parts.append(f"{groups['findings']} findings not as expected")
-    if groups["held though declared inexact"]:
-        parts.append(f"{groups['held though declared inexact']} declared inexact but held every check")
-    parts.append(f"{groups['errors']} errors")
-    parts.append(f"{groups['inconclusive']} inconclusive")
+    certified_text = f" ({len(certified)} certified)" if getattr(args, "certify_tv", None) else ""
     gate_text = "" if gate is None else f"; gate {'held' if gate.passed else 'FAILED'}"
     print(f"spectr-audit: suite {report.suite!r}: {len(report.results)} audits in {seconds:.1f}s: "
-          f"{', '.join(parts)}{gate_text} -> {verdict}" + _power_text(report))
+          f"{report.outcome_text()}{certified_text}{gate_text} -> {verdict}" + _power_text(report))
     errors = report.errors
     for r in errors[:_ERRORS_LISTED]:
         last = (r.error or "").strip().splitlines()[-1] if (r.error or "").strip() else "error"
