@@ -28,6 +28,7 @@ table.findings td.text, table.findings th { white-space: normal; }
 table.findings td.worst { min-width: 17em; }
 table.verifiers th { white-space: normal; }
 table.verifiers { width: 100%; }
+table.verifiers td.text { white-space: normal; overflow-wrap: anywhere; }
 table.results th { white-space: normal; }
 table.findings td.text code { white-space: nowrap; }
 table.findings { table-layout: fixed; }
