@@ -187,3 +187,15 @@ def test_declared_values_on_a_verifier():
     assert (fixed.drafts_range(), fixed.draft_len_range()) == ("{1, 3}", "{2, 3}")
     with pytest.raises(InvalidArgument, match="draft_len: expected a positive integer, or a list or range of them"):
         FunctionVerifier(lambda draft_tokens, draft_probs, target_probs, generator: None, draft_len=0)
+
+
+def test_a_function_declares_its_shape_as_attributes():
+    from spectr_audit.contract.convert import as_verifier
+
+    def verify(draft_tokens, draft_probs, target_probs, generator):
+        return None
+
+    verify.max_drafts, verify.draft_len = 1, 3
+    wrapped = as_verifier(verify)
+    assert wrapped.declares_shape and wrapped.supports(1, 3) and not wrapped.supports(1, 1)
+    assert case_selection(wrapped) == (None, None)

@@ -67,8 +67,8 @@ def as_verifier(obj: Any, name: Optional[str] = None) -> Verifier:
             # verifiers that repair the next iteration are judged by the multi-iteration audit
             wrapped.carried_correction = obj.carried_correction
         return wrapped
-    if callable(obj):
-        return FunctionVerifier(obj, name=name)
+    if callable(obj):  # a function may carry its (K, L) as attributes: my_verify.draft_len = 3
+        return FunctionVerifier(obj, name=name, **{attr: getattr(obj, attr) for attr in SHAPE_ATTRS if hasattr(obj, attr)})
     raise InvalidArgument(
         f"verifier: expected a Verifier, a class, an object with a verify method, or a function; "
         f"got {type(obj).__name__}"
