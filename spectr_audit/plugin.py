@@ -52,7 +52,9 @@ certification: ``--spectr-max-samples N`` (the same as ``--spectr-samples``),
 ``--spectr-max-seconds S`` / ``spectr_audit_max_seconds``, ``--spectr-certify-tv EPS`` /
 ``spectr_audit_certify_tv`` (a check passes only when every case is CERTIFIED), and
 ``--spectr-fail-on-inconclusive`` / ``spectr_audit_fail_on_inconclusive`` (a check whose results
-held without their planned power, INCONCLUSIVE, fails its test).
+held without their planned power, INCONCLUSIVE, fails its test).  Cases: ``--spectr-num-drafts K`` /
+``spectr_audit_num_drafts`` and ``--spectr-draft-len L`` / ``spectr_audit_draft_len`` (``2``, ``1,2``,
+``1-3``) narrow the checks that name no K / L and the suite audits to those values.
 
 With pytest-xdist (``pytest -n N``) each worker sends its audits to the controller when it
 finishes (``workeroutput``), so the terminal summary, the session gate and ``--spectr-report``

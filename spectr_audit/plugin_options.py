@@ -2,7 +2,8 @@
 ``pytest_configure`` reads from them, and the records the session's audits leave in ``config.stash``.
 
 :mod:`spectr_audit.plugin` imports this module at pytest start, so it is as light as the plugin:
-pytest, the standard library, :mod:`spectr_audit.defaults` and :mod:`spectr_audit.run.gate` only.
+pytest, the standard library, :mod:`spectr_audit.defaults`, :mod:`spectr_audit.run.gate` and
+:mod:`spectr_audit.run.selection` only.
 """
 
 from __future__ import annotations

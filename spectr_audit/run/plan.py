@@ -71,6 +71,9 @@ class RunPlan:
                f"{len(cases)} case(s)"]
         for name, (ks, ls, why) in self.selections.items():
             out.append(f"  {name}: audited at K = num_drafts in {ks}, L = draft_len in {ls} ({why})")
+        if not self.selections:
+            out.append("  verifiers: " + ", ".join(verifiers) + " (the suite's own, or every built-in: each on the "
+                       "cases it supports)")
         if len(cases) <= 12:
             out.append("  cases: " + ", ".join(cases))
         seconds = "unknown" if self.seconds is None else f"about {_duration(self.seconds)}"
