@@ -112,7 +112,7 @@ def _run_audits(args, out: Path):
                            max_memory=args.max_memory, verifier_timeout=args.verifier_timeout or None)
     selection = {"num_drafts": args.num_drafts, "draft_len": args.draft_len}
     plan = plan_run(suite, verifiers, options, **selection)
-    if not plan.jobs:
+    if not plan.jobs and not plan.unloadable:  # (a verifier that cannot be loaded is an error result)
         names = ", ".join(repr(v.name) for v in verifiers or ())
         raise _UsageError(f"--num-drafts, --draft-len: no case of suite {suite.name!r} fits "
                           f"{'verifier ' + names if names else 'the verifiers'}: "

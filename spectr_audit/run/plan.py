@@ -53,6 +53,8 @@ class RunPlan:
         The estimated time (``None`` when no verifier could be timed, e.g. every one raised).
     untimed : tuple of str
         Verifiers whose timing batch raised (not in the estimate; their audits report why).
+    unloadable : int
+        Verifiers a case names that cannot be loaded (each becomes an error result).
     """
 
     suite: str
@@ -62,6 +64,7 @@ class RunPlan:
     tuples: int
     seconds: Optional[float]
     untimed: tuple = ()
+    unloadable: int = 0
 
     def lines(self) -> list[str]:
         """The plan as the CLI prints it."""
@@ -144,7 +147,7 @@ def plan_run(suite: Suite, verifiers: Optional[Iterable[Any]] = None, options: A
     ``timing=False`` skips the timing batches (``seconds`` is then ``None``).
     """
     verifiers = list(verifiers) if verifiers is not None else None
-    jobs, _ = plan_jobs(suite, verifiers, num_drafts=num_drafts, draft_len=draft_len)
+    jobs, unloadable = plan_jobs(suite, verifiers, num_drafts=num_drafts, draft_len=draft_len)
     selections = {}
     for verifier in verifiers or ():
         selections[verifier.name] = _selection(verifier, num_drafts, draft_len)
@@ -169,5 +172,6 @@ def plan_run(suite: Suite, verifiers: Optional[Iterable[Any]] = None, options: A
         if per_row is not None:
             seconds += job_samples * (per_row + SAMPLE_OVERHEAD_SECONDS) + job_tuples * (per_law or per_row)
     known = timing and (not jobs or len(untimed) < len({id(v) for v, _ in jobs}))
-    return RunPlan(suite.name, tuple(jobs), selections, samples, tuples, seconds if known else None, tuple(untimed))
+    return RunPlan(suite.name, tuple(jobs), selections, samples, tuples, seconds if known else None, tuple(untimed),
+                   len(unloadable))
 
