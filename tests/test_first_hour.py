@@ -15,13 +15,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spectr_audit.cli import main
 from spectr_audit.contract.verifier import FunctionVerifier
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.results import EXIT_ERROR
 from spectr_audit.run.conformance import check_verifier
-from spectr_audit.run.suite import case_selection, load_suite, select_cases
+from spectr_audit.run.suite import case_selection, load_suite, parse_values, select_cases
 from spectr_audit.verifiers.library.broken import KSeqLowRho
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -199,3 +201,27 @@ def test_a_function_declares_its_shape_as_attributes():
     wrapped = as_verifier(verify)
     assert wrapped.declares_shape and wrapped.supports(1, 3) and not wrapped.supports(1, 1)
     assert case_selection(wrapped) == (None, None)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(values=st.sets(st.integers(1, 12), min_size=1), split=st.booleans())
+def test_parse_values_reads_back_any_set_written_as_ranges(values, split):
+    # the oracle: write each run of consecutive values as a range (or every value alone), in shuffled order
+    runs, ordered = [], sorted(values)
+    for v in ordered:
+        if runs and v == runs[-1][1] + 1 and not split:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    text = ",".join(f"{a}-{b}" if b > a else str(a) for a, b in reversed(runs))
+    assert parse_values(text, "x") == tuple(ordered)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(declared=st.one_of(st.none(), st.sets(st.integers(1, 6), min_size=1)),
+       low=st.integers(1, 3), high=st.one_of(st.none(), st.integers(3, 6)), k=st.integers(1, 7))
+def test_supports_is_the_bounds_and_the_declared_values(declared, low, high, k):
+    verifier = FunctionVerifier(lambda draft_tokens, draft_probs, target_probs, generator: None, min_drafts=low,
+                                max_drafts=high, num_drafts=None if declared is None else sorted(declared))
+    expected = low <= k and (high is None or k <= high) and (declared is None or k in declared)
+    assert verifier.supports(k, 1) == expected
