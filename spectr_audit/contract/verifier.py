@@ -269,7 +269,7 @@ class Verifier:
     takes_logits: bool = False
     #: Whether the verifier says which (K, L) it supports: a class does (its bounds, by default
     #: any); a plain function wrapped with none of :data:`SHAPE_ATTRS` does not, and a suite run
-    #: audits it at K = 1, L = 1 unless told otherwise (:func:`spectr_audit.run.suite.undeclared_default`).
+    #: audits it at K = 1, L = 1 unless told otherwise (:func:`spectr_audit.run.suite.case_selection`).
     declares_shape: bool = True
 
     # -- public, validated -------------------------------------------------
