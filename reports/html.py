@@ -36,7 +36,7 @@ def _verdict(result: AuditResult) -> tuple[str, str]:
     """(text, css class of the row)."""
     if result.error is not None:
         return "ERROR", "unexpected"
-    measured = result.verdict  # exact, CERTIFIED, INCONCLUSIVE or FINDING
+    measured = result.verdict_label  # exact, PASS (sampled), CERTIFIED, INCONCLUSIVE or FINDING
     if result.expected is None:
         return measured, ("inconclusive" if result.inconclusive else "") if result.passed else "unexpected"
     declared = "exact" if result.expected else "inexact"
@@ -109,14 +109,16 @@ def _inconclusive(report: AuditReport) -> list[str]:
 def _summary_table(report: AuditReport, violated: set) -> list[str]:
     present = [(key, label) for key, label in _COLUMNS if any(key in r.metrics for r in report.results)]
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in present)
-    out = [f'<table><thead><tr><th class="text">verifier</th><th class="text">case</th>'
+    out = [f'<table class="results"><thead><tr><th class="text">verifier</th><th class="text">case</th>'
            f'<th class="text">verdict</th><th class="text">gate</th>{head}</tr></thead><tbody>']
     for r in report.results:
         verdict, css = _verdict(r)
         gate = "violated" if (r.verifier, r.case) in violated else ""
         if gate and not css:
             css = "finding"
-        cells = "".join(f"<td>{_metric_cell(r.metrics, key)}</td>" for key, _ in present)
+        # a value with its interval wraps at its spaces (a number alone never breaks)
+        cells = "".join(f'<td{" class=wrap" if _interval_of(r.metrics, key) else ""}>{_metric_cell(r.metrics, key)}</td>'
+                        for key, _ in present)
         out.append(
             f'<tr class="{css}"><td class="text">{html.escape(r.verifier)}</td><td class="text">{html.escape(r.case)}</td>'
             f'<td class="text">{html.escape(verdict)}</td><td class="text">{gate}</td>{cells}</tr>'
@@ -131,7 +133,7 @@ def _verifier_table(report: AuditReport, violated: set) -> list[str]:
     for r in report.results:
         rows.setdefault(r.verifier, []).append(r)
     out = ['<h2 id="verifiers">Verifiers</h2>',
-           '<table class="verifiers"><thead><tr><th class="text">verifier</th><th>cases</th><th>exact</th><th>inconclusive</th>'
+           '<table class="verifiers"><thead><tr><th class="text">verifier</th><th>cases</th><th>passed</th><th>inconclusive</th>'
            '<th>findings</th><th>errors</th><th>not as expected</th><th>gate violations</th><th>max TV</th><th>min acc / alpha*</th>'
            '<th>min p-value</th></tr></thead><tbody>']
     for name, results in rows.items():
@@ -147,19 +149,20 @@ def _verifier_table(report: AuditReport, violated: set) -> list[str]:
                 return _fmt(None)
             return _metric_cell(min(rated, key=lambda r: r.metrics["acceptance_ratio"]).metrics, "acceptance_ratio")
 
-        unexpected = sum(not r.as_expected for r in results)
+        unexpected = sum(not r.as_expected and r.error is None for r in results)  # errors have their own column
+        errors = sum(r.error is not None for r in results)
         declared = {r.expected for r in results if r.expected is not None}
         label = name + (f" (declared {'exact' if declared == {True} else 'inexact'})" if len(declared) == 1 else "")
         num_violated = sum((r.verifier, r.case) in violated for r in results)
-        css = "unexpected" if unexpected else ("finding" if num_violated else "")
+        css = "unexpected" if unexpected or errors else ("finding" if num_violated else "")
         out.append(
             f'<tr class="{css}"><td class="text">{html.escape(label)}</td><td>{len(results)}</td>'
-            # exact: every check held at its planned power (or certified); INCONCLUSIVE results are not exact
+            # passed: every check held at its planned power (exact, sampled or certified); INCONCLUSIVE is not
             f"<td>{sum(r.verdict in ('exact', 'CERTIFIED') for r in results)}</td>"
             f"<td>{sum(r.verdict == 'INCONCLUSIVE' for r in results)}</td>"
             f"<td>{sum(not r.passed and r.error is None for r in results)}</td>"
-            f"<td>{sum(r.error is not None for r in results)}</td><td>{unexpected}</td><td>{num_violated}</td>"
-            f"<td>{_fmt(extreme('tv_distance', max))}</td><td>{smallest_ratio()}</td>"
+            f"<td>{errors}</td><td>{unexpected}</td><td>{num_violated}</td>"
+            f'<td>{_fmt(extreme("tv_distance", max))}</td><td class="wrap">{smallest_ratio()}</td>'
             f"<td>{_fmt(extreme('pvalue', min))}</td></tr>"
         )
     out.append("</tbody></table>")
@@ -192,7 +195,9 @@ def _findings(report: AuditReport, gate: Any) -> list[str]:
         out.append("<p>None: every check of every result held.</p>")
     else:
         # wrapped text columns (and, as every table, a scroll container): it fits the page at any window width
-        out.append('<table class="findings"><thead><tr><th class="text">verifier</th>'
+        out.append('<table class="findings"><colgroup><col style="width: 11%"><col style="width: 13%">'
+                   '<col style="width: 9%"><col style="width: 32%"><col style="width: 7%"><col style="width: 7%">'
+                   '<col style="width: 21%"></colgroup><thead><tr><th class="text">verifier</th>'
                    '<th class="text">case</th><th class="text">verdict</th>'
                    '<th class="text">failed check: what it found</th><th>value</th><th>threshold</th><th class="text">'
                    "worst strings (string: implied vs target law) or cells (observed vs expected count)</th></tr>"
@@ -217,7 +222,7 @@ def _findings(report: AuditReport, gate: Any) -> list[str]:
             for i, (name, value, threshold, detail) in enumerate(rows):
                 tail = f'<td class="text worst" rowspan="{len(rows)}">{worst_html}</td>' if i == 0 else ""
                 if name == "error":
-                    name_html = f"error: <code>{html.escape(detail)}</code>"
+                    name_html = f'error: <code class="error">{html.escape(detail)}</code>'
                 else:  # the check's detail says what it found, in the words of its outcome
                     name_html = html.escape(name) + (f'<br><span class="detail">{html.escape(detail)}</span>'
                                                      if detail else "")
@@ -349,7 +354,6 @@ def render_html(report: AuditReport, gate: Any = None, *, figures: bool = True, 
         HTML text with inline CSS and figures as ``data:image/png;base64`` images.
     """
     passed = report.passed and (gate is None or gate.passed)
-    num_expected = sum(r.as_expected for r in report.results)
     violated = {(v.verifier, v.case) for v in getattr(gate, "violations", ()) or ()}
     badge = '<span class="badge pass">PASS</span>' if passed else '<span class="badge fail">FAIL</span>'
     if passed and report.inconclusive:
@@ -370,10 +374,12 @@ def render_html(report: AuditReport, gate: Any = None, *, figures: bool = True, 
         f"<title>spectr-audit report: {html.escape(report.suite)}</title>",
         f"<style>{_CSS}{_REAL_LM_CSS if real_lm is not None else ''}</style></head><body>",
         f"<h1>spectr-audit report: suite <code>{html.escape(report.suite)}</code></h1>",
-        f'<p class="meta">{badge} {num_expected}/{len(report.results)} results as expected{gate_line}'
+        f'<p class="meta">{badge} {len(report.results)} results: {html.escape(report.outcome_text())}{gate_line}'
         f" &middot; spectr-audit {html.escape(__version__)}{(' &middot; ' + meta) if meta else ''}</p>",
         _incomplete_html(report),
-        '<p class="note">Verdicts: <b>exact</b> = every check held; <b>FINDING</b> = some check failed; '
+        '<p class="note">Verdicts: <b>exact</b> = every check of the exact audit held; <b>PASS (sampled)</b> = the '
+        "statistical audit of a verifier without an exact law rejected nothing at its planned power; <b>FINDING</b> = "
+        "some check failed; <b>ERROR</b> = the audit could not run (the verifier raised); "
         "<b>INCONCLUSIVE</b> = nothing rejected, but the achieved minimum detectable TV is above the planned one (or a "
         "certificate was not reached); <b>CERTIFIED</b> = the upper confidence bound on the TV is within the tolerance "
         "asked for. Sampled TV estimates are on the audited partition, with their confidence interval. A verifier may "

@@ -25,10 +25,15 @@ td.wrap { white-space: normal; }
 .scroll { overflow-x: auto; max-width: 100%; }
 table.findings { width: 100%; }
 table.findings td.text, table.findings th { white-space: normal; }
-table.findings td:nth-child(-n+2) { white-space: nowrap; }
 table.findings td.worst { min-width: 17em; }
 table.verifiers th { white-space: normal; }
+table.verifiers { width: 100%; }
+table.verifiers td.text { white-space: normal; overflow-wrap: anywhere; }
+table.results th { white-space: normal; }
 table.findings td.text code { white-space: nowrap; }
+table.findings { table-layout: fixed; }
+table.findings td { white-space: normal; overflow-wrap: anywhere; }
+table.findings td.wrap code.error { white-space: pre-wrap; overflow-wrap: anywhere; }
 .detail { color: #555; font-size: 0.88em; font-weight: normal; }
 nav a { margin-right: 1em; }
 tr.finding td { background: #fff0f0; }

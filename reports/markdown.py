@@ -34,7 +34,7 @@ def _fmt(value: Optional[float], digits: int = 4) -> str:
 def _verdict(result: AuditResult) -> str:
     if result.error is not None:
         return "ERROR"
-    measured = result.verdict  # exact, CERTIFIED, INCONCLUSIVE or FINDING
+    measured = result.verdict_label  # exact, PASS (sampled), CERTIFIED, INCONCLUSIVE or FINDING
     if result.expected is None:
         return measured
     declared = "exact" if result.expected else "inexact"
@@ -290,12 +290,12 @@ def render_markdown(report: AuditReport) -> str:
     lines = [
         f"# spectr-audit report: suite `{report.suite}`",
         "",
-        f"**Overall: {overall}** "
-        f"({sum(r.as_expected for r in report.results)}/{len(report.results)} results as expected"
-        + (f", {len(report.inconclusive)} inconclusive" if report.inconclusive else "") + ")",
+        f"**Overall: {overall}** ({len(report.results)} results: {report.outcome_text()})",
         "",
         *([_incomplete_line(report), ""] if report.meta.get("incomplete") else []),
-        "Verdicts: `exact` = every check held; `FINDING` = some check failed (see below); `INCONCLUSIVE` = nothing "
+        "Verdicts: `exact` = every check of the exact audit held; `PASS (sampled)` = the statistical audit of a "
+        "verifier without an exact law rejected nothing at its planned power; `FINDING` = some check failed (see "
+        "below); `ERROR` = the audit could not run (the verifier raised); `INCONCLUSIVE` = nothing "
         "rejected, but the achieved minimum detectable TV is above the planned one (or a certificate was not "
         "reached); `CERTIFIED` = the upper confidence bound on the TV is within the tolerance asked for. A sampled TV "
         "is an estimate on the audited partition, ~estimate [confidence interval]; acceptance carries its 95% "

@@ -54,6 +54,8 @@ __all__ = [
     "ENGINE_TREE_CHUNK",
     "PROBE_CALLS",
     "PROBE_ROWS",
+    "UNDECLARED_NUM_DRAFTS",
+    "UNDECLARED_DRAFT_LEN",
 ]
 
 # -- the statistical audit ----------------------------------------------------------------------
@@ -178,3 +180,9 @@ VERIFIER_TIMEOUT = 300.0
 #: numerics (a near-tie), not a finding.
 GENERATION_MIN_DETECTABLE_TV = 0.02
 GENERATION_LOGIT_TOLERANCE = 1e-3
+
+#: The K and L a suite run audits a verifier at when it declares none of its (K, L) (a plain function
+#: without ``num_drafts`` / ``draft_len`` / ``max_drafts`` ...) and none is selected (``--num-drafts``,
+#: ``--draft-len``): the smallest step, which every verifier takes.
+UNDECLARED_NUM_DRAFTS = (1,)
+UNDECLARED_DRAFT_LEN = (1,)

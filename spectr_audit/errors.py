@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["SpectrAuditError", "InvalidArgument", "VerifierError"]
+
 
 class SpectrAuditError(Exception):
     """Root of every error raised by spectr-audit on purpose."""

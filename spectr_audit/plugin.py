@@ -52,7 +52,9 @@ certification: ``--spectr-max-samples N`` (the same as ``--spectr-samples``),
 ``--spectr-max-seconds S`` / ``spectr_audit_max_seconds``, ``--spectr-certify-tv EPS`` /
 ``spectr_audit_certify_tv`` (a check passes only when every case is CERTIFIED), and
 ``--spectr-fail-on-inconclusive`` / ``spectr_audit_fail_on_inconclusive`` (a check whose results
-held without their planned power, INCONCLUSIVE, fails its test).
+held without their planned power, INCONCLUSIVE, fails its test).  Cases: ``--spectr-num-drafts K`` /
+``spectr_audit_num_drafts`` and ``--spectr-draft-len L`` / ``spectr_audit_draft_len`` (``2``, ``1,2``,
+``1-3``) narrow the checks that name no K / L and the suite audits to those values.
 
 With pytest-xdist (``pytest -n N``) each worker sends its audits to the controller when it
 finishes (``workeroutput``), so the terminal summary, the session gate and ``--spectr-report``
@@ -117,6 +119,9 @@ class SpectrAuditFixture:
         self.certify_tv = settings.certify_tv
         #: INCONCLUSIVE results fail the test (``--spectr-fail-on-inconclusive``, or certifying)
         self.fail_on_inconclusive = settings.fail_on_inconclusive or settings.certify_tv is not None
+        #: The K and L of the session (``--spectr-num-drafts`` / ``--spectr-draft-len``; ``None``: not narrowed)
+        self.num_drafts = settings.num_drafts
+        self.draft_len = settings.draft_len
 
     def options(self) -> Any:
         """The :class:`~spectr_audit.run.runner.AuditOptions` of this session."""
@@ -166,6 +171,10 @@ class SpectrAuditFixture:
         if unknown:
             raise InvalidArgument(f"{', '.join(unknown)}: unknown argument(s); expected some of {', '.join(_CHECK_KWARGS)}")
         merged = _with_params({**{k: v for k, v in self._defaults.items() if k != "verifier"}, **kwargs})
+        if merged.get("tree") is None:  # the session's K and L, where the test names none
+            for key in ("num_drafts", "draft_len"):
+                if merged.get(key) is None and getattr(self, key) is not None:
+                    merged[key] = list(getattr(self, key))
         verifier = verifier if verifier is not None else self._defaults.get("verifier")
         if verifier is None:
             raise InvalidArgument("verifier: no verifier given to spectr_audit.check and none on the marker")
@@ -187,7 +196,8 @@ class SpectrAuditFixture:
         __tracebackhide__ = _hide_for_findings
         return _generation_fixture_for(self._node)(generate, score, prompts, **kwargs)
 
-    def audit(self, verifier: Any, suite: Any = "default", *, params: Any = None, order: Optional[str] = None) -> Any:
+    def audit(self, verifier: Any, suite: Any = "default", *, params: Any = None, order: Optional[str] = None,
+              num_drafts: Any = None, draft_len: Any = None) -> Any:
         """Audit ``verifier`` on every case of ``suite`` it supports; record and return the report.
 
         Parameters
@@ -199,6 +209,10 @@ class SpectrAuditFixture:
             Sampling parameters for every chain case (replacing the suite's own; docs/sampling.md).
         order : str, optional
             The engine's processing order of the parameters (default: each case's, ``"vllm"``).
+        num_drafts, draft_len : int, list or str (``"1-3"``), optional
+            Only the suite's cases of these K and L (default: the session's ``--spectr-num-drafts`` /
+            ``--spectr-draft-len``, else every case; a plain function that declares none runs at K = 1,
+            L = 1 where nothing is selected).
 
         Returns
         -------
@@ -213,7 +227,10 @@ class SpectrAuditFixture:
         if params is not None or order is not None:
             suite_obj = with_sampling(suite_obj, params, order)
         verifiers = verifier if isinstance(verifier, (list, tuple)) else [verifier]
-        report = run_suite(suite_obj, [load_verifier(v) for v in verifiers], self.options())
+        num_drafts = num_drafts if num_drafts is not None else self.num_drafts
+        draft_len = draft_len if draft_len is not None else self.draft_len
+        report = run_suite(suite_obj, [load_verifier(v) for v in verifiers], self.options(), num_drafts=num_drafts,
+                           draft_len=draft_len)
         self._record(report)
         return report
 

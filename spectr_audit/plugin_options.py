@@ -2,7 +2,8 @@
 ``pytest_configure`` reads from them, and the records the session's audits leave in ``config.stash``.
 
 :mod:`spectr_audit.plugin` imports this module at pytest start, so it is as light as the plugin:
-pytest, the standard library, :mod:`spectr_audit.defaults` and :mod:`spectr_audit.run.gate` only.
+pytest, the standard library, :mod:`spectr_audit.defaults`, :mod:`spectr_audit.run.gate` and
+:mod:`spectr_audit.run.selection` only.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any, Optional
 import pytest
 
 from spectr_audit import defaults
+from spectr_audit.errors import InvalidArgument
 from spectr_audit.run.gate import add_gate_arguments, parse_threshold
+from spectr_audit.run.selection import parse_values
 
 #: The name of the plugin's marker.
 MARKER = "spectr_audit"
@@ -34,6 +37,10 @@ class Settings:
     max_seconds: Optional[float] = None
     certify_tv: Optional[float] = None
     fail_on_inconclusive: bool = False
+    #: The K and L the session's audits run at (``--spectr-num-drafts`` / ``--spectr-draft-len``); ``None``:
+    #: each check's own, and a suite's every case the verifier supports.
+    num_drafts: Optional[tuple] = None
+    draft_len: Optional[tuple] = None
 
 
 @dataclasses.dataclass
@@ -118,6 +125,15 @@ def _tolerance(text: str, argument: str = "--spectr-certify-tv") -> Optional[flo
     return _alpha(text, argument)
 
 
+def _values(text: str, argument: str) -> Optional[tuple]:
+    if text in ("", None):
+        return None
+    try:
+        return parse_values(text, argument)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("spectr-audit", "spectr-audit: audit speculative-decoding verifiers")
     group.addoption("--spectr-seed", dest="spectr_seed", type=_seed, default=None, metavar="N",
@@ -138,7 +154,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--spectr-report", dest="spectr_report", default=None, metavar="PATH",
                     help="write every audit of the session to PATH: .json, .md, .html or .xml (JUnit) "
                     "(ini: spectr_audit_report)")
+    group.addoption("--spectr-num-drafts", dest="spectr_num_drafts", default=None, metavar="K",
+                    type=lambda text: _values(text, "--spectr-num-drafts"),
+                    help="audit at these K only (e.g. 1, 1,2 or 1-3): the fixture's checks and suite audits "
+                    "(ini: spectr_audit_num_drafts; default: each check's own, every K a verifier supports)")
+    group.addoption("--spectr-draft-len", dest="spectr_draft_len", default=None, metavar="L",
+                    type=lambda text: _values(text, "--spectr-draft-len"),
+                    help="audit at these L only (e.g. 3 or 1-2) (ini: spectr_audit_draft_len)")
     add_gate_arguments(group.addoption, prefix="--spectr-", dest="spectr_gate")
+    parser.addini("spectr_audit_num_drafts", "spectr-audit: the K the session's audits run at (e.g. 1,2)", default="")
+    parser.addini("spectr_audit_draft_len", "spectr-audit: the L the session's audits run at (e.g. 3)", default="")
     parser.addini("spectr_audit_seed", f"spectr-audit: seed of every random draw (default {defaults.SEED})",
                   default=str(defaults.SEED))
     parser.addini("spectr_audit_samples", "spectr-audit: sample budget of each statistical test",
@@ -224,7 +249,11 @@ def pytest_configure(config: pytest.Config) -> None:
     fail_on_inconclusive = (bool(option.spectr_fail_on_inconclusive)
                             if getattr(option, "spectr_fail_on_inconclusive", None) is not None
                             else bool(config.getini("spectr_audit_fail_on_inconclusive")))
+    shape = {}
+    for key in ("num_drafts", "draft_len"):
+        given = getattr(option, f"spectr_{key}", None)
+        shape[key] = given if given is not None else _from_ini(config, f"spectr_audit_{key}", _values)
     config.stash[SETTINGS] = Settings(seed, samples, alpha, report, tuple(thresholds), max_seconds, certify_tv,
-                                        fail_on_inconclusive)
+                                        fail_on_inconclusive, **shape)
     config.stash[RECORDS] = []
     config.stash[GENERATION_RECORDS] = []

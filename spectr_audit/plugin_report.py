@@ -134,7 +134,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         elif result.verdict == "CERTIFIED":
             verdict = "CERTIFIED"
         else:
-            verdict = "exact" if result.passed else "inexact (declared)"
+            verdict = result.verdict_label if result.passed else "inexact (declared)"  # exact, PASS (sampled)
         counts[verdict] = counts.get(verdict, 0) + 1
         terminalreporter.write_line(
             f"{verdict:<12} {result.verifier} on {result.case}: {_numbers(result.metrics)}  [{record.nodeid}]",

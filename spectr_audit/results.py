@@ -13,6 +13,8 @@ JSON contract (stable; CI users parse it)::
           "passed": bool,          # all of this result's checks hold (false on error)
           "verdict": str,          # "exact", "CERTIFIED", "INCONCLUSIVE", "FINDING" or "ERROR"
           "inconclusive": bool,    # passed, but some check lacked the power asked for
+          "sampled": true,         # only when judged from samples (the statistical audit): a verdict
+                                   # "exact" then means no deviation detected at the audit's power
           "expected": bool,        # only when the verifier declared a verdict:
                                    # the declared value of "passed"
           "error": str,            # only when the audit could not run
@@ -32,13 +34,41 @@ from typing import Any, Optional
 
 from spectr_audit import __version__
 
-__all__ = ["Check", "AuditResult", "AuditReport", "EXIT_INCONCLUSIVE", "VERDICTS", "jsonable"]
+__all__ = ["Check", "AuditResult", "AuditReport", "EXIT_ERROR", "EXIT_INCONCLUSIVE", "VERDICTS", "error_origin",
+           "jsonable"]
 
 #: The verdicts of a result, from :attr:`AuditResult.verdict`.
 VERDICTS = ("exact", "CERTIFIED", "INCONCLUSIVE", "FINDING", "ERROR")
 #: Exit status of a run that failed only because some results were inconclusive
 #: (``--fail-on-inconclusive``, or ``--certify-tv`` where a certificate was not reached).
 EXIT_INCONCLUSIVE = 3
+#: Exit status of a run in which some audits could not run (the verifier raised, broke the call's contract or
+#: ran past its time limit) and no finding stood in the way: errors are not findings.
+EXIT_ERROR = 4
+
+
+def error_origin(result: "AuditResult") -> str:
+    """Where an error result's exception was raised, from its traceback (``details["traceback"]``): the last
+    ``File "...", line N, in f`` of its root cause (the first exception of a chain), as ``file:N in f``; ``""``
+    when the result has none.
+
+    Examples
+    --------
+    >>> tb = ['Traceback (most recent call last):', '  File "/x/my_verifier.py", line 7, in my_verify',
+    ...       '    y = x[3]', 'IndexError: index 3 is out of bounds']
+    >>> error_origin(AuditResult("v", "c", error="IndexError: ...", details={"traceback": chr(10).join(tb)}))
+    '/x/my_verifier.py:7 in my_verify'
+    """
+    text = str((result.details or {}).get("traceback") or "")
+    # a chained traceback lists the root cause first: where the verifier itself raised
+    for separator in ("The above exception was the direct cause", "During handling of the above exception"):
+        text = text.split(separator)[0]
+    frames = [line.strip() for line in text.splitlines() if line.strip().startswith('File "')]
+    if not frames:
+        return ""
+    path, _, rest = frames[-1][len('File "'):].partition('", line ')
+    number, _, function = rest.partition(", in ")
+    return f"{path}:{number}" + (f" in {function}" if function else "")
 
 
 def jsonable(value: Any) -> Any:
@@ -134,12 +164,28 @@ class AuditResult:
         return "CERTIFIED" if any(c.name == "certified-tv" for c in self.checks) else "exact"
 
     @property
+    def sampled(self) -> bool:
+        """Judged from samples (the statistical audit), not from an exact law: a pass is then "no deviation
+        detected at the audit's power", not "exact"."""
+        names = {c.name for c in self.checks}
+        return "statistical" in names and not any(name.startswith("exact") for name in names)
+
+    @property
+    def verdict_label(self) -> str:
+        """The verdict as reports show it: :attr:`verdict`, with a sampled pass as ``"PASS (sampled)"`` (the
+        word ``exact`` is the exact audit's)."""
+        verdict = self.verdict
+        return "PASS (sampled)" if verdict == "exact" and self.sampled else verdict
+
+    @property
     def failed_checks(self) -> list:
         return [c for c in self.checks if not c.passed]
 
     def to_dict(self) -> dict:
         out: dict = {"verifier": self.verifier, "case": self.case, "passed": self.passed, "verdict": self.verdict,
                      "inconclusive": self.inconclusive}
+        if self.sampled:
+            out["sampled"] = True
         if self.expected is not None:
             out["expected"] = self.expected
         if self.error is not None:
@@ -185,15 +231,73 @@ class AuditReport:
         return [r for r in self.results if r.inconclusive]
 
     @property
+    def errors(self) -> list:
+        """The results of audits that could not run (``error`` set): not findings."""
+        return [r for r in self.results if r.error is not None]
+
+    @property
+    def findings(self) -> list:
+        """The results that ran and whose verdict is not as declared (a finding of a verifier declared exact or
+        undeclared, or none of one declared inexact)."""
+        return [r for r in self.results if r.error is None and not r.as_expected]
+
+    def outcome_counts(self) -> dict:
+        """The results in disjoint groups, in this order: ``passed`` (as expected, at full power),
+        ``expected findings`` (findings of verifiers declared inexact), ``findings`` (not as expected),
+        ``held though declared inexact``, ``errors``, ``inconclusive``."""
+        groups = {"passed": 0, "expected findings": 0, "findings": 0, "held though declared inexact": 0,
+                  "errors": 0, "inconclusive": 0}
+        for r in self.results:
+            if r.error is not None:
+                groups["errors"] += 1
+            elif not r.passed:
+                groups["expected findings" if r.as_expected else "findings"] += 1
+            elif not r.as_expected:
+                groups["held though declared inexact"] += 1
+            elif r.inconclusive:
+                groups["inconclusive"] += 1
+            else:
+                groups["passed"] += 1
+        return groups
+
+    def outcome_text(self) -> str:
+        """:meth:`outcome_counts` in words: what each number means, so that a passing run with findings reads as
+        one ("41 findings on rules declared inexact, as expected").
+
+        Examples
+        --------
+        >>> report = AuditReport((AuditResult("a", "c", (Check("exact", False),), expected=False),
+        ...                       AuditResult("b", "c", (Check("exact", True),))))
+        >>> report.outcome_text()
+        '1 passed, 1 finding on a rule declared inexact, as expected, 0 findings not as expected, 0 errors, 0 inconclusive'
+        """
+        groups = self.outcome_counts()
+        expected = groups["expected findings"]
+        parts = [f"{groups['passed']} passed"]
+        if expected:
+            parts.append(f"{expected} finding on a rule declared inexact, as expected" if expected == 1 else
+                         f"{expected} findings on rules declared inexact, as expected")
+        parts.append(f"{groups['findings']} finding{'' if groups['findings'] == 1 else 's'} not as expected")
+        if groups["held though declared inexact"]:
+            parts.append(f"{groups['held though declared inexact']} declared inexact but held every check (not as "
+                         "expected)")
+        parts.append(f"{groups['errors']} error{'' if groups['errors'] == 1 else 's'}")
+        parts.append(f"{groups['inconclusive']} inconclusive")
+        return ", ".join(parts)
+
+    @property
     def exit_code(self) -> int:
         """0 when every verdict is as expected, 1 otherwise (2 is reserved for usage errors)."""
         return 0 if self.passed else 1
 
     def exit_status(self, fail_on_inconclusive: bool = False) -> int:
-        """:attr:`exit_code`, or :data:`EXIT_INCONCLUSIVE` (3) when that is 0, inconclusive results
-        fail the run (``fail_on_inconclusive``) and there are some."""
-        if self.exit_code == 0 and fail_on_inconclusive and self.inconclusive:
-            return EXIT_INCONCLUSIVE
+        """The run's exit status: 0 every verdict as expected; 1 a finding (or a run that stopped early);
+        :data:`EXIT_ERROR` (4) no finding but some audits errored; :data:`EXIT_INCONCLUSIVE` (3) all as
+        expected but inconclusive results fail the run (``fail_on_inconclusive``) and there are some."""
+        if self.exit_code == 0:
+            return EXIT_INCONCLUSIVE if fail_on_inconclusive and self.inconclusive else 0
+        if not self.findings and self.errors and not self.meta.get("incomplete"):
+            return EXIT_ERROR
         return self.exit_code
 
     def to_dict(self) -> dict:

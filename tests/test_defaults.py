@@ -57,6 +57,8 @@ SENTINELS = {
     "ENGINE_TREE_CHUNK": 1717,
     "PROBE_CALLS": 3,
     "PROBE_ROWS": 13,
+    "UNDECLARED_NUM_DRAFTS": [3],
+    "UNDECLARED_DRAFT_LEN": [2],
 }
 
 _PROBE = textwrap.dedent(
@@ -74,7 +76,9 @@ _PROBE = textwrap.dedent(
     from spectr_audit.run import budget, conformance, runner
     from spectr_audit.statistical import agreement, audit, power
     from spectr_audit.statistical import _checks, _planning, gof, nulls, partition
-    from spectr_audit.run import guard
+    from spectr_audit.run import guard, suite
+    from spectr_audit.contract.verifier import FunctionVerifier
+    undeclared = FunctionVerifier(lambda draft_tokens, draft_probs, target_probs, generator: None)
     from spectr_audit.exact import iteration, multi_iteration
     tree_exact = importlib.import_module("spectr_audit.exact.tree")
     tree_lp = importlib.import_module("spectr_audit.bounds.tree_lp")
@@ -217,6 +221,8 @@ _PROBE = textwrap.dedent(
         "budget.max_cells": budget._MAX_CELLS,
         "budget.max_strata": budget._MAX_STRATA,
         "budget.min_expected": budget._MIN_EXPECTED,
+        "suite.case_selection.num_drafts": list(suite.case_selection(undeclared)[0]),
+        "suite.case_selection.draft_len": list(suite.case_selection(undeclared)[1]),
     }
     print(json.dumps(out))
     """
@@ -302,6 +308,8 @@ EXPECTED = {
     "budget.max_cells": "PARTITION_MAX_CELLS",
     "budget.max_strata": "MAX_STRATA",
     "budget.min_expected": "MIN_EXPECTED",
+    "suite.case_selection.num_drafts": "UNDECLARED_NUM_DRAFTS",
+    "suite.case_selection.draft_len": "UNDECLARED_DRAFT_LEN",
 }
 
 

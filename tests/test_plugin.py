@@ -164,7 +164,7 @@ def test_a_broken_verifier_fails_its_test_naming_case_and_cells(project):
     result = project.runpytest(*FAST)
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines([
-        "E *ConformanceFailure: check_verifier(bad_verify): 5 of 10 checks failed",
+        "E *ConformanceFailure: check_verifier(bad_verify): 5 of 20 checks failed (0 of the contract's 5; 5 in the fidelity audits of 5 of 5 cases)",
         "E *fidelity on case 'seed-spectr/K=1/L=1':",
         "E *check statistical failed: value *, threshold 0.0002 *",
         "E *worst cells (observed vs expected count): *",
@@ -389,3 +389,27 @@ def test_xdist_workers_send_their_audits_to_the_controller(project, tmp_path):
     assert len(data["results"]) == len(lines) == num_kseq_cases + 1 >= 6
     # the session gate saw every worker's audits: no audit measured the metric, so it fails on the controller
     result.stdout.fnmatch_lines(["GATE     --spectr-gate block_lp_repair_optimum>=1: no audit of this session*"])
+
+
+def test_spectr_num_drafts_and_draft_len_narrow_the_sessions_audits(project):
+    project.makepyfile(test_shapes="""
+        from my_verifiers import good_verify
+
+        def test_suite(spectr_audit):
+            report = spectr_audit.audit(good_verify, suite="default")
+            assert {(r.metrics["num_drafts"], r.metrics["draft_len"]) for r in report.results} == {(2, 2)}
+
+        def test_check(spectr_audit):
+            report = spectr_audit.check(good_verify)
+            assert {r.case.split("/", 1)[1] for r in report.audit.results} == {"K=2/L=2"}
+
+        def test_a_bare_function_without_selection(spectr_audit):
+            spectr_audit.num_drafts = spectr_audit.draft_len = None
+            report = spectr_audit.audit(good_verify, suite="default")
+            assert {(r.metrics["num_drafts"], r.metrics["draft_len"]) for r in report.results} == {(1, 1)}
+    """)
+    result = project.runpytest(*FAST, "--spectr-num-drafts", "2", "--spectr-draft-len", "2")
+    result.assert_outcomes(passed=3)
+    result = project.runpytest(*FAST, "--spectr-draft-len", "0")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*--spectr-draft-len*expected positive integers or ranges*"])

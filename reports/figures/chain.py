@@ -333,8 +333,9 @@ def _group(results: Iterable[Any], key) -> dict:
 def report_figures(report: Any, max_law_figures: int = 48) -> list[Figure]:
     """Every figure for ``report``, grouped by case family.
 
-    Acceptance figures: one per (case family, L) with at least one result that has K and an
-    acceptance (draft-tree cases are drawn by :func:`tree_figure`, in the report's tree section).  Block-efficiency figures: one per (case family, K) with at least two draft
+    Acceptance figures: one per (case family, L) with results that have K and an acceptance at
+    several K, or of several verifiers side by side at one K (one verifier at one K is a single point:
+    no figure; draft-tree cases are drawn by :func:`tree_figure`, in the report's tree section).  Block-efficiency figures: one per (case family, K) with at least two draft
     lengths.  Law figures: one per case, cases with findings first, at most
     ``max_law_figures`` of them (the rest are counted in the last caption).
     """
@@ -349,6 +350,8 @@ def report_figures(report: Any, max_law_figures: int = 48) -> list[Figure]:
         return (base, length) if k is not None and _number(r.metrics.get("acceptance")) is not None else None
 
     for (base, length), group in sorted(_group(results, shape_key_k).items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        if len({case_shape(r)[1] for r in group}) < 2 and len({r.verifier for r in group}) < 2:
+            continue  # one verifier at one K: a single point, nothing drawn against K (the tables hold it)
         label = base if length is None else f"{base}, L={length}"
         png = acceptance_figure(group, label, colors)
         if png is not None:

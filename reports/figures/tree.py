@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional, Sequence
 
-from spectr_audit.reports.figures._plot import _colors, _new_figure, _png
+from spectr_audit.reports.figures._plot import _colors, _legend_under, _new_figure, _png
 from spectr_audit.reports.figures.reading import _number
 
 __all__ = ["tree_cases", "tree_figure", "tree_text"]
@@ -139,5 +139,5 @@ def tree_figure(tree: dict, results: Sequence[Any], title: str, colors: Optional
     ax_bars.set_xlim(0, max(1.0, depth) * 1.05)
     ax_bars.set_xlabel("tokens")
     ax_bars.set_title("against the best any lossless verifier achieves", fontsize=8)
-    ax_bars.legend(fontsize=6, loc="best")
+    _legend_under(fig, [ax_bars], ncol=3)  # under the figure: never over a bar
     return _png(fig)

@@ -8,7 +8,9 @@ INCONCLUSIVE with ``--fail-on-inconclusive``).
 
 Exit codes: 0 every verdict as expected, 1 findings, 2 usage or input error, 3 only inconclusive
 results stood in the way (with ``--fail-on-inconclusive``, or ``--certify-tv`` where a
-certificate was not reached; without either, an inconclusive result exits 0 and is listed).
+certificate was not reached; without either, an inconclusive result exits 0 and is listed), 4 (``run``
+and ``audit``) no finding but an audit could not run: an ERROR (the verifier raised, broke the call's
+contract or timed out), counted and printed apart from findings.
 
 Under ``torchrun --nproc-per-node N -m spectr_audit run ...`` the processes join one
 ``torch.distributed`` group (gloo; NCCL with ``--device cuda``) and every statistical audit
@@ -33,7 +35,7 @@ __all__ = ["main", "build_parser", "parse_model_spec", "suite_names", "verdict_l
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``spectr-audit`` console script; returns the exit code.
 
-    Exit codes: 0, 1, 3 as in the module docstring; 2 for usage and input errors (a message
+    Exit codes: 0, 1, 3, 4 as in the module docstring; 2 for usage and input errors (a message
     naming the argument, never a traceback; an unexpected error is reported as an internal
     error); 130 after Ctrl-C (SIGINT), with the results finished so far written by ``run``.
     """

@@ -24,10 +24,10 @@ def _unsupported_drafts(verifier, num_drafts: int, draft_len: int) -> str:
     "--num-drafts: verifier 'speculative' supports K = num_drafts in [1, 1]; got 3"
     """
     faults = []
-    if not verifier.min_drafts <= num_drafts <= (num_drafts if verifier.max_drafts is None else verifier.max_drafts):
+    if not verifier.supports_num_drafts(num_drafts):
         faults.append(f"--num-drafts: verifier {verifier.name!r} supports K = num_drafts in {verifier.drafts_range()}; "
                       f"got {num_drafts}")
-    if not verifier.min_draft_len <= draft_len <= (draft_len if verifier.max_draft_len is None else verifier.max_draft_len):
+    if not verifier.supports_draft_len(draft_len):
         faults.append(f"--draft-len: verifier {verifier.name!r} supports L = draft_len in "
                       f"{verifier.draft_len_range()}; got {draft_len}")
     if not faults:  # each in range, not the pair (a verifier with its own supports rule)

@@ -24,7 +24,9 @@ from spectr_audit.cli._args import (
     _top_k,
     _top_p,
 )
+from spectr_audit.errors import InvalidArgument
 from spectr_audit.run.gate import add_gate_arguments
+from spectr_audit.run.selection import parse_values
 
 __all__ = ["COMMAND_MODULES", "build_parser"]
 
@@ -46,13 +48,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_list_parser(sub)
     return parser
 
+def _values_arg(argument: str):
+    """The argparse type of ``--num-drafts`` / ``--draft-len``: ``2``, ``1,2``, ``1-3`` (parse_values)."""
+    def parse(text: str) -> tuple:
+        try:
+            return parse_values(text, argument)
+        except InvalidArgument as exc:
+            raise argparse.ArgumentTypeError(str(exc).partition(": ")[2]) from None
+
+    return parse
+
+
 def _add_run_parser(sub) -> None:
     """The parser of ``run``: the suite, the verifiers, the reports, the gate and the budgets."""
-    run = sub.add_parser("run", help="audit verifiers on a suite and write reports")
+    run = sub.add_parser("run", help="audit verifiers on a suite and write reports", description=_RUN_DESCRIPTION,
+                         epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--suite", default="default", help="built-in suite name or path to a suite .toml (default: default); "
                      "a suite's [[generation]] cases run with spectr-audit generation --suite")
     run.add_argument("--verifier", action="append", default=[], metavar="NAME_OR_IMPORT",
                      help="a built-in short name, package.module:attr or path/file.py:attr (repeatable; default: all built-ins)")
+    run.add_argument("--num-drafts", type=_values_arg("--num-drafts"), default=None, metavar="K",
+                     help="audit only the suite's cases of these K (e.g. 1, 1,2 or 1-3; default: every K each verifier "
+                     "supports; a verifier that declares none: K = 1)")
+    run.add_argument("--draft-len", type=_values_arg("--draft-len"), default=None, metavar="L",
+                     help="audit only the suite's cases of these L (e.g. 3, 1,3 or 2-4; default: every L each verifier "
+                     "supports; a verifier that declares none: L = 1)")
     run.add_argument("--out", default="spectr-audit-report", help="output directory (default ./spectr-audit-report)")
     run.add_argument("--json", action="store_true", help="print the JSON report to stdout")
     run.add_argument("--quick", action="store_true", help="real-lm suite only: a small preset (a minute or so)")
@@ -79,11 +99,31 @@ def _add_run_parser(sub) -> None:
 _EXIT_CODES = """exit codes:
   0  the verdict is as expected: exact, or a finding of a verifier declared inexact
   1  the verdict is not as expected (a finding of a verifier declared exact or undeclared,
-     or no finding of one declared inexact), or the audit could not run (an error result)
+     or no finding of one declared inexact); run: also a gate threshold broken
   2  usage or input error (a message naming the argument; nothing audited)
   3  only inconclusive results stood in the way (--fail-on-inconclusive, or --certify-tv
      where the certificate was not reached)
+  4  no finding, but an audit could not run: the verifier raised, broke the call's contract
+     or ran past --verifier-timeout (an ERROR result: its exception's last line and where
+     it was raised are printed; the traceback is in report.json, details.traceback)
   130  interrupted (Ctrl-C)"""
+
+_RUN_DESCRIPTION = """Audit verifiers on a suite's cases and write the reports.  Each verifier runs on the cases
+it supports: the K = num_drafts and L = draft_len it declares (max_drafts, max_draft_len, or exact
+values num_drafts = 1, draft_len = 3 on the verifier), narrowed by --num-drafts / --draft-len.  A
+plain function that declares none is audited at K = 1, L = 1 unless --num-drafts / --draft-len
+say otherwise.  The plan (the cases, the samples, an estimated time) is printed before the first
+audit; the summary counts findings, errors and inconclusive results apart."""
+
+_RUN_EPILOG = """examples:
+  spectr-audit run                                         # every built-in verifier, suite default
+  spectr-audit run --verifier my_verifier.py:my_verify     # a bare function: K = 1, L = 1
+  spectr-audit run --verifier my_verifier.py:my_verify --num-drafts 1-2 --draft-len 1,2
+  spectr-audit run --verifier my_pkg.mod:MyVerifier --max-tv 1e-9 --html
+
+"""
+
+_RUN_EPILOG += _EXIT_CODES
 
 _AUDIT_DESCRIPTION = """Audit one verifier on one case: a draft distribution, a target distribution, K drafts of
 L tokens (or a draft tree).  A verifier with an exact law (output_probs) is audited exactly:

@@ -20,7 +20,9 @@ from spectr_audit.reports.junit import write_junit
 from spectr_audit.reports.markdown import render_real_lm_markdown, write_markdown
 from spectr_audit.run.gate import evaluate_gate
 from spectr_audit.run.incomplete import RunAborted, RunInterrupted, incomplete_text
+from spectr_audit.results import error_origin
 from spectr_audit.run.output import check_out, clear_earlier_run, write_manifest
+from spectr_audit.run.plan import plan_run
 from spectr_audit.run.runner import AuditOptions, run_suite, select_verifiers
 from spectr_audit.run.suite import load_suite
 
@@ -31,6 +33,8 @@ def _run_real_lm(args, out: Path):
     """``run --suite real-lm``: SmolLM2-135M with a layer-skipping self-speculative draft."""
     if args.verifier:
         raise _UsageError("--verifier: the real-lm suite runs its own verifier grid; drop --verifier")
+    if args.num_drafts is not None or args.draft_len is not None:
+        raise _UsageError("--num-drafts, --draft-len: the real-lm suite runs its own (K, L) grid; drop them")
     options = RealLMOptions.quick(seed=args.seed) if args.quick else RealLMOptions(seed=args.seed)
     try:
         report = run_real_lm_suite(options, progress=lambda line: print(f"  {line}", file=sys.stderr))
@@ -103,14 +107,24 @@ def _run_audits(args, out: Path):
         print(f"spectr-audit run: suite {suite.name!r}: its {len(suite.generation)} [[generation]] cases are not "
               f"run here; run them with: {where}", file=sys.stderr)
     verifiers = select_verifiers(args.verifier)
-    # run_suite calls progress.start once every job passed the memory budget, before the first
-    # audit: the earlier run's reports go then (a refused run leaves them alone).
-    progress = _Progress(args.progress, on_start=lambda: _clear(out))
     options = AuditOptions(seed=args.seed, alpha=args.alpha, max_samples=args.max_samples,
                            max_seconds=args.max_seconds, certify_tv=args.certify_tv, device=args.device,
                            max_memory=args.max_memory, verifier_timeout=args.verifier_timeout or None)
+    selection = {"num_drafts": args.num_drafts, "draft_len": args.draft_len}
+    plan = plan_run(suite, verifiers, options, **selection)
+    if not plan.jobs and not plan.unloadable:  # (a verifier that cannot be loaded is an error result)
+        names = ", ".join(repr(v.name) for v in verifiers or ())
+        raise _UsageError(f"--num-drafts, --draft-len: no case of suite {suite.name!r} fits "
+                          f"{'verifier ' + names if names else 'the verifiers'}: "
+                          + "; ".join(line.strip() for line in plan.lines()[1:2])
+                          + " (select cases the suite has and the verifier supports)")
+    if _output._RANK == 0:
+        print("\n".join(plan.lines()), file=sys.stderr)
+    # run_suite calls progress.start once every job passed the memory budget, before the first
+    # audit: the earlier run's reports go then (a refused run leaves them alone).
+    progress = _Progress(args.progress, on_start=lambda: _clear(out))
     try:
-        return run_suite(suite, verifiers, options, progress=progress), None
+        return run_suite(suite, verifiers, options, progress=progress, **selection), None
     except RunInterrupted as exc:
         return exc.report, (130, "interrupted (Ctrl-C)")
     except RunAborted as exc:
@@ -133,25 +147,39 @@ def _write_reports(args, out: Path, report, gate, complete: bool) -> list:
     return paths
 
 
+#: Error results printed one per line before the rest are counted.
+_ERRORS_LISTED = 5
+
+
 def _print_summary(args, report, gate, paths: list, seconds: float, fail_on_inconclusive: bool) -> None:
-    """The run's verdict line, the results not as expected and the inconclusive ones, and the reports written."""
-    unexpected = [r for r in report.results if not r.as_expected]
-    findings = [r for r in report.results if not r.passed]
+    """The run's verdict line (findings, errors and inconclusive results counted apart), the errors with
+    their last line and where they were raised, the findings not as expected, the inconclusive results, and
+    the reports written."""
     inconclusive = report.inconclusive
     certified = [r for r in report.results if r.verdict == "CERTIFIED"]
     gate_failed = gate is not None and not gate.passed
     failed = not report.passed or gate_failed or (fail_on_inconclusive and inconclusive)
-    verdict = "FAIL" if failed else ("INCONCLUSIVE" if inconclusive else "PASS")
-    gate_text = "" if gate is None else f", gate {'held' if gate.passed else 'FAILED'}"
-    certified_text = f", {len(certified)} certified" if getattr(args, "certify_tv", None) else ""
-    print(
-        f"spectr-audit: suite {report.suite!r}: {len(report.results)} audits in {seconds:.1f}s, "
-        f"{len(findings)} with findings, {len(inconclusive)} inconclusive{certified_text}, "
-        f"{len(unexpected)} not as expected{gate_text} -> {verdict}"
-        + _power_text(report)
-    )
-    for r in unexpected:
-        print(f"  unexpected: {r.verifier} on {r.case}: " + (r.error or ", ".join(c.name for c in r.failed_checks)))
+    verdict = ("ERROR" if report.errors and not report.findings and not gate_failed else "FAIL") if failed else (
+        "INCONCLUSIVE" if inconclusive else "PASS")
+    certified_text = f" ({len(certified)} certified)" if getattr(args, "certify_tv", None) else ""
+    gate_text = "" if gate is None else f"; gate {'held' if gate.passed else 'FAILED'}"
+    print(f"spectr-audit: suite {report.suite!r}: {len(report.results)} audits in {seconds:.1f}s: "
+          f"{report.outcome_text()}{certified_text}{gate_text} -> {verdict}" + _power_text(report))
+    errors = report.errors
+    for r in errors[:_ERRORS_LISTED]:
+        last = (r.error or "").strip().splitlines()[-1] if (r.error or "").strip() else "error"
+        where = error_origin(r)
+        print(f"  error: {r.verifier} on {r.case}: {last}" + (f" (raised at {where})" if where else ""))
+    if len(errors) > _ERRORS_LISTED:
+        print(f"  ... and {len(errors) - _ERRORS_LISTED} more errors")
+    if errors:
+        json_path = next((p for p in paths if str(p).endswith(".json")), None)
+        where = f" in {json_path}" if json_path else " in the JSON report"
+        print(f"  errors are not findings: the audit could not run; each traceback is under results[].details."
+              f"traceback{where}")
+    for r in report.findings:
+        print(f"  not as expected: {r.verifier} on {r.case}: "
+              + (", ".join(c.name for c in r.failed_checks) or "declared inexact, but every check held"))
     for r in inconclusive:
         print(f"  inconclusive: {r.verifier} on {r.case}: " + "; ".join(c.detail for c in r.checks if c.inconclusive))
     if paths:

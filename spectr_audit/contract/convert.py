@@ -15,7 +15,7 @@ from spectr_audit.contract._checks import instantiate, renamed
 from spectr_audit.contract.chain_trees import ChainVerifierAsTree, TreeVerifierAsChain
 from spectr_audit.contract.logits import as_logits_verifier
 from spectr_audit.contract.tree_verifier import FunctionTreeVerifier, TreeVerifier
-from spectr_audit.contract.verifier import FunctionVerifier, Verifier
+from spectr_audit.contract.verifier import SHAPE_ATTRS, FunctionVerifier, Verifier
 from spectr_audit.errors import InvalidArgument
 
 __all__ = ["as_tree_verifier", "as_verifier"]
@@ -27,6 +27,8 @@ _PASSTHROUGH_ATTRS = (
     "max_drafts",
     "min_draft_len",
     "max_draft_len",
+    "num_drafts",
+    "draft_len",
     "expected",
     "guarantees",
     "description",
@@ -59,12 +61,14 @@ def as_verifier(obj: Any, name: Optional[str] = None) -> Verifier:
             output_probs=law if callable(law) else None,
             **kwargs,
         )
+        # an object that names none of its (K, L) attributes has declared nothing (run.suite's default applies)
+        wrapped.declares_shape = any(hasattr(obj, attr) for attr in SHAPE_ATTRS)
         if callable(getattr(obj, "carried_correction", None)):
             # verifiers that repair the next iteration are judged by the multi-iteration audit
             wrapped.carried_correction = obj.carried_correction
         return wrapped
-    if callable(obj):
-        return FunctionVerifier(obj, name=name)
+    if callable(obj):  # a function may carry its (K, L) as attributes: my_verify.draft_len = 3
+        return FunctionVerifier(obj, name=name, **{attr: getattr(obj, attr) for attr in SHAPE_ATTRS if hasattr(obj, attr)})
     raise InvalidArgument(
         f"verifier: expected a Verifier, a class, an object with a verify method, or a function; "
         f"got {type(obj).__name__}"

@@ -60,6 +60,7 @@ from spectr_audit.contract.sampling import (
     processing_order,
 )
 from spectr_audit.contract.verifier import (
+    SHAPE_ATTRS,
     Verifier,
     VerifyOutput,
     _FunctionAdapter,
@@ -251,8 +252,7 @@ def as_logits_verifier(obj: Any, name: Optional[str] = None) -> LogitsVerifier:
     method = getattr(obj, "verify_logits", None)
     if callable(method):
         law = getattr(obj, "output_probs_logits", None)
-        attrs = ("draft_scheme", "min_drafts", "max_drafts", "min_draft_len", "max_draft_len", "expected",
-                 "guarantees", "description")
+        attrs = ("draft_scheme", *SHAPE_ATTRS, "expected", "guarantees", "description")
         return FunctionLogitsVerifier(
             method,
             name=name or getattr(obj, "name", None) or type(obj).__name__,

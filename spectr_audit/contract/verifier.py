@@ -56,6 +56,8 @@ __all__ = [
     "check_verify_inputs",
     "check_verify_output",
     "check_output_probs",
+    "SHAPE_ATTRS",
+    "declared_values",
 ]
 
 DraftScheme = Literal["iid", "without_replacement"]
@@ -67,6 +69,40 @@ DRAFT_SCHEMES: tuple[str, ...] = ("iid", "without_replacement")
 PROB_ATOL = SIMPLEX_ATOL
 
 Expected = Optional[Literal["exact", "inexact"]]
+
+#: The attributes that say which (K, L) a verifier supports: the bounds, and the exact values
+#: (``num_drafts`` / ``draft_len``: an int, a list or a ``range``).  Every wrapper copies all six.
+SHAPE_ATTRS = ("min_drafts", "max_drafts", "min_draft_len", "max_draft_len", "num_drafts", "draft_len")
+
+
+def declared_values(value: Any, where: str) -> Optional[tuple]:
+    """The exact K or L values a verifier declares (``num_drafts`` / ``draft_len``), sorted; ``None`` for none.
+
+    ``value`` is ``None``, a positive integer, or a non-empty list, tuple, set or ``range`` of them.
+
+    Examples
+    --------
+    >>> declared_values(3, "draft_len"), declared_values(range(1, 4), "draft_len"), declared_values(None, "x")
+    ((3,), (1, 2, 3), None)
+    >>> declared_values([2, 0], "MyVerifier.num_drafts")
+    Traceback (most recent call last):
+    ...
+    spectr_audit.errors.InvalidArgument: MyVerifier.num_drafts: expected a positive integer, or a list or range of them, got [2, 0]
+    """
+    if value is None:
+        return None
+    values = [value] if isinstance(value, int) else (list(value) if isinstance(value, (list, tuple, set, frozenset,
+                                                                                           range)) else None)
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        raise InvalidArgument(f"{where}: expected a positive integer, or a list or range of them, got {value!r}")
+    return tuple(sorted(set(values)))
+
+
+def _values_text(values: tuple) -> str:
+    """``{1, 2, 3}`` as ``[1, 3]`` when contiguous (with more than two values), else the set."""
+    if len(values) > 2 and values[-1] - values[0] == len(values) - 1:
+        return f"[{values[0]}, {values[-1]}]"
+    return "{" + ", ".join(map(str, values)) + "}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +237,11 @@ class Verifier:
         How the drafts must be drawn for the verifier to be exact.
     min_drafts, max_drafts, min_draft_len, max_draft_len : int or None
         The (K, L) the verifier supports; ``None`` means unbounded.
+    num_drafts, draft_len : int, list or range, or None
+        The exact K and L values it supports, where not every value in the bounds is
+        (``draft_len = 3`` for a verifier written for a fixed draft length, as an engine runs a
+        fixed ``num_speculative_tokens``; ``num_drafts = (1, 2, 4)``); ``None``: every value in
+        the bounds.  An audit runs it only at these values.
     expected : {"exact", "inexact"} or None
         A declared verdict (like a strict xfail): a published rule under audit
         or a lossy-by-design mode.  Reports keep the measured verdict; only a
@@ -221,9 +262,15 @@ class Verifier:
     max_drafts: Optional[int] = None
     min_draft_len: int = 1
     max_draft_len: Optional[int] = None
+    num_drafts: Any = None
+    draft_len: Any = None
     expected: Expected = None
     guarantees: frozenset = frozenset()
     takes_logits: bool = False
+    #: Whether the verifier says which (K, L) it supports: a class does (its bounds, by default
+    #: any); a plain function wrapped with none of :data:`SHAPE_ATTRS` does not, and a suite run
+    #: audits it at K = 1, L = 1 unless told otherwise (:func:`spectr_audit.run.suite.case_selection`).
+    declares_shape: bool = True
 
     # -- public, validated -------------------------------------------------
     def verify(
@@ -275,13 +322,16 @@ class Verifier:
         return type(self)._output_probs is not Verifier._output_probs
 
     def supports(self, num_drafts: int, draft_len: int) -> bool:
-        """Whether the verifier accepts K = ``num_drafts`` and L = ``draft_len``."""
-        return (
-            num_drafts >= self.min_drafts
-            and (self.max_drafts is None or num_drafts <= self.max_drafts)
-            and draft_len >= self.min_draft_len
-            and (self.max_draft_len is None or draft_len <= self.max_draft_len)
-        )
+        """Whether the verifier accepts K = ``num_drafts`` and L = ``draft_len`` (its bounds and declared values)."""
+        return self.supports_num_drafts(num_drafts) and self.supports_draft_len(draft_len)
+
+    def supports_num_drafts(self, num_drafts: int) -> bool:
+        """Whether K = ``num_drafts`` is within the verifier's bounds and among its declared values."""
+        return _within(self, "num_drafts", num_drafts, self.min_drafts, self.max_drafts)
+
+    def supports_draft_len(self, draft_len: int) -> bool:
+        """Whether L = ``draft_len`` is within the verifier's bounds and among its declared values."""
+        return _within(self, "draft_len", draft_len, self.min_draft_len, self.max_draft_len)
 
     def check_supports(self, num_drafts: int, draft_len: int) -> None:
         """Raise :class:`InvalidArgument` when (K, L) is outside what the verifier supports."""
@@ -292,12 +342,12 @@ class Verifier:
             )
 
     def drafts_range(self) -> str:
-        """Human-readable range of supported K."""
-        return _range_str(self.min_drafts, self.max_drafts)
+        """Human-readable range (or declared values) of supported K."""
+        return _support_text(self, "num_drafts", self.min_drafts, self.max_drafts)
 
     def draft_len_range(self) -> str:
-        """Human-readable range of supported L."""
-        return _range_str(self.min_draft_len, self.max_draft_len)
+        """Human-readable range (or declared values) of supported L."""
+        return _support_text(self, "draft_len", self.min_draft_len, self.max_draft_len)
 
     # -- to implement ------------------------------------------------------
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:  # pragma: no cover
@@ -312,6 +362,20 @@ class Verifier:
 
 def _range_str(lo: int, hi: Optional[int]) -> str:
     return f"[{lo}, {hi}]" if hi is not None else f"[{lo}, inf)"
+
+
+def _within(verifier: Any, attr: str, value: int, lo: int, hi: Optional[int]) -> bool:
+    values = declared_values(getattr(verifier, attr, None), f"{getattr(verifier, 'name', '') or 'verifier'}.{attr}")
+    return value >= lo and (hi is None or value <= hi) and (values is None or value in values)
+
+
+def _support_text(verifier: Any, attr: str, lo: int, hi: Optional[int]) -> str:
+    """The K or L a verifier supports: its declared values within its bounds, else the bounds."""
+    values = declared_values(getattr(verifier, attr, None), f"{getattr(verifier, 'name', '') or 'verifier'}.{attr}")
+    if values is None:
+        return _range_str(lo, hi)
+    inside = tuple(v for v in values if v >= lo and (hi is None or v <= hi))
+    return _values_text(inside) if inside else "{} (none within " + _range_str(lo, hi) + ")"
 
 
 class _FunctionAdapter:
@@ -340,6 +404,8 @@ class _FunctionAdapter:
         expected: Expected = None,
         guarantees: frozenset = frozenset(),
         description: str = "",
+        num_drafts: Any = None,
+        draft_len: Any = None,
     ):
         check_verify_function(fn)
         if self._checks_law_at_init and output_probs is not None and not callable(output_probs):
@@ -353,6 +419,12 @@ class _FunctionAdapter:
         self.draft_scheme = draft_scheme
         self.min_drafts, self.max_drafts = min_drafts, max_drafts
         self.min_draft_len, self.max_draft_len = min_draft_len, max_draft_len
+        name_ = self.name or "verifier"
+        self.num_drafts = declared_values(num_drafts, f"{name_}: num_drafts")
+        self.draft_len = declared_values(draft_len, f"{name_}: draft_len")
+        # a function given none of the shape arguments has said nothing about its (K, L)
+        self.declares_shape = (min_drafts != 1 or max_drafts is not None or min_draft_len != 1
+                               or max_draft_len is not None or num_drafts is not None or draft_len is not None)
 
     @property
     def has_exact_law(self) -> bool:

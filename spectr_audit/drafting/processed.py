@@ -42,7 +42,7 @@ import torch
 from spectr_audit.contract.logits import output_probs_with_params, takes_logits, verify_with_params
 from spectr_audit.contract.sampling import ProcessingOrder, SamplingParams, process_logits, processing_order
 from spectr_audit.contract.tree import DraftTree
-from spectr_audit.contract.verifier import Verifier, VerifyOutput
+from spectr_audit.contract.verifier import SHAPE_ATTRS, Verifier, VerifyOutput
 from spectr_audit.drafting.models import ContextFreeModel, Model, contexts_from
 from spectr_audit.errors import InvalidArgument
 
@@ -260,8 +260,7 @@ class BoundLogitsVerifier(Verifier):
         if foreign_inputs not in (None, "probabilities"):
             raise InvalidArgument(f"foreign_inputs: expected None or 'probabilities', got {foreign_inputs!r}")
         self.foreign_inputs = foreign_inputs
-        for attr in ("name", "draft_scheme", "min_drafts", "max_drafts", "min_draft_len", "max_draft_len", "expected",
-                     "guarantees", "description"):
+        for attr in ("name", "draft_scheme", *SHAPE_ATTRS, "expected", "guarantees", "description"):
             setattr(self, attr, getattr(verifier, attr))
 
     @property

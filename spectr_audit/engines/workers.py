@@ -39,7 +39,7 @@ import torch
 
 from spectr_audit.contract.convert import as_verifier
 from spectr_audit.contract.randomness import RandomSource
-from spectr_audit.contract.verifier import Verifier, VerifyOutput, check_verify_output
+from spectr_audit.contract.verifier import SHAPE_ATTRS, Verifier, VerifyOutput, check_verify_output
 from spectr_audit.engines.rng import derive_seed, seed_from
 from spectr_audit.errors import InvalidArgument, VerifierError
 from spectr_audit.registry import load_verifier
@@ -49,8 +49,7 @@ __all__ = ["RowParallelVerifier", "row_generator", "verify_rows"]
 #: Stream label of the per-row generators (distinct from :mod:`spectr_audit.engines.rng`'s).
 _ROW_STREAM = 17
 
-_PASSTHROUGH = ("draft_scheme", "min_drafts", "max_drafts", "min_draft_len", "max_draft_len", "expected",
-                "guarantees", "description")
+_PASSTHROUGH = ("draft_scheme", *SHAPE_ATTRS, "expected", "guarantees", "description")
 
 Factory = Union[str, Callable[[], Any], Verifier]
 

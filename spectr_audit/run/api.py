@@ -22,6 +22,8 @@ def audit(
     *,
     seed: int = 0,
     options: Any = None,
+    num_drafts: Any = None,
+    draft_len: Any = None,
     **option_overrides: Any,
 ) -> AuditReport:
     """Audit ``verifier`` on every case of ``suite`` that it supports and return the report.
@@ -37,6 +39,9 @@ def audit(
         :class:`~spectr_audit.run.suite.Suite`.
     seed : int
         Seed of every random stream of the run (the run is deterministic given it).
+    num_drafts, draft_len : int, list or str (``"1-3"``), optional
+        Only the suite's cases of these K and L (default: every case each verifier supports; a plain
+        function that declares none of its K and L runs at K = 1, L = 1 where nothing is selected).
     options : AuditOptions, optional
         The run's knobs; ``option_overrides`` (e.g. ``max_samples=``, ``max_seconds=``,
         ``alpha=``) replace single fields of it.
@@ -66,7 +71,8 @@ def audit(
     run_options = dataclasses.replace(base, **option_overrides)
     suite_obj = suite if isinstance(suite, Suite) else load_suite(suite)
     verifiers = verifier if isinstance(verifier, (list, tuple)) else [verifier]
-    return run_suite(suite_obj, [load_verifier(v) for v in verifiers], run_options)
+    return run_suite(suite_obj, [load_verifier(v) for v in verifiers], run_options, num_drafts=num_drafts,
+                     draft_len=draft_len)
 
 
 def report_failures(report: AuditReport, thresholds: Sequence[Any] = ()) -> list[str]:

@@ -46,6 +46,7 @@ from spectr_audit.run.stages import EXTRA_STAGES, audit_stages
 from spectr_audit.errors import InvalidArgument
 
 __all__ = [
+    "planned_work",
     "MemoryBudgetExceeded",
     "Need",
     "audit_needs",
@@ -493,6 +494,28 @@ def audit_needs(verifier: Any, case: Any, options: Any = None) -> list[Need]:
         if stage not in EXTRA_STAGES:  # an extra is sized when it runs (check_block_lp) and skipped, not refused
             needs += _STAGE_NEEDS[stage](s, options)
     return needs
+
+
+def planned_work(verifier: Any, case: Any, options: Any = None) -> tuple[int, int]:
+    """What ``audit_case(verifier, case, options)`` will draw and enumerate, for a run's plan: ``(samples,
+    tuples)``, an upper bound on the statistical audit's planned sample (the sampler check's cap where that
+    stage runs) and the draft tuples the exact audits enumerate (0 where the stage does not run).  A tree
+    case: ``(0, 0)`` (its audits size themselves)."""
+    if options is None:
+        options = AuditOptions()
+    if getattr(case, "tree", None) is not None:
+        return 0, 0
+    s = _sizes(case, verifier.draft_scheme)
+    stages = chain_stages(verifier, case)
+    samples = 0
+    if "statistical" in stages:
+        samples += round(2 ** min(_planned_samples_log2(s, options), 62.0))
+    if "sampler" in stages and options.sampler_max_samples:
+        samples += int(options.sampler_max_samples)
+    tuples = 0
+    if "exact" in stages or "multi-iteration" in stages:
+        tuples = round(2 ** min(_exact_log2_tuples(s), _lg(_MAX_TUPLES)))
+    return samples, tuples
 
 
 def _optimality_needs(s: _Sizes, options: Any) -> list[Need]:

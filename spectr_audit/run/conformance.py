@@ -271,6 +271,11 @@ def _supported_drafts(verifier, ks: Optional[tuple], ls: tuple) -> tuple:
     return ks
 
 
+def _default_lengths(verifier) -> tuple:
+    """The L checked when none is given: 1, or the smallest L the verifier supports (up to 16) when not 1."""
+    return next(((length,) for length in range(1, 17) if verifier.supports_draft_len(length)), (1,))
+
+
 #: The sampling settings a verifier that takes logits is checked at when none is given: a temperature
 #: below 1, top-k (above 1), top-p; each is valid in every engine's processing order.
 LOGITS_CHECK_SETTINGS: tuple = (
@@ -328,7 +333,7 @@ def check_verifier(
     verifier: Any,
     *,
     num_drafts: Optional[IntOrInts] = None,
-    draft_len: IntOrInts = 1,
+    draft_len: Optional[IntOrInts] = None,
     name: Optional[str] = None,
     output_probs: Optional[Callable] = None,
     draft_scheme: Optional[str] = None,
@@ -358,8 +363,9 @@ def check_verifier(
         A plain ``verify(draft_tokens, draft_probs, target_probs, generator)`` function, a
         :class:`~spectr_audit.contract.verifier.Verifier`, or a built-in name / import string.
     num_drafts, draft_len : int or sequence of int
-        The K and L to check (every combination).  Default: L = 1 and each K in (1, 2) that
-        the verifier supports.
+        The K and L to check (every combination).  Default: L = 1 (for a verifier that does not take
+        it, the smallest L it supports, e.g. the one a fixed-length verifier declares) and each K in
+        (1, 2) that the verifier supports.
     name : str, optional
         Name used in messages (default: the function's name).
     output_probs : callable, optional
@@ -452,7 +458,7 @@ def check_verifier(
     # Inside pytest a failure is shown from the caller's line: its message names every failed check.
     __tracebackhide__ = _hide_for_failure
     if tree is not None:
-        if num_drafts is not None or draft_len != 1:
+        if num_drafts is not None or draft_len is not None:
             raise InvalidArgument("num_drafts, draft_len: a tree check takes them from tree; drop them")
         if certify_tv is not None:
             raise InvalidArgument("certify_tv: not available for a tree check")
@@ -471,7 +477,7 @@ def check_verifier(
                                    raise_on_failure=raise_on_failure, max_seconds=max_seconds,
                                    verifier_timeout=guard.check_timeout(verifier_timeout))
     ks = None if num_drafts is None else _as_ints(num_drafts, "num_drafts")
-    ls = _as_ints(draft_len, "draft_len")
+    ls = None if draft_len is None else _as_ints(draft_len, "draft_len")
     if max_samples is not None:
         num_samples = max_samples
     if max_seconds is not None and (isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float))
@@ -482,6 +488,7 @@ def check_verifier(
         raise InvalidArgument(f"certify_tv: expected a number in (0, 1), got {certify_tv!r}")
     alpha = _check_arguments(seed, num_samples, alpha, batch_size, draft_scheme, suite)
     verifier = _to_verifier(verifier, name, output_probs, draft_scheme)
+    ls = ls if ls is not None else _default_lengths(verifier)
     ks = _supported_drafts(verifier, ks, ls)
     settings = _sampling_settings(verifier, params, order)
     suite, cases = _fitting_cases(verifier, suite, ks, ls)

@@ -87,14 +87,19 @@ class ConformanceResult:
         """A readable account of every failure: the case, the failed checks, the worst cells."""
         failed_checks = [c for c in self.checks if not c.passed]
         failed_results = [r for r in self.audit.results if not r.as_expected]
-        total = len(self.checks) + len(self.audit.results)
+        # every check counted once, as listed: the contract's, then each fidelity result's (an error, or a
+        # verdict against its declaration with no failed check, counts as one)
+        total = len(self.checks) + sum(max(1, len(r.checks)) for r in self.audit.results)
+        failed_fidelity = sum(max(1, len(r.failed_checks)) if r.error is None else 1 for r in failed_results)
         if not failed_checks and not failed_results:
             inconclusive = self.inconclusive
             note = "" if not inconclusive else (
                 f"; {len(inconclusive)} INCONCLUSIVE (nothing rejected, below the planned power: "
                 + ", ".join(r.case for r in inconclusive[:5]) + (" ..." if len(inconclusive) > 5 else "") + ")")
             return f"check_verifier({self.verifier}): all {total} checks passed{note}"
-        lines = [f"check_verifier({self.verifier}): {len(failed_checks) + len(failed_results)} of {total} checks failed"]
+        lines = [f"check_verifier({self.verifier}): {len(failed_checks) + failed_fidelity} of {total} checks failed "
+                 f"({len(failed_checks)} of the contract's {len(self.checks)}; {failed_fidelity} in the fidelity audits "
+                 f"of {len(failed_results)} of {len(self.audit.results)} cases)"]
         for check in failed_checks:
             lines.append(f"  contract: {check}")
         for result in failed_results:

@@ -55,7 +55,7 @@ from spectr_audit.run.incomplete import RunAborted, RunInterrupted, incomplete_r
 from spectr_audit.run.options import AuditOptions
 from spectr_audit.run.request import AuditRequest
 from spectr_audit.run.stages import audit_stages
-from spectr_audit.run.suite import Case, Suite, describe_tree_case
+from spectr_audit.run.suite import Case, Suite, case_selection, describe_tree_case, fits_selection, select_cases
 
 __all__ = ["AuditOptions", "audit_case", "audit_tree_case", "tree_fits", "declared_verdict", "error_result", "plan_jobs", "run_suite", "scheme_fits", "select_verifiers", "EXACT_TOL", "BOUND_TOL"]
 
@@ -73,7 +73,7 @@ def error_result(verifier: Verifier, case: str, exc: BaseException, checks: Sequ
     return AuditResult(
         verifier=verifier.name, case=case, checks=tuple(checks), metrics=dict(metrics or {}),
         expected=declared_verdict(verifier), error=f"{type(exc).__name__}: {exc}",
-        details={"traceback": traceback.format_exc(limit=4)},
+        details={"traceback": traceback.format_exc(limit=-4)},
     )
 
 
@@ -340,12 +340,13 @@ def _listed_verifiers(case: Case, kind: str, load: Callable, loaded: dict, error
     return candidates
 
 
-def _plan_tree_case(case: Case, explicit, builtins, tree_builtins, loaded: dict):
-    """The jobs of a tree case: the given verifiers as tree verifiers, the case's own list (loaded as tree
-    verifiers), or the tree built-ins and the chain built-ins (on chain trees); returns the caches too."""
+def _plan_tree_case(case: Case, explicit, builtins, tree_builtins, loaded: dict, selections: dict):
+    """The jobs of a tree case: the given verifiers as tree verifiers (those whose selection takes the case's K
+    and L), the case's own list (loaded as tree verifiers), or the tree built-ins and the chain built-ins (on
+    chain trees); returns the caches too."""
     errors: list = []
     if explicit is not None:
-        candidates = [as_tree_verifier(v) for v in explicit]
+        candidates = [as_tree_verifier(v) for v in explicit if fits_selection(case, selections[id(v)])]
     elif case.verifiers is None:
         if tree_builtins is None:
             builtins = builtins if builtins is not None else builtin_verifiers()
@@ -356,14 +357,21 @@ def _plan_tree_case(case: Case, explicit, builtins, tree_builtins, loaded: dict)
     return [(v, case) for v in candidates if tree_fits(v, case)], errors, builtins, tree_builtins
 
 
-def plan_jobs(suite: Suite, verifiers: Optional[Iterable[Verifier]] = None) -> tuple[list, list]:
+def plan_jobs(suite: Suite, verifiers: Optional[Iterable[Verifier]] = None, *, num_drafts=None,
+              draft_len=None) -> tuple[list, list]:
     """The (verifier, case) pairs ``run_suite`` audits, and error results for unloadable verifiers.
 
     With ``verifiers`` given, exactly those run on every case they support.  Without it,
     a case that names its verifiers (``verifiers = [...]`` in the suite file: short names
     or import strings) runs those, and other cases run every built-in verifier.
+
+    ``num_drafts`` / ``draft_len`` (an int, a list, or text such as ``"1-3"``) keep the suite's cases of
+    those K and L (:func:`~spectr_audit.run.suite.select_cases`); a given verifier that declares none of its
+    (K, L) runs at the stated default where nothing is selected (:func:`~spectr_audit.run.suite.case_selection`).
     """
+    suite = select_cases(suite, num_drafts, draft_len)
     explicit = list(verifiers) if verifiers is not None else None
+    selections = {id(v): case_selection(v, num_drafts, draft_len) for v in explicit or ()}
     builtins: Optional[list] = None
     tree_builtins: Optional[list] = None
     loaded: dict = {}
@@ -371,13 +379,14 @@ def plan_jobs(suite: Suite, verifiers: Optional[Iterable[Verifier]] = None) -> t
     errors: list = []
     for case in suite.cases:
         if getattr(case, "tree", None) is not None:
-            jobs_, errors_, builtins, tree_builtins = _plan_tree_case(case, explicit, builtins, tree_builtins, loaded)
+            jobs_, errors_, builtins, tree_builtins = _plan_tree_case(case, explicit, builtins, tree_builtins, loaded,
+                                                                      selections)
             jobs.extend(jobs_)
             errors.extend(errors_)
             continue
         if explicit is not None:
             # tree verifiers the chain contract cannot run were kept for the tree cases only
-            candidates = [v for v in explicit if isinstance(v, Verifier)]
+            candidates = [v for v in explicit if isinstance(v, Verifier) and fits_selection(case, selections[id(v)])]
         elif case.verifiers is None:
             builtins = builtins if builtins is not None else builtin_verifiers()
             candidates = builtins
@@ -392,8 +401,12 @@ def run_suite(
     verifiers: Optional[Iterable[Verifier]] = None,
     options: AuditOptions = AuditOptions(),
     progress: Optional[Callable[[str, str], None]] = None,
+    *,
+    num_drafts=None,
+    draft_len=None,
 ) -> AuditReport:
-    """Audit every verifier on every case of ``suite`` that it supports (see :func:`plan_jobs`).
+    """Audit every verifier on every case of ``suite`` that it supports (see :func:`plan_jobs`; ``num_drafts``
+    and ``draft_len`` select the cases, as there).
 
     A verifier that cannot be loaded becomes an error result; the other results are kept.
     ``progress(verifier_name, case_name)`` is called before each audit, after
@@ -409,7 +422,7 @@ def run_suite(
         raise InvalidArgument(f"suite: {suite.name!r} holds generation audits only ([[generation]] cases); run them "
                               f"with spectr_audit.run.generation.run_generation_suite or spectr-audit generation "
                               f"--suite")
-    jobs, results = plan_jobs(suite, verifiers)
+    jobs, results = plan_jobs(suite, verifiers, num_drafts=num_drafts, draft_len=draft_len)
     # tree jobs: the exact tree audit refuses enumerations beyond its own limits (spectr_audit.exact.tree)
     check_jobs([(v, c) for v, c in jobs if getattr(c, "tree", None) is None], options,
                source=suite.source or f"suite {suite.name!r}")

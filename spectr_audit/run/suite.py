@@ -88,6 +88,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from spectr_audit import defaults
 from spectr_audit._validation import as_distribution
 from spectr_audit.contract.sampling import SamplingParams, processing_order
 from spectr_audit.contract.tree import DraftTree, TREE_DRAFT_SCHEMES
@@ -96,6 +97,7 @@ from spectr_audit.drafting.processed import ContextFreeLogitsModel, processed_mo
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.run.budget import check_model_spec
 from spectr_audit.run.generation_cases import parse_generation_cases
+from spectr_audit.run.selection import parse_values
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -103,7 +105,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = ["Case", "Suite", "CHECKS", "SAMPLING_KEYS", "load_suite", "parse_suite", "builtin_suites", "model_from_spec",
-           "tree_from_spec", "describe_tree_case", "with_sampling"]
+           "tree_from_spec", "describe_tree_case", "with_sampling", "parse_values", "select_cases", "case_selection",
+           "fits_selection"]
 
 #: Every check a case may ask for.
 CHECKS = ("exact", "optimality", "block-lp", "statistical", "sampler", "multi-iteration")
@@ -603,3 +606,52 @@ def parse_suite(data: dict, source: str = "suite", default_name: str = "suite", 
         source=source,
         generation=generation,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Which cases a verifier is audited on
+# ---------------------------------------------------------------------------------------------
+
+
+def _shape_text(values: Optional[tuple]) -> str:
+    return "any" if values is None else ", ".join(map(str, values))
+
+
+def select_cases(suite: Suite, num_drafts: Any = None, draft_len: Any = None) -> Suite:
+    """The suite with only its cases of K in ``num_drafts`` and L in ``draft_len`` (``None``: any).
+
+    A tree case counts by its root's children and its depth.  Raises :class:`InvalidArgument` naming the
+    arguments and the K and L the suite has when no case is left.
+    """
+    ks = None if num_drafts is None else parse_values(num_drafts, "num_drafts")
+    ls = None if draft_len is None else parse_values(draft_len, "draft_len")
+    if ks is None and ls is None:
+        return suite
+    cases = tuple(c for c in suite.cases if (ks is None or c.num_drafts in ks) and (ls is None or c.draft_len in ls))
+    if suite.cases and not cases:
+        have_k = sorted({c.num_drafts for c in suite.cases})
+        have_l = sorted({c.draft_len for c in suite.cases})
+        raise InvalidArgument(
+            f"num_drafts, draft_len: no case of suite {suite.name!r} has K in {{{_shape_text(ks)}}} and L in "
+            f"{{{_shape_text(ls)}}}; its cases have K in {{{_shape_text(tuple(have_k))}}} and L in "
+            f"{{{_shape_text(tuple(have_l))}}}")
+    return dataclasses.replace(suite, cases=cases)
+
+
+def case_selection(verifier: Any, num_drafts: Any = None, draft_len: Any = None) -> tuple:
+    """The K and L values (``None``: any) a suite run audits ``verifier`` at: those selected, and for a verifier
+    that declares none of its (K, L) (a plain function: ``declares_shape`` false) the stated default
+    :data:`spectr_audit.defaults.UNDECLARED_NUM_DRAFTS` / :data:`~spectr_audit.defaults.UNDECLARED_DRAFT_LEN` in
+    each one not selected.  A declared verifier runs at every selected (K, L) it supports."""
+    ks = None if num_drafts is None else parse_values(num_drafts, "num_drafts")
+    ls = None if draft_len is None else parse_values(draft_len, "draft_len")
+    if not getattr(verifier, "declares_shape", True):
+        ks = defaults.UNDECLARED_NUM_DRAFTS if ks is None else ks
+        ls = defaults.UNDECLARED_DRAFT_LEN if ls is None else ls
+    return ks, ls
+
+
+def fits_selection(case: Case, selection: tuple) -> bool:
+    """Whether ``case`` has its K and L among ``selection`` (from :func:`case_selection`)."""
+    ks, ls = selection
+    return (ks is None or case.num_drafts in ks) and (ls is None or case.draft_len in ls)

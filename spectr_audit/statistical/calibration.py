@@ -53,7 +53,7 @@ from scipy import stats
 from spectr_audit.contract.convert import as_tree_verifier, as_verifier
 from spectr_audit.contract.sampling import SamplingParams, process_logits
 from spectr_audit.contract.tree_verifier import TreeVerifier
-from spectr_audit.contract.verifier import FunctionVerifier
+from spectr_audit.contract.verifier import SHAPE_ATTRS, FunctionVerifier
 from spectr_audit.drafting.models import ContextFreeModel, random_markov
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.exact.iteration import enumerate_drafts
@@ -557,6 +557,5 @@ def as_black_box(verifier, tree: bool = False):
 
         return _TreeBlackBox()
     inner = as_verifier(verifier)
-    limits = {attr: getattr(inner, attr) for attr in ("draft_scheme", "min_drafts", "max_drafts", "min_draft_len",
-                                                       "max_draft_len")}
+    limits = {attr: getattr(inner, attr) for attr in ("draft_scheme", *SHAPE_ATTRS)}
     return FunctionVerifier(inner.verify, name=f"{inner.name} (black box)", **limits)

@@ -27,7 +27,7 @@ CLI_EXAMPLES = 100
 SUITE_EXAMPLES = 60
 SLOW_EXAMPLES = 400
 
-EXIT_CODES = {0, 1, 2, 3, 130}
+EXIT_CODES = {0, 1, 2, 3, 4, 130}
 
 GARBAGE = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
 
@@ -79,7 +79,7 @@ COMMANDS = {
               "--max-memory", "--verifier-timeout", "--alpha", "--tree"],
     "bound": ["--draft", "--target", "--num-drafts", "--max-memory"],
     "run": ["--suite", "--verifier", "--out", "--junit", "--seed", "--max-samples", "--max-memory",
-            "--verifier-timeout", "--alpha", "--gate"],
+            "--verifier-timeout", "--alpha", "--gate", "--num-drafts", "--draft-len"],
     "list": [],
 }
 

@@ -195,7 +195,7 @@ HOSTILE = [
 def test_hostile_verifiers_become_error_results_and_lose_nothing():
     suite = Suite(name="s", cases=(Case("seed", ContextFreeModel([0.6, 0.4]), ContextFreeModel([0.3, 0.7]), 2),))
     verifiers = [v for v, _ in HOSTILE] + [load_verifier("kseq"), load_verifier("rrs")]
-    report = run_suite(suite, verifiers)
+    report = run_suite(suite, verifiers, num_drafts=2)  # plain functions declare no K: select the case's
     by_name = {r.verifier: r for r in report.results}
     assert set(by_name) == {v.name for v in verifiers}
     for verifier, message in HOSTILE:
@@ -214,8 +214,9 @@ def test_cli_with_a_hostile_verifier_records_the_others(tmp_path, capsys):
     path.write_text("def verify(draft_tokens, draft_probs, target_probs, generator):\n    raise RuntimeError('engine exploded')\n")
     suite = tmp_path / "s.toml"
     suite.write_text('[[case]]\nname = "seed"\ndraft = [0.6, 0.4]\ntarget = [0.3, 0.7]\nnum_drafts = 2\n')
-    code = main(["run", "--suite", str(suite), "--verifier", f"{path}:verify", "--verifier", "kseq", "--out", str(tmp_path / "out")])
-    assert code == 1
+    code = main(["run", "--suite", str(suite), "--verifier", f"{path}:verify", "--verifier", "kseq", "--out",
+                 str(tmp_path / "out"), "--num-drafts", "2"])
+    assert code == 4  # an error and no finding: the error exit status
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     results = {r["verifier"]: r for r in report["results"]}
     assert results["kseq"]["passed"] is True

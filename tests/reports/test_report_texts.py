@@ -349,4 +349,35 @@ def test_html_verifier_table_does_not_count_an_inconclusive_result_as_exact():
     head = re.findall(r"<th[^>]*>([^<]+)</th>", table)
     row = re.findall(r"<td[^>]*>([^<]*)</td>", table.split("<tbody>", 1)[1])
     counts = dict(zip(head, row))
-    assert (counts["cases"], counts["exact"], counts["inconclusive"], counts["findings"]) == ("2", "1", "1", "0")
+    assert (counts["cases"], counts["passed"], counts["inconclusive"], counts["findings"]) == ("2", "1", "1", "0")
+
+
+def test_a_sampled_pass_is_labelled_sampled_not_exact():
+    from spectr_audit.reports.markdown import render_markdown
+
+    sampled = AuditResult("box", "c/K=1", (Check("statistical", True, 0.5, 1e-3, "exactness not rejected"),))
+    exact = AuditResult("kseq", "c/K=1", (Check("exact", True, 0.0, 1e-12),))
+    assert sampled.verdict == "exact" and sampled.verdict_label == "PASS (sampled)" and sampled.to_dict()["sampled"]
+    assert exact.verdict_label == "exact" and "sampled" not in exact.to_dict()
+    report = AuditReport(results=(sampled, exact))
+    page = render_html(report, figures=False)
+    table = page[page.index('<table class="results">'):]
+    assert re.search(r">box</td><td class=\"text\">c/K=1</td><td class=\"text\">PASS \(sampled\)</td>", table)
+    assert re.search(r">kseq</td><td class=\"text\">c/K=1</td><td class=\"text\">exact</td>", table)
+    text = render_markdown(report)
+    assert "| box | c/K=1 | PASS (sampled) |" in text and "| kseq | c/K=1 | exact |" in text
+
+
+def test_acceptance_against_k_is_drawn_only_where_there_is_something_to_compare():
+    from spectr_audit.reports.figures import report_figures
+
+    def result(verifier, case, k):
+        return AuditResult(verifier, case, (Check("exact", True, 0.0, 1e-12),),
+                           {"num_drafts": k, "draft_len": 1, "acceptance": 0.6, "optimal_acceptance": 0.7})
+
+    one_k = AuditReport(results=(result("mine", "a/K=1", 1), result("mine", "b/K=1", 1)))
+    assert [f for f in report_figures(one_k) if f.kind == "acceptance"] == []
+    several_k = AuditReport(results=(result("mine", "a/K=1", 1), result("mine", "a/K=2", 2)))
+    assert [f.title for f in report_figures(several_k) if f.kind == "acceptance"] == ["a, L=1"]
+    side_by_side = AuditReport(results=(result("mine", "a/K=1", 1), result("kseq", "a/K=1", 1)))
+    assert len([f for f in report_figures(side_by_side) if f.kind == "acceptance"]) == 1

@@ -287,7 +287,8 @@ def test_inconclusive_and_certified_verdicts_in_every_report(sampled_report):
     assert (inconclusive.verdict, certified.verdict, exact.verdict) == ("INCONCLUSIVE", "CERTIFIED", "exact")
     assert sampled_report.passed and sampled_report.exit_status() == 0 and sampled_report.exit_status(True) == 3
     text = render_markdown(sampled_report)
-    assert "**Overall: INCONCLUSIVE** (3/3 results as expected, 1 inconclusive)" in text
+    assert ("**Overall: INCONCLUSIVE** (3 results: 2 passed, 0 findings not as expected, 0 errors, 1 inconclusive)"
+            in text)
     assert "| box | seed/K=1 | INCONCLUSIVE | >= 0.0000 (est. 0.0120, <= 0.0310) |" in text
     assert "| box | seed/K=2 | CERTIFIED |" in text and "0.6100 [0.5800, 0.6400]" in text
     assert "## Inconclusive" in text and "above the 0.005 planned" in text
