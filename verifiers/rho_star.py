@@ -455,6 +455,50 @@ def _model_beta(x: torch.Tensor, draft_high: torch.Tensor, target_low: torch.Ten
     return target_low / x + draft_high
 
 
+#: The sort-free solve's later passes read only the tokens with 1 < q/p <= K when they are at most this
+#: fraction of the rows' tokens (else a full pass, a batched matrix product, is the cheaper one).
+_INSIDE_FRACTION = 0.25
+
+
+class _InsideTokens:
+    """The tokens with ``1 < q/p <= K`` of the sort-free solve's rows, gathered once after its first pass.
+
+    At a candidate ``c`` in ``[1, K]`` the low tokens (``q/p <= c``) are those with ``q/p <= 1`` and the
+    gathered ones with ``q/p <= c``, so the low sums at c are the sums at 1 plus a sum over the gathered
+    tokens: the same classification as a full pass, summed in float64 in another order (within the
+    rounding that the solve's margin allows for float64 sums over the vocabulary).
+    """
+
+    def __init__(self, rows, values, ratios, base):
+        self.rows = rows  # [M] int64: each gathered token's row
+        self.values = values  # ([M], [M]) float64: its p and q
+        self.ratios = ratios  # [M]: its q/p, in the rows' dtype
+        self.base = base  # [n, 2] float64: the sums of p and q over the tokens with q/p <= 1
+
+    @classmethod
+    def of(cls, stacked, ratio, low_mask, sums):
+        """From the first pass (candidates 1 and K): ``stacked [n, 2, V]`` p and q, ``ratio [n, 1, V]``, its
+        masks ``[n, 2, V]`` and sums ``[n, 2, 2]``; None where too many tokens lie inside."""
+        n, _, vocab_size = stacked.shape
+        inside = (low_mask[:, 1] > low_mask[:, 0]).view(-1)  # q/p <= K and not q/p <= 1, [n V]
+        flat = inside.nonzero().squeeze(1)  # row * V + token
+        if flat.numel() > _INSIDE_FRACTION * inside.numel():
+            return None
+        rows = flat.div(vocab_size, rounding_mode="floor")
+        at_p = flat + rows * vocab_size  # row * 2V + token: p in the flat [n, 2, V]; q is V further
+        values = stacked.reshape(-1)
+        return cls(rows, (values.index_select(0, at_p), values.index_select(0, at_p + vocab_size)),
+                   ratio.reshape(-1).index_select(0, flat), sums[:, :, 0].clone())
+
+    def low_sums(self, candidates):  # [n, 2] -> [n, 2, 2]: sums of p and q (dim 1) at each candidate (dim 2)
+        """The low sums at ``candidates`` ``[n, 2]`` (in the ratios' dtype, as a full pass compares them)."""
+        low = (self.ratios.unsqueeze(-1) <= candidates.index_select(0, self.rows)).to(torch.float64)  # [M, 2]
+        draft, target = self.values
+        extra = torch.zeros(candidates.shape[0], 2, 2, dtype=torch.float64, device=candidates.device)
+        extra.index_add_(0, self.rows, torch.stack([low * draft.unsqueeze(-1), low * target.unsqueeze(-1)], 1))
+        return self.base.unsqueeze(-1) + extra
+
+
 def kseq_rho_star_sampler(
     # [n, vocab_size] float32 or float64
     draft_probs: torch.Tensor,
@@ -542,10 +586,12 @@ def kseq_rho_star_sampler(
         stacked = torch.empty(n, 2, vocab_size, dtype=torch.float64, device=device)
         stacked[:, 0].copy_(draft_probs)
         stacked[:, 1].copy_(target_probs)
-        totals = stacked.sum(-1, keepdim=True)  # [n, 2, 1]
-        # [n, 1, V] float64 (a float64 comparison into the float64 mask is the fast one); inf (p = 0 < q),
-        # nan (0/0): never "low"
-        ratio = torch.div(stacked[:, 1:], stacked[:, :1])
+        # [n, 2, 1], summed from the rows as given (the same values in float64: a quarter of the bytes read)
+        totals = torch.stack([draft_probs.sum(-1, dtype=torch.float64), target_probs.sum(-1, dtype=torch.float64)],
+                             dim=-1).unsqueeze(-1)
+        # [n, 1, V] q/p in the rows' dtype (a token within its rounding of a candidate is within the margin, as
+        # in the fused pass's q <= c p); inf (p = 0 < q), nan (0/0): never "low"
+        ratio = torch.div(target_probs, draft_probs).unsqueeze(1)
         # [n, 2, V], reused by every pass: a comparison written straight into a float buffer is one cheap
         # pass, where a bool mask and its conversion cost an allocation and two more
         low_mask = torch.empty(n, 2, vocab_size, dtype=torch.float64, device=device)
@@ -556,15 +602,23 @@ def kseq_rho_star_sampler(
     up = torch.tensor(float("inf"), dtype=dtype, device=device)
     kk = k.unsqueeze(-1)
     candidates = torch.stack([ones, k], dim=-1)  # [n, 2]: two candidates per pass
+    inside = None  # the tokens with 1 < q/p <= K, once the first pass has found them (eager path)
     for step in range(passes):
         threshold = candidates.to(dtype)
         candidates = threshold.double()
         high_before = high
         if fused:
             sums = kseq_low_sums(draft_probs, target_probs, threshold)  # [n, 2, 2] float64
+        elif inside is not None:
+            sums = inside.low_sums(threshold)
         else:
-            torch.le(ratio, candidates.unsqueeze(-1), out=low_mask)
+            # (the candidates in the ratio's dtype, which holds them exactly: no widened copy of the ratio)
+            torch.le(ratio, threshold.unsqueeze(-1), out=low_mask)
             sums = torch.bmm(stacked, low_mask.transpose(1, 2))  # [n, 2, 2] float64
+            if step == 0 and passes > 1:
+                # Every later candidate lies in [1, K]: tokens with q/p <= 1 are low at all of them and tokens
+                # with q/p > K at none, so later passes read only the tokens in between (few, as a rule).
+                inside = _InsideTokens.of(stacked, ratio, low_mask, sums)
         sums = sums / totals  # normalised P_low, Q_low at each candidate
         d_low, t_low = sums[:, 0], sums[:, 1]  # [n, 2]
         gap = _segment_gap(candidates, _complement(d_low, snap), _complement(t_low, snap), d_low, t_low, kk)
