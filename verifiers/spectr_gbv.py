@@ -27,9 +27,10 @@ precedence), not ``(1 - min(1, ratio))^K`` as in ``c``.  Numerics: the code's
 guards are replaced by their limits (``x / (d + 1e-20)`` by ``x / d`` for
 ``d > 0`` and 0 for ``d = 0``; a residual with no mass, which the code cannot
 sample, by the target ``q(. | x_sel[1..tau])``), and ``1 - (1 - x)^K`` and
-``1 - x^K`` are evaluated with ``expm1``/``log1p`` (same values, without the
-cancellation that the literal formulas suffer for joint probabilities near 0 or 1).  For K = 1 the rule is greedy
-block verification (``c(y) = min(p(y), q(y))``).
+``1 - x^K`` are evaluated with ``expm1``/``log1p`` in the exact law and as sums of
+powers by Horner's rule in the sampler (same values, without the cancellation that the
+literal formulas suffer for joint probabilities near 0 or 1; docs/rules/spectr-gbv.md).
+For K = 1 the rule is greedy block verification (``c(y) = min(p(y), q(y))``).
 
 What the audit found (block verification's worked example, docs/rules/block.md: context-free
 p = (2/3, 1/3), q = (1/3, 2/3), L = 2; single iteration by
