@@ -200,6 +200,9 @@ class ChainWalkVerifier(Verifier):
             rows = None
             if level > 0 and device.type == "cpu" and int(alive.sum()) < batch_size:
                 rows = alive.nonzero().squeeze(1)
+                if rows.numel() == 0:  # every walk has stopped: the level's uniforms are drawn all the same
+                    uniform(generator, (batch_size, num_drafts + 1), device)
+                    continue
             node = self._node_inputs(draft_tokens, draft_probs, target_probs, level, canon, rows)
             tokens, draft_dist, target_dist = node
             at_node = survivors if rows is None else survivors.index_select(0, rows)
