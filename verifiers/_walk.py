@@ -14,6 +14,8 @@ exact law from the same numbers.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from spectr_audit.contract.verifier import Verifier, VerifyOutput
@@ -128,15 +130,19 @@ def _sample_or_fallback(
 def _rows_of(
     dists: torch.Tensor,  # [B, K, V]
     index: torch.Tensor,  # [B] int64 in [0, K)
-) -> torch.Tensor:  # [B, V]
+    batch_rows: Optional[torch.Tensor] = None,  # [n] int64: only these batch rows (default: all)
+) -> torch.Tensor:  # [B, V], or [n, V]
     """``dists[b, index[b]]``: one row per batch row, by ``index_select`` on a flat view where the strides allow one
     (a contiguous copy of B rows, several times faster on the CPU than advanced indexing)."""
     batch_size, num_drafts, vocab_size = dists.shape
+    if batch_rows is None:
+        batch_rows = torch.arange(batch_size, device=index.device)
+    else:
+        index = index.index_select(0, batch_rows)
     if dists.stride(0) == num_drafts * dists.stride(1) and dists.stride(2) == 1:
         flat = dists.as_strided((batch_size * num_drafts, vocab_size), (dists.stride(1), 1))
-        rows = torch.arange(batch_size, device=index.device) * num_drafts + index
-        return flat.index_select(0, rows)
-    return dists[torch.arange(batch_size, device=index.device), index]
+        return flat.index_select(0, batch_rows * num_drafts + index)
+    return dists[batch_rows, index]
 
 
 def _first_true(mask: torch.Tensor) -> torch.Tensor:
@@ -158,13 +164,17 @@ class ChainWalkVerifier(Verifier):
 
     rule: NodeRule
 
-    def _node_inputs(self, draft_tokens, draft_probs, target_probs, level, canon):
+    def _node_inputs(self, draft_tokens, draft_probs, target_probs, level, canon, rows=None):
         """Sampler inputs at ``level``: tokens ``[B, K]`` and the canonical draft's conditionals ``[B, V]``.
 
         float32 and float64 rows are used as given (no copy, no renormalisation): the sampler only
         compares ratios and draws by inverse CDF, and each copy is a full pass; half precision is
-        widened and renormalised (:func:`_sampler_dtype`).
+        widened and renormalised (:func:`_sampler_dtype`).  ``rows``: only these batch rows (``[n]``).
         """
+        if rows is not None:
+            tokens = draft_tokens[:, :, level].index_select(0, rows)
+            draft_dist, target_dist = _rows_of(draft_probs[:, :, level], canon, rows), _rows_of(target_probs[:, :, level], canon, rows)
+            return tokens, _sampler_dtype(draft_dist), _sampler_dtype(target_dist)
         if draft_probs.shape[1] == 1 or level == 0:
             # one draft, or the root (every draft survives there): canon is 0, so a view avoids a gather
             # copy of every row
@@ -184,12 +194,28 @@ class ChainWalkVerifier(Verifier):
         for level in range(draft_len):
             # every draft survives at the root, where the canonical draft is the first
             canon = torch.zeros(batch_size, dtype=torch.int64, device=device) if level == 0 else _first_true(survivors)
-            tokens, draft_dist, target_dist = self._node_inputs(draft_tokens, draft_probs, target_probs, level, canon)
-            accept_probs, residual = self.rule.chain_sampler_parts(tokens, survivors, draft_dist, target_dist)
+            # Below the root, on the CPU (where counting costs no device round trip), the node is evaluated on the
+            # rows whose walk goes on only: each row's numbers depend on that row alone, and a stopped row's
+            # output is never read.  The uniforms are drawn for every row, as before.
+            rows = None
+            if level > 0 and device.type == "cpu" and int(alive.sum()) < batch_size:
+                rows = alive.nonzero().squeeze(1)
+                if rows.numel() == 0:  # every walk has stopped: the level's uniforms are drawn all the same
+                    uniform(generator, (batch_size, num_drafts + 1), device)
+                    continue
+            node = self._node_inputs(draft_tokens, draft_probs, target_probs, level, canon, rows)
+            tokens, draft_dist, target_dist = node
+            at_node = survivors if rows is None else survivors.index_select(0, rows)
+            accept_probs, residual = self.rule.chain_sampler_parts(tokens, at_node, draft_dist, target_dist)
             u = uniform(generator, (batch_size, num_drafts + 1), device)
-            passed = survivors & (u[:, :num_drafts] < accept_probs)
+            u_node = u if rows is None else u.index_select(0, rows)
+            passed = at_node & (u_node[:, :num_drafts] < accept_probs)
             accepted_token = tokens.gather(1, _first_true(passed).unsqueeze(1)).squeeze(1)
-            output = torch.where(passed.any(-1), accepted_token, _sample_or_fallback(residual, target_dist, u[:, num_drafts]))
+            output = torch.where(passed.any(-1), accepted_token,
+                                 _sample_or_fallback(residual, target_dist, u_node[:, num_drafts]))
+            if rows is not None:
+                output = torch.zeros(batch_size, dtype=torch.int64, device=device).index_copy_(0, rows, output)
+                tokens = draft_tokens[:, :, level]
             matching = survivors & (tokens == output.unsqueeze(1))
             stop = alive & ~matching.any(-1)
             next_token = torch.where(stop, output, next_token)

@@ -35,6 +35,9 @@ block verification (docs/rules/block.md).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Optional
+
 import torch
 
 from spectr_audit.contract.randomness import sample_categorical, uniform
@@ -172,6 +175,33 @@ def _node_rule(draft, target, raw_target, beta, exponent, max_sweeps):
             pick(prio_free, kseq_free), ranks, use_kseq)
 
 
+def _as_law(rows: torch.Tensor) -> torch.Tensor:
+    """float64 rows renormalised to sum to 1, as the exact law receives them."""
+    rows = rows.double()
+    return rows / rows.sum(-1, keepdim=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Nodes:
+    """One depth's canonical nodes: what their corrections ``share (t - hits)_+`` are built from."""
+
+    # [m] int64: the nodes' slots, row * K + draft
+    index: torch.Tensor
+    # [m, 1]
+    share: torch.Tensor
+    # [m, V]: the sub-probability target t = beta q
+    target: torch.Tensor
+    # [m, V]
+    hits: torch.Tensor
+
+    def correction(self, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``share (t - hits)_+`` of every node ``[m, V]``, or of the nodes at positions ``rows``."""
+        if rows is None:
+            return self.share * (self.target - self.hits).clamp(min=0)
+        pick = lambda x: x.index_select(0, rows)  # noqa: E731
+        return pick(self.share) * (pick(self.target) - pick(self.hits)).clamp(min=0)
+
+
 class MultiDraftBlockVerification(Verifier):
     """Multi-draft block verification: K i.i.d. drafts of length L, exact with the plain target.
 
@@ -204,23 +234,23 @@ class MultiDraftBlockVerification(Verifier):
     def _levels(self, draft_tokens, draft_probs, target_probs):
         """Everything the sampler and the law need, in float64.
 
-        Returns ``slack [B, K, L]`` (eps at canonical nodes, 0 elsewhere), unnormalised corrections
-        ``[B, K, L, V]``, ``expected [B, L]`` (E_i) and the depth-L budgets ``[B, K]``.
+        Returns ``slack [B, K, L]`` (eps at canonical nodes, 0 elsewhere), ``expected [B, L]`` (E_i), the
+        depth-L budgets ``[B, K]`` and, per depth 0 .. L-1, the :class:`_Nodes` the corrections are built
+        from (:meth:`_corrections` for every node, :meth:`_correction_rows` for one node per row).
+
+        The node rules read only the canonical nodes' rows (one per distinct prefix), renormalised in
+        float64 as the exact law receives them; the drafts' tokens are looked up in those rows, and no
+        ``[B, K, V]`` tensor is built for the other slots.
         """
         batch_size, num_drafts, draft_len = draft_tokens.shape
         device = draft_tokens.device
-        # rows renormalised in float64, as the exact law receives them, so that sampler and law agree
-        draft_all = draft_probs.double()
-        draft_all = draft_all / draft_all.sum(-1, keepdim=True)
-        target_all = target_probs.double()
-        target_all = target_all / target_all.sum(-1, keepdim=True)
         draft_ids = torch.arange(num_drafts, device=device)
         earlier = draft_ids.unsqueeze(1) < draft_ids.unsqueeze(0)  # [j, k]: j < k
         before = earlier.T.reshape(1, 1, num_drafts, num_drafts)  # [.., j, j']: j' < j
         budget = torch.zeros(batch_size, num_drafts, dtype=torch.float64, device=device)
         budget[:, 0] = 1.0
         share = budget.clone()
-        slack, corrections, expected = [], [], []
+        slack, expected, nodes_per_depth = [], [], []
         for depth in range(draft_len + 1):
             prefix = draft_tokens[:, :, :depth]
             same = (prefix.unsqueeze(2) == prefix.unsqueeze(1)).all(-1)  # [B, j, k]: drafts j, k share the prefix
@@ -231,26 +261,28 @@ class MultiDraftBlockVerification(Verifier):
             count = survivors.sum(-1, keepdim=True).double()  # [B, K, 1]
             beta = torch.where(share > 0, budget / torch.where(share > 0, share, torch.ones_like(share)),
                                torch.zeros_like(share)).clamp(0.0, 1.0)
-            draft = draft_all[:, :, depth]  # [B, K, V]
-            raw_target = target_all[:, :, depth]
-            target = beta.unsqueeze(-1) * raw_target
             # The node rules run on the canonical nodes only (one row per distinct prefix).
             nodes = canonical.reshape(-1).nonzero().squeeze(1)
             flat = lambda x: x.reshape(batch_size * num_drafts, -1).index_select(0, nodes)  # noqa: E731
-            parts = _node_rule(flat(draft), flat(target), flat(raw_target), flat(beta.unsqueeze(-1)), flat(count),
-                               self.priority_sweeps)
+            draft = _as_law(flat(draft_probs[:, :, depth]))  # [m, V]
+            raw_target = _as_law(flat(target_probs[:, :, depth]))
+            node_beta = flat(beta.unsqueeze(-1))
+            target = node_beta * raw_target
+            coins, accepted, hits, free, ranks, use_kseq = _node_rule(draft, target, raw_target, node_beta, flat(count),
+                                                                      self.priority_sweeps)
 
             def spread(x):  # back to every (row, draft) slot, zeros at non-canonical ones
                 full = torch.zeros(batch_size * num_drafts, x.shape[-1], dtype=x.dtype, device=device)
                 return full.index_copy_(0, nodes, x).reshape(batch_size, num_drafts, -1)
 
-            coins, accepted, hits, free, ranks, use_kseq = (spread(x) for x in parts)
             # The node rule on the drafts' actual next tokens: kappa per draft j of node k ([B, k, j]).
             tokens = draft_tokens[:, :, depth]  # [B, j]
-            index = tokens.unsqueeze(1).expand(-1, num_drafts, -1)  # [B, k, j]
-            coin = torch.where(survivors, coins.gather(-1, index), torch.zeros_like(survivors, dtype=torch.float64))
+            node_tokens = tokens.index_select(0, nodes // num_drafts)  # [m, j]: the tokens below each node
+            coin = torch.where(survivors, spread(coins.gather(-1, node_tokens)),
+                               torch.zeros_like(survivors, dtype=torch.float64))
             fail = 1 - coin
-            rank = ranks.gather(-1, index)
+            rank = spread(ranks.gather(-1, node_tokens))
+            free, use_kseq = spread(free), spread(use_kseq)
             same_token = tokens.unsqueeze(2) == tokens.unsqueeze(1)  # [B, j, j']
             pair = survivors.unsqueeze(2) & survivors.unsqueeze(3)  # [B, k, j, j']: both survive at k
             ones = torch.ones_like(fail).unsqueeze(2).expand(-1, -1, num_drafts, -1)
@@ -269,7 +301,8 @@ class MultiDraftBlockVerification(Verifier):
             room = _pow(free, count)
             residual_share = torch.where(room > 0, none / torch.where(room > 0, room, torch.ones_like(room)),
                                          torch.zeros_like(room))
-            missing = (target - accepted).clamp(min=0).gather(-1, index)
+            # (q - accepted)_+ at the tokens (0 at non-canonical slots, where residual_share is 0)
+            missing = spread((target.gather(-1, node_tokens) - accepted.gather(-1, node_tokens)).clamp(min=0))
             kappa = torch.where(survivors, win + residual_share * missing, torch.zeros_like(win))  # [B, k, j]
             # children: draft j is the canonical child of its token under its parent node
             first_of_token = survivors & ~(mine & before).any(-1)
@@ -279,14 +312,41 @@ class MultiDraftBlockVerification(Verifier):
             child_share = torch.where(child & (total > 0), share.unsqueeze(-1) * kappa
                                       / torch.where(total > 0, total, torch.ones_like(total)),
                                       torch.zeros_like(kappa)).sum(1)
-            kept = share * hits.sum(-1)
+            kept = share * spread(hits.sum(-1, keepdim=True)).squeeze(-1)
             slack.append(torch.where(canonical, (budget - kept).clamp(min=0), torch.zeros_like(budget)))
-            corrections.append(torch.where(canonical.unsqueeze(-1), share.unsqueeze(-1) * (target - hits).clamp(min=0),
-                                           torch.zeros_like(target)))
+            nodes_per_depth.append(_Nodes(nodes, flat(share.unsqueeze(-1)), target, hits))
             expected.append(torch.where(canonical, kept, torch.zeros_like(kept)).sum(-1))
             budget, share = child_budget, child_share
         final = torch.where(canonical, budget, torch.zeros_like(budget))
-        return torch.stack(slack, -1), torch.stack(corrections, 2), torch.stack(expected, -1), final
+        return torch.stack(slack, -1), torch.stack(expected, -1), final, nodes_per_depth
+
+    @staticmethod
+    def _corrections(nodes_per_depth, batch_size, num_drafts, vocab_size):
+        """Unnormalised corrections ``share (t - hits)_+`` of every node ``[B, K, L, V]`` (zeros at non-canonical slots)."""
+        out = []
+        for node in nodes_per_depth:
+            full = torch.zeros(batch_size * num_drafts, vocab_size, dtype=torch.float64, device=node.target.device)
+            out.append(full.index_copy_(0, node.index, node.correction()).reshape(batch_size, num_drafts, vocab_size))
+        return torch.stack(out, 2)
+
+    @staticmethod
+    def _correction_rows(nodes_per_depth, draft_index, level, num_drafts):
+        """The correction of node ``draft_index[b]`` at depth ``level[b]`` for every row ``[B, V]`` (zeros at a
+        non-canonical slot, as in :meth:`_corrections`), built for those nodes only."""
+        batch_size = draft_index.shape[0]
+        vocab_size = nodes_per_depth[0].target.shape[-1]
+        device = draft_index.device
+        out = torch.zeros(batch_size, vocab_size, dtype=torch.float64, device=device)
+        slot = torch.arange(batch_size, device=device) * num_drafts + draft_index
+        for depth, node in enumerate(nodes_per_depth):
+            # position of each slot among this depth's canonical nodes (-1: not one)
+            position = torch.full((batch_size * num_drafts,), -1, dtype=torch.int64, device=device)
+            position[node.index] = torch.arange(node.index.shape[0], device=device)
+            found = position[slot]
+            rows = ((level == depth) & (found >= 0)).nonzero().squeeze(1)
+            if rows.numel():
+                out.index_copy_(0, rows, node.correction(found.index_select(0, rows)))
+        return out
 
     @staticmethod
     def _choice_probs(slack, expected, final):
@@ -306,7 +366,7 @@ class MultiDraftBlockVerification(Verifier):
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
         batch_size, num_drafts, draft_len = draft_tokens.shape
         device = draft_tokens.device
-        slack, corrections, expected, final = self._levels(draft_tokens, draft_probs, target_probs)
+        slack, expected, final, nodes = self._levels(draft_tokens, draft_probs, target_probs)
         choice = self._choice_probs(slack, expected, final)  # [B, K, L + 1]
         u = uniform(generator, (batch_size, draft_len + 1), device)
         # Depth i (1 .. L) chooses node k when u_i falls in its slice of the cumulative choice probabilities.
@@ -321,14 +381,16 @@ class MultiDraftBlockVerification(Verifier):
                                   torch.zeros_like(tau)).clamp(max=num_drafts - 1)
         level = tau.clamp(max=draft_len - 1)
         fallback = target_probs[rows, draft_index, level]
-        correction = _sample_or_fallback(corrections[rows, draft_index, level], lambda: fallback.double(), u[:, draft_len])
+        corrections = self._correction_rows(nodes, draft_index, level, num_drafts)  # the chosen nodes' only
+        correction = _sample_or_fallback(corrections, lambda: fallback.double(), u[:, draft_len])
         bonus = sample_categorical(target_probs[rows, draft_index, draft_len].double(), u[:, draft_len])
         next_token = torch.where(tau < draft_len, correction, bonus)
         return VerifyOutput(tau, draft_index, next_token)
 
     def _output_probs(self, draft_tokens, draft_probs, target_probs) -> torch.Tensor:
         draft_len = draft_tokens.shape[-1]
-        slack, corrections, expected, final = self._levels(draft_tokens, draft_probs, target_probs)
+        slack, expected, final, nodes = self._levels(draft_tokens, draft_probs, target_probs)
+        corrections = self._corrections(nodes, *draft_tokens.shape[:2], draft_probs.shape[-1])
         choice = self._choice_probs(slack, expected, final)  # [B, K, L + 1]
         # P(nothing deeper than depth i is chosen) = prod_{j > i} (1 - sum_k choice[k, j])
         # the choices at a depth can sum to 1 and a rounding above it: a probability, not a negative one

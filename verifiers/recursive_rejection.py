@@ -37,6 +37,52 @@ class RecursiveRejectionRule(NodeRule):
                 drafting = torch.where(active, normalise(removed, drafting), drafting)
         return torch.cat(accept, dim=1), residual
 
+    def sampler_parts(self, tokens, survivors, draft_dist, target_dist):
+        """:meth:`__call__`'s acceptances and residual with the residual and the drafting law kept unnormalised.
+
+        With ``R = s R_n`` and ``D = d D_n`` (totals s, d), draft s_i is accepted with
+        ``min(1, R(s_i) d / (s D(s_i)))`` and the residual after a rejection is ``(R - (s/d) D)_+ =
+        s (R_n - D_n)_+``: one fused multiply-add, a clip and a sum per draft instead of a normalisation;
+        without replacement the rejected token is zeroed in place and ``d`` summed again.  The same law
+        to rounding (the normalisations are only rescalings), on the rows as given.  A rule that
+        changes :meth:`_residual_after_rejection` keeps :meth:`__call__`.
+        """
+        if type(self)._residual_after_rejection is not RecursiveRejectionRule._residual_after_rejection:
+            return self(tokens, survivors, draft_dist, target_dist)
+        on_cpu = draft_dist.device.type == "cpu"  # a host check of a few flags costs no device round trip there
+        residual, drafting = target_dist, draft_dist
+        # the rows as given count as normalised (as __call__ takes them)
+        res_total = torch.ones_like(target_dist[:, :1])
+        draft_total = torch.ones_like(draft_dist[:, :1])
+        accept = []
+        for i in range(tokens.shape[1]):
+            token = tokens[:, i : i + 1]
+            active = survivors[:, i : i + 1]
+            drafted = gather_tokens(drafting, token)
+            scaled = drafted * res_total
+            ratio = gather_tokens(residual, token) * draft_total / torch.where(scaled > 0, scaled, torch.ones_like(scaled))
+            accept.append(torch.where(active & (drafted > 0), ratio.clamp(max=1.0), torch.zeros_like(ratio)))
+            after = torch.addcmul(residual, drafting, -(res_total / draft_total)).clamp_(min=0)  # (R - (s/d) D)_+
+            after_total = after.sum(-1, keepdim=True)
+            # no mass left (or the draft did not reach this node): the residual stays as it was
+            keep = ~active | ~(after_total > 0)
+            if on_cpu and not bool(keep.any()):
+                residual, res_total = after, after_total
+            else:
+                residual, res_total = torch.where(keep, residual, after), torch.where(keep, res_total, after_total)
+            if self.without_replacement:
+                if i == 0:
+                    drafting = drafting.clone()  # zeroed in place below: never the caller's rows
+                drafting.scatter_(1, token, torch.where(active, torch.zeros_like(drafted), drafted))
+                removed_total = drafting.sum(-1, keepdim=True)
+                # a drafting law with no mass left stays as it was (as normalise's fallback keeps it)
+                empty = active & ~(removed_total > 0)
+                if not on_cpu or bool(empty.any()):
+                    drafting.scatter_(1, token, torch.where(empty, drafted, gather_tokens(drafting, token)))
+                    removed_total = torch.where(empty, draft_total, removed_total)
+                draft_total = torch.where(active, removed_total, draft_total)
+        return torch.cat(accept, dim=1), residual
+
     def _residual_after_rejection(
         self,
         residual: torch.Tensor,  # [n, vocab_size]

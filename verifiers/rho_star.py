@@ -455,6 +455,60 @@ def _model_beta(x: torch.Tensor, draft_high: torch.Tensor, target_low: torch.Ten
     return target_low / x + draft_high
 
 
+#: The sort-free solve's later passes read only the tokens with 1 < q/p <= K when no row has more than this
+#: fraction of its tokens there (else full passes: the gathering would cost more than it saves).
+_INSIDE_FRACTION = 0.25
+
+
+class _InsideTokens:
+    """The tokens with ``1 < q/p <= K`` of the sort-free solve's rows, gathered once after its first pass.
+
+    At a candidate ``c`` in ``[1, K]`` the low tokens (``q/p <= c``) are those with ``q/p <= 1`` and the
+    gathered ones with ``q/p <= c``, so the low sums at c are the sums at 1 plus a sum over the gathered
+    tokens: the same classification as a full pass, summed in float64 in another order (within the
+    rounding that the solve's margin allows for float64 sums over the vocabulary).  The gathered tokens
+    sit left-aligned in rows of the largest row's count (padding: p = q = 0, q/p = inf, never low), so a
+    pass is the full pass's comparison and batched matrix product on those rows.
+    """
+
+    def __init__(self, values, ratios, base):
+        self.values = values  # [n, 2, W] float64: p and q of each row's gathered tokens
+        self.ratios = ratios  # [n, 1, W]: their q/p in the rows' dtype
+        self.base = base  # [n, 2] float64: the sums of p and q over the tokens with q/p <= 1
+        self.mask = torch.empty_like(values)
+
+    @classmethod
+    def of(cls, stacked, ratio, low_mask, sums):
+        """From the first pass (candidates 1 and K): ``stacked [n, 2, V]`` p and q, ``ratio [n, 1, V]``, its
+        masks ``[n, 2, V]`` and sums ``[n, 2, 2]``; None where the padded rows would hold over
+        :data:`_INSIDE_FRACTION` of the tokens."""
+        n, _, vocab_size = stacked.shape
+        inside = low_mask[:, 1] > low_mask[:, 0]  # q/p <= K and not q/p <= 1, [n, V]
+        counts = inside.sum(-1)  # [n]
+        width = int(counts.max()) if n else 0
+        if width > _INSIDE_FRACTION * vocab_size:
+            return None
+        width = max(width, 1)
+        # flat positions (1-D index_select and index_copy_: several times faster than advanced indexing)
+        flat = inside.view(-1).nonzero().squeeze(1)  # row * V + token, row-major: each row's tokens in order
+        rows = flat.div(vocab_size, rounding_mode="floor")
+        slot = torch.arange(flat.shape[0], device=flat.device) - (counts.cumsum(0) - counts).index_select(0, rows)
+        source = flat + rows * vocab_size  # p of the token in the flat [n, 2, V]; q is V further
+        target = rows * (2 * width) + slot  # its place in the flat [n, 2, W]; q is W further
+        values = torch.zeros(n * 2 * width, dtype=stacked.dtype, device=stacked.device)
+        whole = stacked.reshape(-1)
+        values.index_copy_(0, target, whole.index_select(0, source))
+        values.index_copy_(0, target + width, whole.index_select(0, source + vocab_size))
+        ratios = torch.full((n * width,), float("inf"), dtype=ratio.dtype, device=ratio.device)
+        ratios.index_copy_(0, rows * width + slot, ratio.reshape(-1).index_select(0, flat))
+        return cls(values.view(n, 2, width), ratios.view(n, 1, width), sums[:, :, 0].clone())
+
+    def low_sums(self, candidates):  # [n, 2] -> [n, 2, 2]: sums of p and q (dim 1) at each candidate (dim 2)
+        """The low sums at ``candidates`` ``[n, 2]`` (in the ratios' dtype, as a full pass compares them)."""
+        torch.le(self.ratios, candidates.unsqueeze(-1), out=self.mask)
+        return self.base.unsqueeze(-1) + torch.bmm(self.values, self.mask.transpose(1, 2))
+
+
 def kseq_rho_star_sampler(
     # [n, vocab_size] float32 or float64
     draft_probs: torch.Tensor,
@@ -542,10 +596,12 @@ def kseq_rho_star_sampler(
         stacked = torch.empty(n, 2, vocab_size, dtype=torch.float64, device=device)
         stacked[:, 0].copy_(draft_probs)
         stacked[:, 1].copy_(target_probs)
-        totals = stacked.sum(-1, keepdim=True)  # [n, 2, 1]
-        # [n, 1, V] float64 (a float64 comparison into the float64 mask is the fast one); inf (p = 0 < q),
-        # nan (0/0): never "low"
-        ratio = torch.div(stacked[:, 1:], stacked[:, :1])
+        # [n, 2, 1], summed from the rows as given (the same values in float64: a quarter of the bytes read)
+        totals = torch.stack([draft_probs.sum(-1, dtype=torch.float64), target_probs.sum(-1, dtype=torch.float64)],
+                             dim=-1).unsqueeze(-1)
+        # [n, 1, V] q/p in the rows' dtype (a token within its rounding of a candidate is within the margin, as
+        # in the fused pass's q <= c p); inf (p = 0 < q), nan (0/0): never "low"
+        ratio = torch.div(target_probs, draft_probs).unsqueeze(1)
         # [n, 2, V], reused by every pass: a comparison written straight into a float buffer is one cheap
         # pass, where a bool mask and its conversion cost an allocation and two more
         low_mask = torch.empty(n, 2, vocab_size, dtype=torch.float64, device=device)
@@ -556,15 +612,23 @@ def kseq_rho_star_sampler(
     up = torch.tensor(float("inf"), dtype=dtype, device=device)
     kk = k.unsqueeze(-1)
     candidates = torch.stack([ones, k], dim=-1)  # [n, 2]: two candidates per pass
+    inside = None  # the tokens with 1 < q/p <= K, once the first pass has found them (eager path)
     for step in range(passes):
         threshold = candidates.to(dtype)
         candidates = threshold.double()
         high_before = high
         if fused:
             sums = kseq_low_sums(draft_probs, target_probs, threshold)  # [n, 2, 2] float64
+        elif inside is not None:
+            sums = inside.low_sums(threshold)
         else:
-            torch.le(ratio, candidates.unsqueeze(-1), out=low_mask)
+            # (the candidates in the ratio's dtype, which holds them exactly: no widened copy of the ratio)
+            torch.le(ratio, threshold.unsqueeze(-1), out=low_mask)
             sums = torch.bmm(stacked, low_mask.transpose(1, 2))  # [n, 2, 2] float64
+            if step == 0 and passes > 1:
+                # Every later candidate lies in [1, K]: tokens with q/p <= 1 are low at all of them and tokens
+                # with q/p > K at none, so later passes read only the tokens in between (few, as a rule).
+                inside = _InsideTokens.of(stacked, ratio, low_mask, sums)
         sums = sums / totals  # normalised P_low, Q_low at each candidate
         d_low, t_low = sums[:, 0], sums[:, 1]  # [n, 2]
         gap = _segment_gap(candidates, _complement(d_low, snap), _complement(t_low, snap), d_low, t_low, kk)

@@ -27,9 +27,10 @@ precedence), not ``(1 - min(1, ratio))^K`` as in ``c``.  Numerics: the code's
 guards are replaced by their limits (``x / (d + 1e-20)`` by ``x / d`` for
 ``d > 0`` and 0 for ``d = 0``; a residual with no mass, which the code cannot
 sample, by the target ``q(. | x_sel[1..tau])``), and ``1 - (1 - x)^K`` and
-``1 - x^K`` are evaluated with ``expm1``/``log1p`` (same values, without the
-cancellation that the literal formulas suffer for joint probabilities near 0 or 1).  For K = 1 the rule is greedy
-block verification (``c(y) = min(p(y), q(y))``).
+``1 - x^K`` are evaluated with ``expm1``/``log1p`` in the exact law and as sums of
+powers by Horner's rule in the sampler (same values, without the cancellation that the
+literal formulas suffer for joint probabilities near 0 or 1; docs/rules/spectr-gbv.md).
+For K = 1 the rule is greedy block verification (``c(y) = min(p(y), q(y))``).
 
 What the audit found (block verification's worked example, docs/rules/block.md: context-free
 p = (2/3, 1/3), q = (1/3, 2/3), L = 2; single iteration by
@@ -58,6 +59,7 @@ independently, so the full draft is emitted with probability
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 
@@ -65,7 +67,7 @@ from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.contract.correction import JointResidualCorrection, has_carried_correction
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.contract.randomness import sample_categorical, uniform
-from spectr_audit.verifiers._walk import normalise
+from spectr_audit.verifiers._walk import _sample_or_fallback, normalise
 
 __all__ = ["PublishedSpecTrGBV", "PublishedSpecTrGBVWithCorrection", "MAX_EXACT_TESTS"]
 
@@ -85,7 +87,8 @@ class _Quantities:
     # [batch_size, num_drafts]: the full-draft test
     final_pass: torch.Tensor
     # [batch_size, num_drafts, draft_len, vocab_size]: unnormalised residual after x_k[1..tau], tau < L
-    residual: torch.Tensor
+    # (None in the sampler, which builds only the row each scan ends at)
+    residual: Optional[torch.Tensor]
     # [batch_size, num_drafts, num_drafts, draft_len + 1]: x_j[1..i] == x_k[1..i]
     same_prefix: torch.Tensor
 
@@ -134,31 +137,133 @@ def _divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
     return torch.where(denominator != 0, numerator / safe, torch.zeros_like(numerator))
 
 
-def _quantities(draft_tokens, draft_probs, target_probs) -> _Quantities:
-    _, num_drafts, draft_len = draft_tokens.shape
-    draft = draft_probs.double()
-    target = target_probs.double()
-    drafted = draft.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, K, L]
-    targeted = target[:, :, :draft_len].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+def _joints(draft_tokens, draft_probs, target_probs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Joint prefix probabilities ``p(x_k[1..i]), q(x_k[1..i])``, i = 0..L, ``[B, K, L + 1]`` float64.
+
+    The drafted entries are read first and widened after (the same values as widening every row first).
+    """
+    draft_len = draft_tokens.shape[-1]
+    drafted = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).double()  # [B, K, L]
+    targeted = target_probs[:, :, :draft_len].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).double()
     ones = torch.ones_like(drafted[..., :1])
-    draft_joint = torch.cat([ones, drafted], -1).cumprod(-1)  # [B, K, L + 1]: p(x_k[1..i]), i = 0..L
-    target_joint = torch.cat([ones, targeted], -1).cumprod(-1)
-    # Children of every non-leaf node x_k[1..i], i = 0..L-1: joint p(yx), q(yx).
-    child_draft = draft_joint[..., :draft_len, None] * draft  # [B, K, L, V]
-    child_target = target_joint[..., :draft_len, None] * target[:, :, :draft_len]
-    child_cover = _covered(child_draft, child_target, num_drafts).sum(-1)  # [B, K, L]
+    return torch.cat([ones, drafted], -1).cumprod(-1), torch.cat([ones, targeted], -1).cumprod(-1)
+
+
+def _same_prefix(draft_tokens) -> torch.Tensor:
+    """``[B, K, K, L + 1]``: x_j[1..i] == x_k[1..i] for i = 0..L (all of the first i positions agree)."""
+    agree = draft_tokens.unsqueeze(2) == draft_tokens.unsqueeze(1)  # [B, K, K, L]
+    mismatch_before = torch.cat([torch.zeros_like(agree[..., :1]), (~agree).cumsum(-1) > 0], -1)
+    return ~mismatch_before
+
+
+def _tests_from_cover(draft_joint, target_joint, child_cover, num_drafts):
+    """The tests' pass probabilities: h at lengths 1 .. L-1 ``[B, K, L - 1]`` (from ``child_cover[..., 1:]``,
+    ``sum_x c(yx)`` below x_k[1..i]) and the full-draft test ``[B, K]``."""
+    draft_len = draft_joint.shape[-1] - 1
     cover = _covered(draft_joint, target_joint, num_drafts)  # [B, K, L + 1]
     none_drafted = _one_minus_power(draft_joint, num_drafts)  # 1 - (1 - p(y))^K
     inner = _divide(cover[..., 1:draft_len] - child_cover[..., 1:], none_drafted[..., 1:draft_len] - child_cover[..., 1:])
     final = _divide(cover[..., draft_len], none_drafted[..., draft_len])
+    return inner, final
+
+
+def _residual(child_draft: torch.Tensor, child_target: torch.Tensor, num_drafts: int) -> torch.Tensor:
+    """The published residual ``q(yx) (1 - min(1, p(yx)/q(yx))^K)``, unnormalised."""
     # 1 - m^K = -expm1(K log m): accurate when m is near 1
     residual = child_target * -torch.expm1(num_drafts * torch.log(_min_ratio(child_draft, child_target)))
-    residual = torch.where(child_target > 0, residual, torch.zeros_like(residual))
-    agree = draft_tokens.unsqueeze(2) == draft_tokens.unsqueeze(1)  # [B, K, K, L]
-    # x_j[1..i] == x_k[1..i] for i = 0..L: all of the first i positions agree
-    mismatch_before = torch.cat([torch.zeros_like(agree[..., :1]), (~agree).cumsum(-1) > 0], -1)
-    same_prefix = ~mismatch_before
-    return _Quantities(inner, final, residual, same_prefix)
+    return torch.where(child_target > 0, residual, torch.zeros_like(residual))
+
+
+def _quantities(draft_tokens, draft_probs, target_probs) -> _Quantities:
+    """Everything the exact law reads, the residual at every node below the root included."""
+    _, num_drafts, draft_len = draft_tokens.shape
+    draft = draft_probs.double()
+    target = target_probs.double()
+    draft_joint, target_joint = _joints(draft_tokens, draft_probs, target_probs)
+    # Children of every non-leaf node x_k[1..i], i = 0..L-1: joint p(yx), q(yx).
+    child_draft = draft_joint[..., :draft_len, None] * draft  # [B, K, L, V]
+    child_target = target_joint[..., :draft_len, None] * target[:, :, :draft_len]
+    child_cover = _covered(child_draft, child_target, num_drafts).sum(-1)  # [B, K, L]
+    inner, final = _tests_from_cover(draft_joint, target_joint, child_cover, num_drafts)
+    residual = _residual(child_draft, child_target, num_drafts)
+    return _Quantities(inner, final, residual, _same_prefix(draft_tokens))
+
+
+#: The sampler's children's cover is computed this many probabilities at a time (a few rows of the vocabulary),
+#: so that its elementwise steps run on buffers that stay in the CPU's cache instead of one memory pass each.
+_COVER_CHUNK = 1 << 17
+
+#: The smallest positive float64 (a subnormal): a clamp to it replaces zeros and nothing else.
+_SMALLEST = 5e-324
+
+
+def _child_cover_sampler(draft_probs, target_probs, draft_joint, target_joint, num_drafts: int) -> torch.Tensor:
+    """``sum_x c(yx)`` below x_k[1..i] for i = 1 .. L-1 (index 0, which no test reads, left 0), ``[B, K, L]``.
+
+    The sampler's form of :func:`_covered`: ``c = min(p(yx), q(yx)) S(m)`` with ``m = min(1, p(yx)/q(yx))`` and
+    ``S(m) = sum_{j < K} (1 - m)^j = (1 - (1 - m)^K) / m`` by Horner's rule: a sum of non-negative terms, so it
+    keeps the relative accuracy of the ``expm1``/``log1p`` form (a few ulps) with no transcendental function.
+    Rows of a few vocabularies at a time go through every step while they are in cache; each row is read once.
+    """
+    batch_size, _, draft_len = draft_joint.shape
+    draft_len -= 1
+    vocab_size = draft_probs.shape[-1]
+    out = torch.zeros(draft_joint.shape[:-1] + (draft_len,), dtype=torch.float64, device=draft_probs.device)
+    if draft_len < 2:
+        return out
+    # [n, V] views of the rows at levels 1 .. L-1, and their joint prefix probabilities [n, 1]
+    rows_p = draft_probs[:, :, 1:draft_len].reshape(-1, vocab_size)
+    rows_q = target_probs[:, :, 1:draft_len].reshape(-1, vocab_size)
+    joint_p = draft_joint[..., 1:draft_len].reshape(-1, 1)
+    joint_q = target_joint[..., 1:draft_len].reshape(-1, 1)
+    sums = torch.empty(rows_p.shape[0], dtype=torch.float64, device=draft_probs.device)
+    step = max(1, _COVER_CHUNK // vocab_size)
+    buffers = torch.empty(3, min(step, rows_p.shape[0]), vocab_size, dtype=torch.float64, device=draft_probs.device)
+    for start in range(0, rows_p.shape[0], step):
+        stop = min(start + step, rows_p.shape[0])
+        child_p, child_q, series = buffers[:, : stop - start]
+        child_p.copy_(rows_p[start:stop]).mul_(joint_p[start:stop])  # float64 p(yx)
+        child_q.copy_(rows_q[start:stop]).mul_(joint_q[start:stop])
+        low = torch.minimum(child_p, child_q, out=child_p)  # min(p, q) = q min(1, p/q)
+        # 1 - m, m = min(p, q) / q (0 where q = 0, where min(p, q) = 0 as well)
+        rest = torch.div(low, child_q.clamp_(min=_SMALLEST), out=child_q).neg_().add_(1)
+        if num_drafts > 1:
+            torch.add(rest, 1, out=series)
+            for _ in range(num_drafts - 2):
+                series.mul_(rest).add_(1)
+            low.mul_(series)
+        torch.sum(low, -1, out=sums[start:stop])
+    out[..., 1:] = sums.reshape(batch_size, -1, draft_len - 1)
+    return out
+
+
+def _residual_sampler(draft_rows, target_rows, joint_p, joint_q, num_drafts: int) -> torch.Tensor:
+    """The sampler's form of :func:`_residual` on rows ``[n, V]`` below joint prefix probabilities ``[n]``.
+
+    ``q (1 - m^K) = (q - p)_+ sum_{j < K} m^j`` with ``m = min(1, p/q)`` (Horner's rule): the same values
+    to a few ulps, a sum of non-negative terms, no transcendental function.
+    """
+    child_p = draft_rows.double().mul_(joint_p.unsqueeze(-1))
+    child_q = target_rows.double().mul_(joint_q.unsqueeze(-1))
+    excess = torch.sub(child_q, child_p).clamp_(min=0)  # (q - p)_+ = q (1 - m)
+    if num_drafts > 1:
+        # m = min(p, q) / q in [0, 1] (0 where q = 0, where the excess is 0 as well)
+        ratio = torch.minimum(child_p, child_q, out=child_p).div_(child_q.clamp_(min=_SMALLEST))
+        series = ratio + 1
+        for _ in range(num_drafts - 2):
+            series.mul_(ratio).add_(1)
+        excess.mul_(series)
+    return excess
+
+
+def _sampler_tests(draft_tokens, draft_probs, target_probs):
+    """The sampler's view of :func:`_quantities`: the tests and the joints, no residual (it is built only for
+    the node each row's scan ends at)."""
+    num_drafts = draft_tokens.shape[1]
+    draft_joint, target_joint = _joints(draft_tokens, draft_probs, target_probs)
+    child_cover = _child_cover_sampler(draft_probs, target_probs, draft_joint, target_joint, num_drafts)
+    inner, final = _tests_from_cover(draft_joint, target_joint, child_cover, num_drafts)
+    return _Quantities(inner, final, None, _same_prefix(draft_tokens)), draft_joint, target_joint
 
 
 def _inner_active(state: _ScanState, quantities: _Quantities, draft: int, length: int) -> torch.Tensor:
@@ -219,12 +324,13 @@ def _canonical_index(quantities: _Quantities, rows, tau, sel) -> torch.Tensor:
     return quantities.same_prefix[rows, sel, :, tau].to(torch.int8).argmax(-1)
 
 
-def _next_token_law(quantities: _Quantities, target_probs, rows, tau, sel) -> torch.Tensor:  # [n, V]
-    draft_len = quantities.residual.shape[2]
-    target = target_probs.double()
+def _next_token_law(residual: torch.Tensor, target_probs, rows, tau, sel) -> torch.Tensor:  # [n, V]
+    """The next token's law after the scan: the normalised residual row ``residual`` ``[n, V]`` after
+    ``x_sel[1..tau]`` where ``tau < L``, else the target's row there (rows read first, then widened)."""
+    draft_len = target_probs.shape[2] - 1
     level = tau.clamp(max=draft_len - 1)
-    correction = normalise(quantities.residual[rows, sel, level], target[rows, sel, level])
-    return torch.where((tau < draft_len).unsqueeze(-1), correction, target[rows, sel, tau])
+    correction = normalise(residual, target_probs[rows, sel, level].double())
+    return torch.where((tau < draft_len).unsqueeze(-1), correction, target_probs[rows, sel, tau].double())
 
 
 class PublishedSpecTrGBV(Verifier):
@@ -253,15 +359,23 @@ class PublishedSpecTrGBV(Verifier):
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
         batch_size, num_drafts, draft_len = draft_tokens.shape
         device = draft_tokens.device
-        quantities = _quantities(draft_tokens, draft_probs, target_probs)
+        quantities, draft_joint, target_joint = _sampler_tests(draft_tokens, draft_probs, target_probs)
         u = uniform(generator, (batch_size, num_drafts * draft_len + 1), device)
         state = _initial_state(torch.arange(batch_size, device=device), num_drafts, draft_len)
         for index, (draft, length, final) in enumerate(_tests(num_drafts, draft_len)):
             active = ~state.done if final else _inner_active(state, quantities, draft, length)
             passed = active & (u[:, index] < _pass_prob(quantities, state, draft, length, final))
             state = _after_test(state, draft, length, final, active, passed)
-        law = _next_token_law(quantities, target_probs, state.row, state.tau, state.sel)
-        next_token = sample_categorical(law, u[:, -1])
+        # the residual of the one node each row ends at, drawn unnormalised (the target where it has no mass);
+        # rows that accepted a full draft draw from the target after it instead
+        rows, sel, tau = state.row, state.sel, state.tau
+        level = tau.clamp(max=draft_len - 1)
+        mass = _residual_sampler(draft_probs[rows, sel, level], target_probs[rows, sel, level],
+                                 draft_joint[rows, sel, level], target_joint[rows, sel, level], num_drafts)
+        full = (tau == draft_len).nonzero().squeeze(1)
+        if full.numel():
+            mass.index_copy_(0, full, target_probs[rows[full], sel[full], draft_len].double())
+        next_token = _sample_or_fallback(mass, lambda: target_probs[rows, sel, tau].double(), u[:, -1])
         draft_index = _canonical_index(quantities, state.row, state.tau, state.sel)
         correction = None
         if has_carried_correction(self):
@@ -284,7 +398,9 @@ class PublishedSpecTrGBV(Verifier):
             state = _initial_state(rows, num_drafts, draft_len)
             for draft, length, final in _tests(num_drafts, draft_len):
                 state = self._branch(state, quantities, draft, length, final)
-            law = _next_token_law(quantities, target_probs, state.row, state.tau, state.sel)
+            level = state.tau.clamp(max=draft_len - 1)
+            law = _next_token_law(quantities.residual[state.row, state.sel, level], target_probs, state.row,
+                                  state.tau, state.sel)
             index = _canonical_index(quantities, state.row, state.tau, state.sel)
             out.index_put_((state.row, index, state.tau), state.weight.unsqueeze(-1) * law, accumulate=True)
         return out

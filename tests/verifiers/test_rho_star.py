@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
@@ -27,6 +29,7 @@ from hypothesis import strategies as st
 from spectr_audit.bounds.acceptance import kseq_acceptance
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.verifiers.rho_star import (
+    _InsideTokens,
     _bracket_models,
     _kseq_gap,
     _model_beta,
@@ -252,6 +255,38 @@ def test_sampler_rho_is_valid_after_any_number_of_passes(vocab_size, num_drafts,
     d64, t64 = d64 / d64.sum(-1, keepdim=True), t64 / t64.sum(-1, keepdim=True)
     assert bool((_kseq_gap(d64, t64, rho, k) >= -1e-15).all()), rho
     assert bool((rho >= kseq_rho_star(d64, t64, num_drafts) * (1 - 1e-12)).all() and (rho <= num_drafts).all())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    vocab_size=st.sampled_from([2, 7, 300, 1000]),
+    num_drafts=st.integers(1, 8),
+    concentration=st.sampled_from([0.05, 0.5, 2.0]),
+    dtype=st.sampled_from([torch.float64, torch.float32]),
+    seed=st.integers(0, 2**31 - 1),
+    mode=st.sampled_from(MODES),
+    fractions=st.lists(st.floats(0.0, 1.0), min_size=2, max_size=2),
+)
+def test_inside_tokens_give_the_full_pass_sums(vocab_size, num_drafts, concentration, dtype, seed, mode, fractions):
+    """The later passes' sums over the tokens with 1 < q/p <= K against a full pass (a matrix product over
+    every token) at the same candidates in [1, K]: the same tokens are low, so the float64 sums agree to
+    the rounding of a sum of V terms at most 1."""
+    draft, target = _rows(vocab_size, concentration, mode, seed)
+    draft_t, target_t = torch.from_numpy(draft).to(dtype), torch.from_numpy(target).to(dtype)
+    n = draft_t.shape[0]
+    stacked = torch.stack([draft_t, target_t], 1).double()
+    ratio = torch.div(target_t, draft_t).unsqueeze(1)
+
+    def full_pass(thresholds):  # [n, 2] in the rows' dtype
+        mask = (ratio <= thresholds.unsqueeze(-1)).double()
+        return torch.bmm(stacked, mask.transpose(1, 2))
+
+    first = torch.tensor([[1.0, float(num_drafts)]] * n, dtype=dtype)
+    low_mask = (ratio <= first.unsqueeze(-1)).double()
+    with mock.patch("spectr_audit.verifiers.rho_star._INSIDE_FRACTION", 1.0):
+        inside = _InsideTokens.of(stacked, ratio, low_mask, full_pass(first))
+    candidates = (1 + (num_drafts - 1) * torch.tensor(fractions, dtype=torch.float64)).expand(n, 2).to(dtype)
+    torch.testing.assert_close(inside.low_sums(candidates), full_pass(candidates), atol=4 * vocab_size * 2.0**-52, rtol=0)
 
 
 @settings(max_examples=100, deadline=None)

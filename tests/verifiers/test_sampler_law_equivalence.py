@@ -312,6 +312,58 @@ def test_sampler_levels_match_the_exact_levels(name, verifier, data):
 
 
 # ---------------------------------------------------------------------------------------------
+# The published SpecTr-GBV: the sampler's tests and residual against the law's
+# ---------------------------------------------------------------------------------------------
+
+
+@st.composite
+def gbv_cases(draw):
+    """K <= 3 drafts of length 2 <= L <= 4 over V <= 6: a (p, q) pair per draft and level plus the bonus rows."""
+    num_drafts, draft_len, vocab_size = draw(st.integers(1, 3)), draw(st.integers(2, 4)), draw(st.integers(1, 6))
+    pairs = [[draw(row_pairs(vocab_size)) for _ in range(draft_len)] for _ in range(num_drafts)]
+    tokens = [[_draft_tokens(draw, d, 1, False)[0] for d, _ in levels] for levels in pairs]
+    draft_probs = torch.stack([torch.stack([d for d, _ in levels]) for levels in pairs]).unsqueeze(0)
+    target_probs = torch.stack([torch.stack([t for _, t in levels] + [draw(rows(vocab_size))]) for levels in pairs])
+    return torch.tensor([tokens]), draft_probs, target_probs.unsqueeze(0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(gbv_cases())
+def test_gbv_sampler_tests_and_residual_match_the_law(case):
+    """The sampler's h (children's cover by Horner's rule, levels 1 .. L-1) and residual rows against the law's.
+
+    Both covers are sums of V non-negative terms ``c(yx) <= q(yx)`` evaluated to a few ulps each, so they
+    differ by at most ``16 (V + K) eps q(y)``; ``h = (c(y) - C) / (D - C)`` moves by that times
+    ``(1 + |h|) / |D - C|``.  The residual ``(q - p)_+ sum_j m^j`` and the law's ``q (1 - m^K)`` are the same
+    products of numbers at most 1 to a few ulps of ``q(yx) <= 1``.  A formula drift (an O(1) change) fails.
+    """
+    from spectr_audit.verifiers import spectr_gbv
+
+    draft_tokens, draft_probs, target_probs = case
+    num_drafts, draft_len, vocab_size = draft_tokens.shape[1], draft_tokens.shape[2], draft_probs.shape[-1]
+    law = spectr_gbv._quantities(draft_tokens, draft_probs, target_probs)
+    sampler, draft_joint, target_joint = spectr_gbv._sampler_tests(draft_tokens, draft_probs, target_probs)
+    assert sampler.residual is None
+    torch.testing.assert_close(sampler.final_pass, law.final_pass, atol=0, rtol=0)
+    assert torch.equal(sampler.same_prefix, law.same_prefix)
+    none_drafted = spectr_gbv._one_minus_power(draft_joint, num_drafts)[..., 1:draft_len]
+    cover = spectr_gbv._covered(draft_joint, target_joint, num_drafts)[..., 1:draft_len]
+    # the law's denominator D - C, recovered from h: h (D - C) = c(y) - C
+    child_cover = spectr_gbv._covered(
+        draft_joint[..., :draft_len, None] * draft_probs, target_joint[..., :draft_len, None] * target_probs[:, :, :draft_len],
+        num_drafts).sum(-1)[..., 1:]
+    denominator = (none_drafted - child_cover).abs()
+    slack = 16 * (vocab_size + num_drafts) * EPS * target_joint[..., 1:draft_len]
+    tol = 1e-12 + slack * (1 + law.inner_pass.abs()) / denominator.clamp(min=torch.finfo(torch.float64).tiny)
+    assert bool(((sampler.inner_pass - law.inner_pass).abs() <= tol).all()), (sampler.inner_pass, law.inner_pass, cover)
+    for draft in range(num_drafts):
+        for level in range(draft_len):
+            residual = spectr_gbv._residual_sampler(draft_probs[:, draft, level], target_probs[:, draft, level],
+                                                    draft_joint[:, draft, level], target_joint[:, draft, level], num_drafts)
+            torch.testing.assert_close(residual, law.residual[:, draft, level], atol=8 * num_drafts * EPS, rtol=1e-14)
+
+
+# ---------------------------------------------------------------------------------------------
 # K-SEQ
 # ---------------------------------------------------------------------------------------------
 
