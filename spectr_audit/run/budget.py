@@ -506,7 +506,7 @@ def planned_work(verifier: Any, case: Any, options: Any = None) -> tuple[int, in
     if getattr(case, "tree", None) is not None:
         return 0, 0
     s = _sizes(case, verifier.draft_scheme)
-    stages = chain_stages(verifier, case)
+    stages = audit_stages(verifier, case)
     samples = 0
     if "statistical" in stages:
         samples += round(2 ** min(_planned_samples_log2(s, options), 62.0))
