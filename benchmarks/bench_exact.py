@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -50,12 +51,16 @@ def run_case(verifier_name: str, vocab_size: int, num_drafts: int, draft_len: in
     torch.set_num_threads(1)
     args = (load_verifier(verifier_name), random_markov(vocab_size, seed=1), random_markov(vocab_size, seed=2),
             num_drafts, draft_len)
+    before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.process_time()
     audit = exact_iteration(*args)
     seconds = time.process_time() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
     import spectr_audit
 
-    return {"seconds": seconds, "tuples": audit.num_draft_tuples, "tv_distance": audit.tv_distance.hex(),
+    return {"seconds": seconds, "user": after.ru_utime - before.ru_utime, "system": after.ru_stime - before.ru_stime,
+            "page_faults": after.ru_minflt - before.ru_minflt,
+            "tuples": audit.num_draft_tuples, "tv_distance": audit.tv_distance.hex(),
             "acceptance": audit.acceptance.hex(), "block_efficiency": audit.block_efficiency.hex(),
             "package": str(Path(spectr_audit.__file__).parent)}
 
@@ -94,6 +99,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of interleaved runs (default 2)")
     parser.add_argument("--quick", action="store_true", help="small cases (seconds in all)")
     parser.add_argument("--json", type=Path, help="write the measurements here")
+    parser.add_argument("--case", action="append", help="only the cases whose label starts with this (repeatable)")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -102,7 +108,10 @@ def main(argv=None) -> int:
         return 0
     if args.rounds < 1:
         raise SystemExit(f"--rounds: expected an integer >= 1, got {args.rounds}")
-    cases = QUICK_CASES if args.quick else CASES
+    cases = [c for c in (QUICK_CASES if args.quick else CASES)
+             if not args.case or any(c[0].startswith(prefix) for prefix in args.case)]
+    if not cases:
+        raise SystemExit(f"--case: no case starts with {args.case}")
     with tempfile.TemporaryDirectory(prefix="bench-exact-") as tmp:
         other = str(install_revision(args.against, Path(tmp) / "other"))
         runs: dict = {case[0]: {"now": [], "other": []} for case in cases}
@@ -114,7 +123,7 @@ def main(argv=None) -> int:
           f"this checkout against {args.against}")
     first = next(iter(runs.values()))
     print(f"now: {first['now'][0]['package']}; {args.against}: {first['other'][0]['package']}")
-    print(f"{'case':<22} {'tuples':>9} {'now':>8} {args.against:>8} {'ratio':>6}  per round")
+    print(f"{'case':<22} {'tuples':>9} {'now':>8} {args.against:>8} {'ratio':>6}  per round (user + system seconds)")
     failed = False
     table = []
     for label, by_code in runs.items():
@@ -125,8 +134,10 @@ def main(argv=None) -> int:
         same = all({k: r[k] for k in keys} == {k: by_code["other"][0][k] for k in keys}
                    for r in by_code["now"] + by_code["other"])
         failed |= not same
+        split = " ".join(f"{r:.2f} ({a['user']:.1f}+{a['system']:.1f} vs {b['user']:.1f}+{b['system']:.1f})"
+                         for r, a, b in zip(rounds, by_code["now"], by_code["other"]))
         print(f"{label:<22} {by_code['now'][0]['tuples']:>9} {now:>8.2f} {before:>8.2f} {now / before:>6.2f}  "
-              + " ".join(f"{r:.2f}" for r in rounds) + ("" if same else "  RESULTS DIFFER"))
+              + split + ("" if same else "  RESULTS DIFFER"))
         table.append({"case": label, "now": now, "other": before, "ratio": now / before, "round_ratios": rounds,
                       "results_identical": same, "runs": by_code})
     if args.json is not None:

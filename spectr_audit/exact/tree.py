@@ -524,7 +524,7 @@ def _chain_face(verifier: Verifier, enumeration: TreeDraftEnumeration):
         law = check_output_probs(verifier.output_probs(tokens, draft_probs, target_probs, **law_kwargs),
                                  tokens.shape[0], num_drafts, draft_len, vocab_size, who=verifier.name).double()
         weights = enumeration.weights[rows]
-        root = law[:, :, 0].sum(1, keepdim=True) * weights.view(-1, 1, 1)  # [n, 1, V]
+        root = law[:, :, 0].sum(1, keepdim=True).mul_(weights.view(-1, 1, 1))  # [n, 1, V]
         weighted = (law * weights.view(-1, 1, 1, 1)).contiguous()  # [n, K, L + 1, V]
         return [root] + [weighted[:, :, depth] for depth in range(1, draft_len + 1)], weighted[:, :, 1:]
 
