@@ -10,7 +10,11 @@ The cases (``--quick``: the same verifiers at sizes that take a fraction of a se
   random_markov(30, seed=2), 4, 1)``, 657,720 ordered tuples of distinct tokens.
 
 Each timing is one call in a fresh process on one torch thread, clocked by the process's CPU time
-(``time.process_time``) around the call alone.  The code under test is what ``import spectr_audit`` gives here
+(``time.process_time``) around the call alone.  As in ``bench_verifiers.py``, glibc's malloc is told to keep
+freed memory (``KEEP_HEAP``; ``--system-malloc`` to keep its defaults): with the defaults every chunk's large
+tensors get fresh pages from the kernel, and the page faults, about half of the process time, come and go
+with the machine's load (measured on two shared cores: 4.7 to 11.3 s of system time for the same run of the
+same code), which hides the code's own time; the table gives the user and system seconds of each run.  The code under test is what ``import spectr_audit`` gives here
 (this checkout, with the editable install); the code it is compared with is ``REV`` (default ``824b892``, the
 exact audit before chains were audited as trees), laid out as installed from ``git archive REV`` in a
 temporary folder put first on ``PYTHONPATH``.  The two alternate within each of ``--rounds`` rounds, so that
@@ -36,6 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: (label, verifier, V, K, L)
 CASES = [("kseq V=100 K=3 L=1", "kseq", 100, 3, 1), ("rrs-wor V=30 K=4 L=1", "rrs-wor", 30, 4, 1)]
 QUICK_CASES = [("kseq V=20 K=3 L=1", "kseq", 20, 3, 1), ("rrs-wor V=12 K=4 L=1", "rrs-wor", 12, 4, 1)]
+#: glibc's malloc, told to keep freed memory (as ``bench_verifiers.py`` does), for both sides.
+KEEP_HEAP = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40), "MALLOC_TOP_PAD_": str(1 << 28)}
 #: The folders installed inside the package (setuptools package-dir).
 INSTALLED_INSIDE = ("verifiers", "reports", "suites")
 
@@ -79,9 +85,9 @@ def install_revision(revision: str, folder: Path) -> Path:
     return lib
 
 
-def timed(case: tuple, path: str | None, cwd: str) -> dict:
+def timed(case: tuple, path: str | None, cwd: str, keep_heap: bool) -> dict:
     """Run one case in a fresh process, with ``path`` first on ``PYTHONPATH`` (None: this environment's code)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(KEEP_HEAP if keep_heap else {})}
     env.pop("PYTHONPATH", None)
     if path is not None:
         env["PYTHONPATH"] = path
@@ -100,6 +106,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="small cases (seconds in all)")
     parser.add_argument("--json", type=Path, help="write the measurements here")
     parser.add_argument("--case", action="append", help="only the cases whose label starts with this (repeatable)")
+    parser.add_argument("--system-malloc", action="store_true",
+                        help="keep glibc malloc's defaults (fresh pages, hence page faults, for large tensors)")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -117,10 +125,10 @@ def main(argv=None) -> int:
         runs: dict = {case[0]: {"now": [], "other": []} for case in cases}
         for _ in range(args.rounds):
             for case in cases:
-                runs[case[0]]["now"].append(timed(case, None, tmp))
-                runs[case[0]]["other"].append(timed(case, other, tmp))
+                runs[case[0]]["now"].append(timed(case, None, tmp, not args.system_malloc))
+                runs[case[0]]["other"].append(timed(case, other, tmp, not args.system_malloc))
     print(f"exact_iteration, process CPU seconds on one torch thread, fastest of {args.rounds} round(s); "
-          f"this checkout against {args.against}")
+          f"this checkout against {args.against}; {'system malloc' if args.system_malloc else 'freed memory kept'}")
     first = next(iter(runs.values()))
     print(f"now: {first['now'][0]['package']}; {args.against}: {first['other'][0]['package']}")
     print(f"{'case':<22} {'tuples':>9} {'now':>8} {args.against:>8} {'ratio':>6}  per round (user + system seconds)")
@@ -141,7 +149,9 @@ def main(argv=None) -> int:
         table.append({"case": label, "now": now, "other": before, "ratio": now / before, "round_ratios": rounds,
                       "results_identical": same, "runs": by_code})
     if args.json is not None:
-        args.json.write_text(json.dumps({"against": args.against, "rounds": args.rounds, "cases": table}, indent=1))
+        args.json.write_text(json.dumps({"against": args.against, "rounds": args.rounds,
+                                         "malloc": "glibc defaults" if args.system_malloc else "freed memory kept",
+                                         "cases": table}, indent=1))
     return 1 if failed else 0
 
 

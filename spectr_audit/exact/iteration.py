@@ -1,9 +1,10 @@
 """Exact audit of one chain verification step: the chain face of the one step audit.
 
 A chain of K drafts of L tokens is the draft tree ``DraftTree.chains(K, L)``: :func:`exact_iteration`
-audits the chain verifier's tree form (its own ``output_probs`` on the chains) with the tree audit's
-enumeration and law (:mod:`spectr_audit.exact.tree`, :mod:`spectr_audit.exact.law`), and gives what
-it found in the chain contract's terms (docs/audit/exact.md):
+audits the chain verifier with the tree audit's enumeration and law (:mod:`spectr_audit.exact.tree`,
+:mod:`spectr_audit.exact.law`), each chunk of draft tuples handed to the verifier's own ``output_probs``
+in the chain contract's shape, and gives what it found in the chain contract's terms
+(docs/audit/exact.md):
 
 * ``F(w)``: the law of the first ``L + 1`` tokens when decoding continues with
   the unmodified target after the step; the step is exact iff ``F = q``;

@@ -518,6 +518,7 @@ def _chain_face(verifier: Verifier, enumeration: TreeDraftEnumeration):
     num_drafts, draft_len = enumeration.tree.as_chains()
     vocab_size = enumeration.vocab_size
     law_kwargs = {"validate": False} if _chain_validated_once(verifier, enumeration) else {}
+    buffer: list = []  # the weighted law, one allocation for every chunk (a fresh one costs page faults)
 
     def weighted_law(rows: slice):
         tokens, draft_probs, target_probs = enumeration.chain_chunk(rows)
@@ -525,7 +526,9 @@ def _chain_face(verifier: Verifier, enumeration: TreeDraftEnumeration):
                                  tokens.shape[0], num_drafts, draft_len, vocab_size, who=verifier.name).double()
         weights = enumeration.weights[rows]
         root = law[:, :, 0].sum(1, keepdim=True).mul_(weights.view(-1, 1, 1))  # [n, 1, V]
-        weighted = (law * weights.view(-1, 1, 1, 1)).contiguous()  # [n, K, L + 1, V]
+        if not buffer:
+            buffer.append(torch.empty(law.shape, dtype=torch.float64))
+        weighted = torch.mul(law, weights.view(-1, 1, 1, 1), out=buffer[0][: law.shape[0]])  # [n, K, L + 1, V]
         return [root] + [weighted[:, :, depth] for depth in range(1, draft_len + 1)], weighted[:, :, 1:]
 
     return weighted_law
