@@ -1,14 +1,19 @@
 """Trace the path of one verifier through ``audit_case``: how often each module of the project is entered
-before the verifier's ``verify`` runs, and how often the verifier is converted or bound on the way.
+before the verifier's ``verify`` runs, the forms the verifier takes on the way, and the calls up the layers.
 
     python scripts/trace_verifier_path.py                       # a chain verifier on a chain case
     python scripts/trace_verifier_path.py --verifier kseq --case seed-spectr
+    python scripts/trace_verifier_path.py --verifier logits-speculative --suite sampling --case temperature
 
 An *entry* into a module is a call of one of its functions from a function of another module; a
 *conversion* is a call of ``as_verifier``, ``as_tree_verifier``, ``as_logits_verifier`` or
-``bind_params``, or the construction of a chain/tree adapter (``ChainVerifierAsTree``,
-``TreeVerifierAsChain``).  Both are counted from the call of ``audit_case`` to the first call of the
-verifier's own ``verify`` (the path), and over the whole audit.
+``bind_params``; a *form* is an object built to stand for the verifier (an adapter of the contract, a time
+limit, a binding of sampling parameters: :data:`FORMS`), counted once per object; a *call up the layers*
+is a call of a function of the run layer (``spectr_audit.run``) from a module of a layer below it (the
+contract, the verifiers, the audit: drafting, exact, statistical, bounds), such as a run-layer object
+handed down and called from below.  All are counted from the call of ``audit_case`` to the first call of
+the verifier's own ``verify`` (the path), and over the whole audit.  ``audit_case`` limits every verifier
+call in time (the default ``verifier_timeout``), as a run does.
 """
 
 from __future__ import annotations
@@ -28,7 +33,12 @@ ROOT = Path(spectr_audit.__file__).resolve().parent.parent
 #: The modules whose entries the issue of one stack is about, printed whether entered or not.
 WATCHED = ("spectr_audit.run.runner", "spectr_audit.contract.tree_verifier", "spectr_audit.contract.chain_trees")
 CONVERSIONS = {"as_verifier", "as_tree_verifier", "as_logits_verifier", "bind_params"}
-ADAPTERS = {"ChainVerifierAsTree", "TreeVerifierAsChain"}
+#: The classes whose objects stand for a verifier on its way down (this code's and earlier versions').
+FORMS = {"ChainVerifierAsTree", "TreeVerifierAsChain", "BoundLogitsVerifier", "TimeLimited", "TimeLimitedVerifier",
+         "TimeLimitedTreeVerifier", "FunctionVerifier", "FunctionTreeVerifier", "FunctionLogitsVerifier"}
+#: The layers below the run layer (``import-linter`` forbids them to import it).
+BELOW_RUN = ("spectr_audit.contract", "spectr_audit.verifiers", "spectr_audit.drafting", "spectr_audit.exact",
+             "spectr_audit.statistical", "spectr_audit.bounds")
 
 
 def _module(filename: str):
@@ -59,6 +69,8 @@ def trace(verifier_name: str, case_name: str, suite: str = "default", black_box:
     case = next(c for c in load_suite(suite).cases if c.name == case_name)
     counts = {"path": collections.Counter(), "audit": collections.Counter()}
     conversions = {"path": collections.Counter(), "audit": collections.Counter()}
+    forms = {"path": {}, "audit": {}}  # id of each object built -> its class's name
+    calls_up = {"path": collections.Counter(), "audit": collections.Counter()}
     state = {"phase": "path"}
 
     def profile(frame, event, arg):
@@ -74,15 +86,19 @@ def trace(verifier_name: str, case_name: str, suite: str = "default", black_box:
         caller_module = _module(caller.f_code.co_filename) if caller is not None else None
         phases = ("path", "audit") if state["phase"] == "path" else ("audit",)
         name = code.co_name
-        self_obj = frame.f_locals.get("self")
-        adapter = name == "__init__" and self_obj is not None and type(self_obj).__name__ in ADAPTERS
+        self_obj = frame.f_locals.get("self") if name == "__init__" else None
+        form = self_obj is not None and type(self_obj).__name__ in FORMS
+        up = (module.startswith("spectr_audit.run") and caller_module is not None
+              and caller_module.startswith(BELOW_RUN))
         for phase in phases:
             if caller_module != module:
                 counts[phase][module] += 1
             if name in CONVERSIONS:
                 conversions[phase][name] += 1
-            if adapter:
-                conversions[phase][type(self_obj).__name__] += 1
+            if form:
+                forms[phase][id(self_obj)] = type(self_obj).__name__
+            if up:
+                calls_up[phase][f"{caller_module} -> {module}.{name}"] += 1
 
     sys.setprofile(profile)
     try:
@@ -90,7 +106,9 @@ def trace(verifier_name: str, case_name: str, suite: str = "default", black_box:
     finally:
         sys.setprofile(None)
     return {"verifier": verifier.name, "case": case.name, "error": result.error, "entries": counts,
-            "conversions": conversions}
+            "conversions": conversions,
+            "forms": {phase: collections.Counter(built.values()) for phase, built in forms.items()},
+            "calls_up": calls_up}
 
 
 def main(argv=None) -> int:
@@ -105,8 +123,14 @@ def main(argv=None) -> int:
     for phase, what in (("path", "from audit_case to the first verify"), ("audit", "the whole audit")):
         entries = found["entries"][phase]
         conv = found["conversions"][phase]
+        forms = found["forms"][phase]
+        up = found["calls_up"][phase]
         print(f"{what}: {sum(entries.values())} module entries over {len(entries)} modules; "
-              f"conversions {sum(conv.values())} {dict(sorted(conv.items()))}")
+              f"conversions {sum(conv.values())} {dict(sorted(conv.items()))}; "
+              f"forms {sum(forms.values())} {dict(sorted(forms.items()))}; "
+              f"calls up the layers (into run/ from below) {sum(up.values())}")
+        for call, count in up.most_common(4):
+            print(f"    {count:5d}  up: {call}")
         for module in WATCHED:
             print(f"    {entries.get(module, 0):5d}  {module}")
         for module, count in entries.most_common(6):

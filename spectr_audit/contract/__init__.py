@@ -3,7 +3,8 @@
 The contract (:mod:`.verifier`), carried corrections (:mod:`.correction`), the one
 randomness seam (:mod:`.randomness`), draft trees (:mod:`.tree`), the tree-verifier
 contract (:mod:`.tree_verifier`), chains as trees (:mod:`.chain_trees`), the converters (:mod:`.convert`), sampling parameters
-(:mod:`.sampling`) and verifiers that take logits (:mod:`.logits`).  It imports nothing of the audit.
+(:mod:`.sampling`), verifiers that take logits (:mod:`.logits`) and verifiers called under a per-call time limit
+(:mod:`.limited`).  It imports nothing of the audit.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from .chain_trees import (
     chain_law_as_tree,
     tree_law_as_chain,
 )
+from .limited import TimeLimitedTreeVerifier, TimeLimitedVerifier
 from .sampling import (
     PROCESSING_ORDERS,
     ProcessingOrder,
@@ -128,6 +130,8 @@ __all__ = [
     "tree_output_as_chain",
     "chain_law_as_tree",
     "tree_law_as_chain",
+    "TimeLimitedTreeVerifier",
+    "TimeLimitedVerifier",
     "PROCESSING_ORDERS",
     "ProcessingOrder",
     "SamplingParams",

@@ -202,6 +202,10 @@ class ChainVerifierAsTree(TreeVerifier):
     def _tree_output_probs(self, tree, node_tokens, draft_probs, target_probs) -> torch.Tensor:
         return self.tree_output_probs(tree, node_tokens, draft_probs, target_probs, validate=False)
 
+    def standard_entry(self, method: str) -> bool:
+        """Its ``tree_output_probs`` checks the tree's inputs unless called with ``validate=False``, as the contract's."""
+        return method == "tree_output_probs" or super().standard_entry(method)
+
 
 class TreeVerifierAsChain(Verifier):
     """A :class:`~spectr_audit.contract.tree_verifier.TreeVerifier` run on the chain contract's K x L drafts.

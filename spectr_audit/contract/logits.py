@@ -199,6 +199,12 @@ class LogitsVerifier(Verifier):
     def has_exact_law(self) -> bool:
         return type(self)._output_probs_logits is not LogitsVerifier._output_probs_logits
 
+    def standard_entry(self, method: str) -> bool:
+        """:meth:`Verifier.standard_entry`, with ``"verify_logits"`` and ``"output_probs_logits"``."""
+        if method in ("verify_logits", "output_probs_logits"):
+            return getattr(type(self), method) is getattr(LogitsVerifier, method)
+        return super().standard_entry(method)
+
     # -- the probability entry points: log-probabilities, neutral parameters ---------------
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
         return self._verify_logits(

@@ -274,6 +274,13 @@ class TreeVerifier:
         """Whether ``tree_output_probs`` is available."""
         return type(self)._tree_output_probs is not TreeVerifier._tree_output_probs
 
+    def standard_entry(self, method: str) -> bool:
+        """Whether the public ``method`` (``"verify_tree"``, ``"tree_output_probs"``) is the contract's own entry point:
+        it checks the inputs unless called with ``validate=False`` (see
+        :meth:`~spectr_audit.contract.verifier.Verifier.standard_entry`)."""
+        return (method in ("verify_tree", "tree_output_probs")
+                and getattr(type(self), method) is getattr(TreeVerifier, method))
+
     @property
     def needs_draft_probs(self) -> bool:
         """False when the verifier runs without draft probabilities (scheme ``"none"``)."""

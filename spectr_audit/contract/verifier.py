@@ -321,6 +321,16 @@ class Verifier:
         """Whether ``output_probs`` is available."""
         return type(self)._output_probs is not Verifier._output_probs
 
+    def standard_entry(self, method: str) -> bool:
+        """Whether the public ``method`` (``"verify"``, ``"output_probs"``) is the contract's own entry point: it checks
+        the inputs unless called with ``validate=False``, then calls the private one.  False where a subclass
+        overrides it (it may check nothing, or take no ``validate``), and for any other name.
+
+        The audits read it to check inputs once instead of per call; a verifier that stands for another (a
+        time-limited one) answers for the one it calls.
+        """
+        return method in ("verify", "output_probs") and getattr(type(self), method) is getattr(Verifier, method)
+
     def supports(self, num_drafts: int, draft_len: int) -> bool:
         """Whether the verifier accepts K = ``num_drafts`` and L = ``draft_len`` (its bounds and declared values)."""
         return self.supports_num_drafts(num_drafts) and self.supports_draft_len(draft_len)

@@ -1,9 +1,10 @@
 """Exact audit of one chain verification step: the chain face of the one step audit.
 
 A chain of K drafts of L tokens is the draft tree ``DraftTree.chains(K, L)``: :func:`exact_iteration`
-audits the chain verifier's tree form (its own ``output_probs`` on the chains) with the tree audit's
-enumeration and law (:mod:`spectr_audit.exact.tree`, :mod:`spectr_audit.exact.law`), and gives what
-it found in the chain contract's terms (docs/audit/exact.md):
+audits the chain verifier with the tree audit's enumeration and law (:mod:`spectr_audit.exact.tree`,
+:mod:`spectr_audit.exact.law`), each chunk of draft tuples handed to the verifier's own ``output_probs``
+in the chain contract's shape, and gives what it found in the chain contract's terms
+(docs/audit/exact.md):
 
 * ``F(w)``: the law of the first ``L + 1`` tokens when decoding continues with
   the unmodified target after the step; the step is exact iff ``F = q``;
@@ -26,7 +27,6 @@ from typing import Optional, Sequence
 import torch
 
 from spectr_audit import defaults
-from spectr_audit.contract.chain_trees import ChainVerifierAsTree
 from spectr_audit.contract.tree import DraftTree
 from spectr_audit.contract.verifier import Verifier
 from spectr_audit.drafting.models import Model, contexts_from
@@ -245,12 +245,12 @@ def exact_iteration(
     vocab_size = check_vocab(draft_model, target_model)
     _check_chain_drafts(draft_model, prefix, num_drafts, draft_len, draft_scheme)
     check_chunk_size(chunk_size)
-    # One exact audit for chains and trees: the chains are the tree DraftTree.chains(K, L), the verifier its
-    # tree form (its own output_probs on the chains).
+    # One exact audit for chains and trees: the chains are the tree DraftTree.chains(K, L); each chunk of its
+    # realisations goes to the verifier's own output_probs in the chain contract's shape.
     tree = DraftTree.chains(num_drafts, draft_len)
     enumeration = enumerate_tree_drafts(draft_model, target_model, tree, draft_scheme, prefix,
                                         max_realisations=MAX_TUPLES)
-    emitted, membership = emitted_laws(ChainVerifierAsTree(verifier), enumeration, chunk_size)
+    emitted, membership = emitted_laws(verifier, enumeration, chunk_size)
     return ExactIterationResult(
         vocab_size=vocab_size,
         num_drafts=num_drafts,

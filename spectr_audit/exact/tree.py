@@ -51,9 +51,10 @@ import torch
 from spectr_audit import defaults
 from spectr_audit.contract.tree import TREE_DRAFT_SCHEMES, DraftTree, topk_order
 from spectr_audit._validation import check_simplex
-from spectr_audit.contract.chain_trees import ChainVerifierAsTree
+from spectr_audit.contract.chain_trees import ChainVerifierAsTree, chain_node_index
 from spectr_audit.contract.convert import as_tree_verifier
 from spectr_audit.contract.tree_verifier import TreeVerifier, check_tree_inputs, check_tree_output_probs
+from spectr_audit.contract.verifier import Verifier, check_output_probs, check_verify_inputs
 from spectr_audit.drafting.models import Model, contexts_from
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.exact.law import ExactIterationResult, check_vocab, _law_fields, _product_grid
@@ -125,6 +126,19 @@ class TreeDraftEnumeration:
         leaves = list(self.tree.leaves)
         draft[:, leaves] = 0.0
         return tokens, draft, target
+
+    def chain_chunk(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(draft_tokens, draft_probs, target_probs)`` of the realisations in ``rows`` in the chain contract's shape
+        (``[n, K, L]``, ``[n, K, L, V]``, ``[n, K, L + 1, V]``), gathered from the path tables in one step; the tree
+        must be ``DraftTree.chains(K, L)`` (the rows are those :meth:`chunk` gives, laid out by draft)."""
+        shape = self.tree.as_chains()
+        if shape is None:
+            raise InvalidArgument(f"tree: expected a chain tree (DraftTree.chains(K, L)), got {self.tree.describe()}")
+        num_drafts, draft_len = shape
+        index = chain_node_index(num_drafts, draft_len)  # [K, L + 1]: draft k's node at depth d
+        paths = self.path_codes[rows][:, index] + torch.tensor(self.path_offsets[: draft_len + 1])  # [n, K, L + 1]
+        tokens = self.node_tokens[rows][:, index[:, 1:]]
+        return tokens, self.path_draft_probs[paths[:, :, :-1]], self.path_target_probs[paths]
 
 
 def check_scheme(draft_scheme: str) -> str:
@@ -204,7 +218,7 @@ def child_factors(dist: torch.Tensor, picks: torch.Tensor, draft_scheme: str) ->
     drawn = torch.zeros(picks.shape[0], num_children, dist.shape[1], dtype=torch.bool)
     for i in range(1, num_children):
         drawn[:, i] = drawn[:, i - 1].scatter(1, picks[:, i - 1 : i], True)
-    remaining = (dist.unsqueeze(1) * ~drawn).sum(-1)  # [R, c]
+    remaining = torch.where(drawn, 0.0, dist.unsqueeze(1)).sum(-1)  # [R, c]
     return torch.where(remaining > 0, picked / torch.where(remaining > 0, remaining, torch.ones_like(remaining)),
                        torch.zeros_like(picked))
 
@@ -432,17 +446,8 @@ def _membership_slots(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
     return slots, live
 
 
-def _validated_once(verifier: TreeVerifier, enumeration: TreeDraftEnumeration) -> bool:
-    """Check the verifier's inputs once, where it takes the standard entry point: every chunk is built from rows
-    of the path tables, so the rows the realisations use are checked here, and one realisation's inputs in full
-    (shapes, tokens, schemes), instead of every chunk's copies of them.  False (each chunk is checked) otherwise."""
-    # the class, not type(): a time-limited proxy (run.guard) reads as the verifier it limits
-    entry = getattr(verifier.__class__, "tree_output_probs", None)
-    if entry not in (TreeVerifier.tree_output_probs, ChainVerifierAsTree.tree_output_probs):
-        return False
-    tree = enumeration.tree
-    tokens, draft_probs, target_probs = enumeration.chunk(slice(0, 1))
-    check_tree_inputs(tree, tokens, draft_probs, target_probs, verifier.draft_schemes, who=repr(verifier.name))
+def _rows_checked(enumeration: TreeDraftEnumeration, tree: DraftTree, with_draft: bool) -> None:
+    """Check the rows of the path tables that some realisation reads (every chunk is built from them)."""
     paths = enumeration.node_paths
 
     def used(columns) -> torch.Tensor:  # the table rows some realisation reads, in table order
@@ -451,39 +456,109 @@ def _validated_once(verifier: TreeVerifier, enumeration: TreeDraftEnumeration) -
         return mask
 
     check_simplex("target_probs", enumeration.path_target_probs[used(slice(None))])
-    if draft_probs is not None:
+    if with_draft:
         check_simplex("draft_probs", enumeration.path_draft_probs[used(list(tree.internal_nodes))])
+
+
+def _tree_validated_once(verifier: TreeVerifier, enumeration: TreeDraftEnumeration) -> bool:
+    """Check the verifier's inputs once, where its ``tree_output_probs`` is the contract's entry point (it takes
+    ``validate=False``): the rows the realisations use, and one realisation's inputs in full (shapes, tokens,
+    schemes), instead of every chunk's copies of them.  False (each chunk is checked) otherwise."""
+    if not verifier.standard_entry("tree_output_probs"):
+        return False
+    tree = enumeration.tree
+    tokens, draft_probs, target_probs = enumeration.chunk(slice(0, 1))
+    check_tree_inputs(tree, tokens, draft_probs, target_probs, verifier.draft_schemes, who=repr(verifier.name))
+    _rows_checked(enumeration, tree, draft_probs is not None)
     return True
 
 
-def emitted_laws(verifier: TreeVerifier, enumeration: TreeDraftEnumeration, chunk_size: int) -> tuple[list, float]:
-    """``E_m`` (the law of emitted strings of m + 1 tokens, m = 0 .. D) and the membership acceptance, over every
-    realisation: the verifier's law (``tree_output_probs``) of each chunk of realisations, weighted."""
+def _chain_validated_once(verifier: Verifier, enumeration: TreeDraftEnumeration) -> bool:
+    """:func:`_tree_validated_once` for a chain verifier's ``output_probs``, in the chain contract's terms."""
+    if not verifier.standard_entry("output_probs"):
+        return False
+    check_verify_inputs(*enumeration.chain_chunk(slice(0, 1)))
+    _rows_checked(enumeration, enumeration.tree, True)
+    return True
+
+
+def _tree_face(verifier: TreeVerifier, enumeration: TreeDraftEnumeration):
+    """The weighted law of a chunk of realisations from a tree verifier's ``tree_output_probs`` on the tree's rows:
+    ``rows -> (levels, deeper)`` (see :func:`emitted_laws`)."""
     tree, vocab_size = enumeration.tree, enumeration.vocab_size
-    law_kwargs = {"validate": False} if _validated_once(verifier, enumeration) else {}
-    emitted = [torch.zeros(vocab_size ** (m + 1), dtype=torch.float64) for m in range(tree.max_depth + 1)]
-    membership = torch.zeros((), dtype=torch.float64)
-    root_children = list(tree.level(1))
+    law_kwargs = {"validate": False} if _tree_validated_once(verifier, enumeration) else {}
+    levels = [list(tree.level(depth)) for depth in range(tree.max_depth + 1)]
     slots, live = _membership_slots(tree)
     padded = not bool(live[:, 1:].all())  # branches of unequal sizes (never on chain trees)
     live = live.view(1, *live.shape, 1)
-    for start in range(0, enumeration.num_realisations, chunk_size):
-        rows = slice(start, start + chunk_size)
+
+    def weighted_law(rows: slice):
         tokens, draft_probs, target_probs = enumeration.chunk(rows)
         law = check_tree_output_probs(
             verifier.tree_output_probs(tree, tokens, draft_probs, target_probs, **law_kwargs).double(),
             tree, tokens.shape[0], vocab_size, who=verifier.name,
         )
         weighted = law * enumeration.weights[rows].view(-1, 1, 1)  # [n, N + 1, V]
-        for depth, (nodes, strings) in enumerate(level_codes(tree, enumeration.path_codes[rows], vocab_size)):
-            emitted[depth].scatter_add_(0, strings.reshape(-1), weighted[:, nodes[0] : nodes[-1] + 1].reshape(-1))
-        # membership: the first emitted token is among the root's children's tokens
-        first = torch.zeros(weighted[:, 0].shape, dtype=torch.bool).scatter(1, tokens[:, root_children], True)
         deeper = weighted[:, slots]
         if padded:
             deeper = torch.where(live, deeper, torch.zeros((), dtype=torch.float64))
-        deeper = deeper[:, :, 1:]
-        membership += deeper.sum() + (weighted[:, 0] * first).sum()
+        return [weighted[:, nodes[0] : nodes[-1] + 1] for nodes in levels], deeper[:, :, 1:]
+
+    return weighted_law
+
+
+def _chain_face(verifier: Verifier, enumeration: TreeDraftEnumeration):
+    """The weighted law of a chunk of realisations of ``DraftTree.chains(K, L)`` from a chain verifier's own
+    ``output_probs`` on the chain contract's rows (:meth:`TreeDraftEnumeration.chain_chunk`), checked in the chain
+    contract's words: ``rows -> (levels, deeper)`` (see :func:`emitted_laws`).
+
+    The arithmetic is the tree face's on the chain law seen as a tree law (every draft's "nothing accepted" summed
+    into the root, then weighted), so both faces give the same bits.
+    """
+    num_drafts, draft_len = enumeration.tree.as_chains()
+    vocab_size = enumeration.vocab_size
+    law_kwargs = {"validate": False} if _chain_validated_once(verifier, enumeration) else {}
+    buffer: list = []  # the weighted law, one allocation for every chunk (a fresh one costs page faults)
+
+    def weighted_law(rows: slice):
+        tokens, draft_probs, target_probs = enumeration.chain_chunk(rows)
+        law = check_output_probs(verifier.output_probs(tokens, draft_probs, target_probs, **law_kwargs),
+                                 tokens.shape[0], num_drafts, draft_len, vocab_size, who=verifier.name).double()
+        weights = enumeration.weights[rows]
+        root = law[:, :, 0].sum(1, keepdim=True).mul_(weights.view(-1, 1, 1))  # [n, 1, V]
+        if not buffer:
+            buffer.append(torch.empty(law.shape, dtype=torch.float64))
+        weighted = torch.mul(law, weights.view(-1, 1, 1, 1), out=buffer[0][: law.shape[0]])  # [n, K, L + 1, V]
+        return [root] + [weighted[:, :, depth] for depth in range(1, draft_len + 1)], weighted[:, :, 1:]
+
+    return weighted_law
+
+
+def emitted_laws(verifier, enumeration: TreeDraftEnumeration, chunk_size: int) -> tuple[list, float]:
+    """``E_m`` (the law of emitted strings of m + 1 tokens, m = 0 .. D) and the membership acceptance, over every
+    realisation: the verifier's law of each chunk of realisations, weighted.
+
+    Each chunk is built once, in the form the verifier takes: a :class:`~spectr_audit.contract.tree_verifier.TreeVerifier`
+    gets the tree's rows (its ``tree_output_probs``); a chain :class:`~spectr_audit.contract.verifier.Verifier` (on
+    ``DraftTree.chains(K, L)``) the chain contract's rows (its ``output_probs``).  A face gives, per chunk, the
+    weighted law of each depth's nodes (``[n, |level|, V]``) and the drafted nodes' mass in the chain layout of the
+    root's children's branches, which membership sums.
+    """
+    tree, vocab_size = enumeration.tree, enumeration.vocab_size
+    weighted_law = (_chain_face if isinstance(verifier, Verifier) else _tree_face)(verifier, enumeration)
+    emitted = [torch.zeros(vocab_size ** (m + 1), dtype=torch.float64) for m in range(tree.max_depth + 1)]
+    membership = torch.zeros((), dtype=torch.float64)
+    root_children = list(tree.level(1))
+    for start in range(0, enumeration.num_realisations, chunk_size):
+        rows = slice(start, start + chunk_size)
+        levels, deeper = weighted_law(rows)
+        for depth, (mass, (_, strings)) in enumerate(zip(levels, level_codes(tree, enumeration.path_codes[rows],
+                                                                              vocab_size))):
+            emitted[depth].scatter_add_(0, strings.reshape(-1), mass.reshape(-1))
+        # membership: the first emitted token is among the root's children's tokens
+        root = levels[0][:, 0]
+        first = torch.zeros(root.shape, dtype=torch.bool).scatter(1, enumeration.node_tokens[rows][:, root_children], True)
+        membership += deeper.sum() + (root * first).sum()
     return emitted, float(membership)
 
 
@@ -558,7 +633,9 @@ def exact_tree(
     check_chunk_size(chunk_size)
     enumeration = enumerate_tree_drafts(draft_model, target_model, tree, draft_scheme, prefix)
     vocab_size = enumeration.vocab_size
-    emitted, membership = emitted_laws(verifier, enumeration, chunk_size)
+    # a chain verifier on a chain tree takes its chunks in the chain contract's shape
+    face = verifier.verifier if isinstance(verifier, ChainVerifierAsTree) else verifier
+    emitted, membership = emitted_laws(face, enumeration, chunk_size)
     length_law = tuple(float(e.sum()) for e in emitted)
     accepted_length = float(sum(m * mass for m, mass in enumerate(length_law)))
     return ExactTreeResult(

@@ -110,11 +110,10 @@ def optimality(case: Case, draft_scheme: str, metrics: dict, details: dict) -> O
 def exact_checks(request, carries, checks, metrics, details) -> None:
     """Single-iteration exact law: exactness (the judge unless a repair is carried), prefix cap (acceptance
     against alpha* is the bounds stage's, :func:`bound_checks`)."""
-    verifier, case = request.verifier, request.case
-    audit = exact_iteration(
-        verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len, prefix=case.prefix,
-        **request.sampling,
-    )
+    case = request.case
+    # with sampling parameters: the processed laws, and a logits verifier handed the raw logits (bound once)
+    verifier, draft_model, target_model = request.bound
+    audit = exact_iteration(verifier, draft_model, target_model, case.num_drafts, case.draft_len, prefix=case.prefix)
     # With a carried repair one iteration alone is not meant to be exact: the multi-iteration
     # law is the judge; its single-iteration TV is reported for information only.
     exact_law_checks(audit, "strings of length L + 1", "single iteration, unmodified continuation", checks, metrics,

@@ -6,12 +6,15 @@ Every path that runs a verifier under audit (:func:`~spectr_audit.run.runner.aud
 
 The time limit
 --------------
-:func:`time_limited` hands out a :class:`TimeLimited` proxy of the verifier whose every call of
+:func:`time_limited` hands out the verifier as a
+:class:`~spectr_audit.contract.limited.TimeLimitedVerifier` (a tree verifier as a
+:class:`~spectr_audit.contract.limited.TimeLimitedTreeVerifier`): an adapter of the contract whose every call of
 ``verify`` and ``output_probs`` (and ``verify_logits`` / ``output_probs_logits``, or a tree verifier's
-``verify_tree`` / ``tree_output_probs``, where present) raises
-:class:`VerifierTimeout` when it runs longer than ``seconds``; the verifier's own object is not
-modified (a frozen dataclass or a class with ``__slots__`` is limited alike); the runner turns it into an error result naming the verifier and
-the case, and the other results are kept.  The mechanism:
+``verify_tree`` / ``tree_output_probs``) raises :class:`VerifierTimeout` when it runs longer than ``seconds``.
+It declares what the verifier declares and is called as any verifier is, from the audits below; no object
+stands in for the verifier's class, and the verifier's own object is not modified (a frozen dataclass or a
+class with ``__slots__`` is limited alike).  The runner turns the timeout into an error result naming the
+verifier and the case, and the other results are kept.  The mechanism:
 
 * in the main thread on POSIX, ``signal.setitimer(ITIMER_REAL)`` and a ``SIGALRM`` handler that
   raises: it stops pure-Python loops and interrupts blocking calls such as ``time.sleep``.  A
@@ -43,16 +46,16 @@ from typing import Any, Iterator, Optional
 import torch
 
 from spectr_audit import _deadline, defaults
+from spectr_audit.contract.convert import as_verifier
+from spectr_audit.contract.limited import TimeLimitedTreeVerifier, TimeLimitedVerifier
+from spectr_audit.contract.tree_verifier import TreeVerifier
 from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.drafting.harness import draft
 from spectr_audit.drafting.models import ContextFreeModel, contexts_from
 from spectr_audit.errors import InvalidArgument, VerifierError
 from spectr_audit.results import Check
 
-__all__ = ["TimeLimited", "VerifierTimeout", "call_limit", "check_timeout", "dense_mutations", "probe_checks", "time_limited"]
-
-#: The verifier methods that :func:`time_limited` wraps.
-_METHODS = ("verify", "output_probs", "verify_logits", "output_probs_logits", "verify_tree", "tree_output_probs")
+__all__ = ["VerifierTimeout", "call_limit", "check_timeout", "dense_mutations", "probe_checks", "time_limited"]
 
 
 class VerifierTimeout(VerifierError):
@@ -77,64 +80,26 @@ def call_limit(seconds: Optional[float], message: str):
     return _deadline.call_limit(seconds, message, VerifierTimeout)
 
 
-def _limited(method, seconds: float, who: str, name: str):
-    def call(*args, **kwargs):
-        with call_limit(seconds, f"verifier {who!r}: {name} did not return within {seconds:g} s "
-                                 "(the per-call limit, --verifier-timeout / verifier_timeout)"):
-            return method(*args, **kwargs)
-
-    call.__wrapped__ = method
-    return call
-
-
-class TimeLimited:
-    """A verifier under audit seen through a per-call time limit: its own object is never modified.
-
-    Every attribute reads through to the wrapped verifier; its methods in ``_METHODS`` come back
-    limited to ``seconds`` (:func:`call_limit`).  ``__class__`` is the wrapped verifier's class, so
-    ``isinstance`` and the audit's dispatch on the verifier's class see the verifier itself;
-    ``type()`` shows the proxy.  Attributes set on the proxy are set on the verifier.
-    """
-
-    __slots__ = ("_verifier", "_seconds")
-
-    def __init__(self, verifier: Any, seconds: float):
-        object.__setattr__(self, "_verifier", verifier)
-        object.__setattr__(self, "_seconds", seconds)
-
-    @property  # type: ignore[misc]
-    def __class__(self):
-        return self._verifier.__class__
-
-    @property
-    def wrapped(self) -> Any:
-        """The verifier itself."""
-        return self._verifier
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._verifier, name)
-        if name in _METHODS and callable(value):
-            return _limited(value, self._seconds, getattr(self._verifier, "name", "?"), name)
-        return value
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._verifier, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        delattr(self._verifier, name)
-
-    def __repr__(self) -> str:
-        return f"TimeLimited({self._verifier!r}, {self._seconds:g} s)"
+#: How a timeout's message says where the limit comes from.
+_HINT = "the per-call limit, --verifier-timeout / verifier_timeout"
 
 
 @contextlib.contextmanager
 def time_limited(verifier: Any, seconds: Optional[float]) -> Iterator[Any]:
     """Within the block, the yielded verifier limits every call of ``verifier``'s methods to ``seconds``.
 
-    With a limit it is a :class:`TimeLimited` proxy (the caller audits that, never ``verifier``
-    itself, which is left untouched); without (None or 0), ``verifier`` itself.
+    With a limit it is a :class:`~spectr_audit.contract.limited.TimeLimitedTreeVerifier` for a tree verifier,
+    else a :class:`~spectr_audit.contract.limited.TimeLimitedVerifier` (of ``verifier`` as
+    :func:`~spectr_audit.contract.convert.as_verifier` gives it); the caller audits that, never ``verifier``
+    itself, which is left untouched.  Without (None or 0), ``verifier`` itself.
     """
-    yield TimeLimited(verifier, seconds) if seconds else verifier
+    if not seconds:
+        yield verifier
+    elif isinstance(verifier, TreeVerifier):
+        yield TimeLimitedTreeVerifier(verifier, seconds, VerifierTimeout, _HINT)
+    else:
+        chain = verifier if isinstance(verifier, Verifier) else as_verifier(verifier)
+        yield TimeLimitedVerifier(chain, seconds, VerifierTimeout, _HINT)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 :func:`~spectr_audit.run.runner.audit_case` builds it once and hands it to every stage: the
 verifier as the audit calls it (under its per-call time limit), the case as the suite wrote it and
-its laws, the options, and the case's sampling parameters bound to the verifier and the models.
+its laws, the options, and, once for every stage that runs the verifier on one step, the case's
+sampling parameters bound to the verifier and the models (:attr:`AuditRequest.bound`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class AuditRequest:
     Attributes
     ----------
     verifier
-        The verifier as the audit calls it: converted by the caller, limited per call by the guard.
+        The verifier as the audit calls it: converted by the caller, limited per call by the guard
+        (:func:`~spectr_audit.run.guard.time_limited`).
     case
         The case as the suite wrote it: with sampling parameters, the raw models and ``params`` /
         ``order``.
@@ -48,34 +50,34 @@ class AuditRequest:
 
     @functools.cached_property
     def sampling(self) -> dict:
-        """``params`` and ``order`` for the audits that take the raw models and the parameters (empty without)."""
+        """``params`` and ``order`` for the audits that take the raw models and the parameters (the multi-iteration
+        audit, which binds each iteration's context itself; empty without)."""
         return {} if self.params is None else {"params": self.params, "order": self.case.order}
 
     @functools.cached_property
-    def probed(self) -> Any:
-        """The verifier as the contract probe calls it: with sampling parameters, one that takes logits is handed
-        the raw logits and the parameters on the case's drafts, its probability entry on the probe's synthetic
-        ones (:class:`~spectr_audit.drafting.processed.BoundLogitsVerifier`)."""
-        if self.params is None:
-            return self.verifier
-        case = self.case
-        return bind_params(self.verifier, case.draft_model, case.target_model, case.params, case.order, case.prefix,
-                           foreign_inputs="probabilities")[0]
-
-    @functools.cached_property
     def bound(self) -> tuple:
-        """``(verifier, draft_model, target_model)`` for the audits that run the verifier on processed laws (the
-        sampler check): with sampling parameters the processed models, and a logits verifier handed the raw
-        logits; the verifier and the case's models otherwise."""
+        """``(verifier, draft_model, target_model)`` for the stages that run the verifier on one step of processed
+        laws (the probe, the exact audit, the sampler check), bound once: with sampling parameters the processed
+        models, and a verifier that takes logits as a
+        :class:`~spectr_audit.drafting.processed.BoundLogitsVerifier` handed the raw logits on the case's drafts
+        and its probability entry on other inputs (the probe's synthetic ones); the verifier and the case's models
+        otherwise."""
         case = self.case
-        return bind_params(self.verifier, case.draft_model, case.target_model, self.params,
-                           getattr(case, "order", "vllm"), case.prefix)
+        if self.params is None:
+            return self.verifier, case.draft_model, case.target_model
+        return bind_params(self.verifier, case.draft_model, case.target_model, self.params, case.order, case.prefix,
+                           foreign_inputs="probabilities")
+
+    @property
+    def probed(self) -> Any:
+        """The verifier as the contract probe calls it: the bound one (:attr:`bound`)."""
+        return self.bound[0]
 
     def with_options(self, options: AuditOptions) -> "AuditRequest":
         """The same request under other options (after the probe has spent part of a sample budget)."""
         renewed = dataclasses.replace(self, options=options)
         # what is bound does not depend on the options: keep it
-        for name in ("laws", "sampling", "probed", "bound"):
+        for name in ("laws", "sampling", "bound"):
             if name in self.__dict__:
                 renewed.__dict__[name] = self.__dict__[name]
         return renewed

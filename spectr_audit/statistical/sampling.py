@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from spectr_audit.contract.verifier import Verifier, VerifyOutput, check_verify_output
-from spectr_audit.contract.tree_verifier import TreeVerifier, check_tree_output
+from spectr_audit.contract.tree_verifier import check_tree_output
 from spectr_audit.drafting.decoding import complete, decode, emitted_tokens
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.drafting.harness import DraftBatch, draft
@@ -132,7 +132,7 @@ def verify_batch(verifier: Verifier, batch: DraftBatch, generator: RandomSource,
     unless the verifier overrides ``verify`` itself.
     """
     batch_size, num_drafts, draft_len = batch.draft_tokens.shape
-    if validate_inputs or verifier.__class__.verify is not Verifier.verify:
+    if validate_inputs or not verifier.standard_entry("verify"):
         raw = verifier.verify(batch.draft_tokens, batch.draft_probs, batch.target_probs, generator)
     else:
         raw = verifier._verify(batch.draft_tokens, batch.draft_probs, batch.target_probs, generator)
@@ -286,7 +286,7 @@ def verify_tree_batch(verifier, batch, generator: RandomSource, *, validate_inpu
     """
     tree = batch.tree
     batch_size = batch.node_tokens.shape[0]
-    if validate_inputs or verifier.__class__.verify_tree is not TreeVerifier.verify_tree:
+    if validate_inputs or not verifier.standard_entry("verify_tree"):
         raw = verifier.verify_tree(tree, batch.node_tokens, batch.draft_probs, batch.target_probs, generator)
     else:
         raw = verifier._verify_tree(tree, batch.node_tokens, batch.draft_probs, batch.target_probs, generator)

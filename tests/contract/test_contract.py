@@ -189,3 +189,33 @@ def test_load_verifier_from_module_and_file(tmp_path, monkeypatch):
 def test_load_verifier_errors(spec, message):
     with pytest.raises(InvalidArgument, match=message):
         load_verifier(spec)
+
+
+def test_the_contract_declares_which_entry_points_check_their_inputs():
+    # an audit checks inputs once and calls with validate=False only where the entry point is the contract's own
+    from spectr_audit.contract.chain_trees import ChainVerifierAsTree
+    from spectr_audit.contract.limited import TimeLimitedTreeVerifier, TimeLimitedVerifier
+    from spectr_audit.verifiers.speculative import SpeculativeSampling
+    from spectr_audit.verifiers.tree import TreeRecursiveRejection
+
+    class OwnVerify(SpeculativeSampling):
+        def verify(self, draft_tokens, draft_probs, target_probs, generator=None):
+            return super().verify(draft_tokens, draft_probs, target_probs, generator)
+
+    class OwnTreeLaw(TreeRecursiveRejection):
+        def tree_output_probs(self, *args):
+            return super().tree_output_probs(*args)
+
+    plain, own = SpeculativeSampling(), OwnVerify()
+    assert plain.standard_entry("verify") and plain.standard_entry("output_probs")
+    assert not own.standard_entry("verify") and own.standard_entry("output_probs")
+    assert not plain.standard_entry("verify_tree") and not plain.standard_entry("_verify")
+    logits = load_verifier("logits-speculative")
+    assert logits.standard_entry("verify_logits") and logits.standard_entry("output_probs_logits")
+    assert TreeRecursiveRejection().standard_entry("tree_output_probs")
+    assert not OwnTreeLaw().standard_entry("tree_output_probs") and OwnTreeLaw().standard_entry("verify_tree")
+    # the chain adapter's tree law takes validate=False; a time-limited verifier answers for the one it calls
+    assert ChainVerifierAsTree(own).standard_entry("tree_output_probs")
+    assert not TimeLimitedVerifier(own, 5).standard_entry("verify")
+    assert TimeLimitedVerifier(own, 5).standard_entry("output_probs")
+    assert not TimeLimitedTreeVerifier(OwnTreeLaw(), 5).standard_entry("tree_output_probs")

@@ -75,3 +75,32 @@ def test_unknown_parts_are_refused():
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_verifiers.py"), "--parts", "verifiers,nope"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 2 and "--parts: unknown part(s) nope" in run.stderr
+
+
+@pytest.mark.slow
+def test_the_exact_audit_benchmark_compares_two_codes_in_one_run(tmp_path):
+    # against this very commit's code: both sides must give the same bits, and each ratio is a measurement
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout: the benchmark reads the other code with git archive")
+    out = tmp_path / "exact.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_exact.py"), "--quick", "--rounds", "1",
+                          "--against", "HEAD", "--json", str(out)], capture_output=True, text=True, timeout=600,
+                         cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert [case["case"].split()[0] for case in result["cases"]] == ["kseq", "rrs-wor"]
+    for case in result["cases"]:
+        assert case["results_identical"] and 0 < case["ratio"] < float("inf")
+        # the other side ran the archived copy, this side this checkout
+        assert case["runs"]["other"][0]["package"] != case["runs"]["now"][0]["package"]
+    assert "RESULTS DIFFER" not in run.stdout
+
+
+def test_the_exact_audit_benchmark_refuses_an_unknown_case(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_exact_under_test", ROOT / "benchmarks" / "bench_exact.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit, match="--case: no case starts with"):
+        module.main(["--case", "nope"])

@@ -603,9 +603,11 @@ def test_an_unwritable_ini_report_is_a_usage_error(pytester):
 
 
 def test_the_time_limit_leaves_the_verifiers_object_as_it_was():
-    # A proxy limits the calls: the verifier's own object gains no attributes, and a class with
-    # __slots__ (whose instances take no new attributes) is limited as well as any other.
-    from spectr_audit.run.guard import TimeLimited, VerifierTimeout, time_limited
+    # An adapter of the contract limits the calls: the verifier's own object gains no attributes, and a class
+    # with __slots__ (whose instances take no new attributes) is limited as well as any other.  The adapter is
+    # a Verifier that declares what the verifier declares; it does not pass for the verifier's class.
+    from spectr_audit.contract.limited import TimeLimitedVerifier
+    from spectr_audit.run.guard import VerifierTimeout, time_limited
     from spectr_audit.verifiers.speculative import SpeculativeSampling
 
     class Slotted(SpeculativeSampling):
@@ -617,8 +619,11 @@ def test_the_time_limit_leaves_the_verifiers_object_as_it_was():
     verifier = Slotted()
     before = dict(getattr(verifier, "__dict__", {}))
     with time_limited(verifier, 0.3) as limited:
-        assert isinstance(limited, TimeLimited) and isinstance(limited, Slotted)
+        assert isinstance(limited, TimeLimitedVerifier) and not isinstance(limited, Slotted)
         assert limited.name == verifier.name and limited.wrapped is verifier
+        assert limited.has_exact_law and limited.guarantees == verifier.guarantees
+        # the overridden verify is not the contract's entry point, so no audit skips its checks through the adapter
+        assert not limited.standard_entry("verify") and limited.standard_entry("output_probs")
         start = time.monotonic()
         with pytest.raises(VerifierTimeout, match="verify did not return within 0.3 s"):
             limited.verify(None, None, None, None)
@@ -626,6 +631,39 @@ def test_the_time_limit_leaves_the_verifiers_object_as_it_was():
         assert dict(getattr(verifier, "__dict__", {})) == before  # nothing patched in
     with time_limited(verifier, None) as unlimited:
         assert unlimited is verifier
+
+
+def test_the_time_limit_holds_on_every_path_the_audits_call():
+    # the audits call the contract's private entry point after checking inputs once (the statistical harness),
+    # and a tree verifier run on chains is reached through its chain adapter: both stay limited
+    from spectr_audit.contract.chain_trees import TreeVerifierAsChain
+    from spectr_audit.contract.convert import as_tree_verifier
+    from spectr_audit.contract.tree import DraftTree
+    from spectr_audit.run.guard import VerifierTimeout, time_limited
+    from spectr_audit.verifiers.speculative import SpeculativeSampling
+    from spectr_audit.verifiers.tree import TreeRecursiveRejection
+
+    class SlowInside(SpeculativeSampling):
+        def _verify(self, *args):
+            time.sleep(5)
+
+    class SlowTree(TreeRecursiveRejection):
+        def _tree_output_probs(self, *args):
+            time.sleep(5)
+
+    with time_limited(SlowInside(), 0.3) as limited:
+        assert limited.standard_entry("verify")
+        with pytest.raises(VerifierTimeout, match="verify did not return within 0.3 s"):
+            limited._verify(None, None, None, None)
+    with time_limited(TreeVerifierAsChain(SlowTree()), 0.3) as limited:
+        tree_verifier = as_tree_verifier(limited)  # the chain adapter's tree verifier, reached through the limit
+        tree = DraftTree.chains(1, 1)
+        start = time.monotonic()
+        with pytest.raises(VerifierTimeout, match="did not return within 0.3 s"):
+            tree_verifier.tree_output_probs(tree, torch.zeros(1, 2, dtype=torch.int64),
+                                            torch.tensor([[[0.5, 0.5], [0.0, 0.0]]]),
+                                            torch.tensor([[[0.5, 0.5], [0.5, 0.5]]]))
+        assert time.monotonic() - start < 3
 
 
 def test_the_audit_runs_the_verifier_through_the_limit_without_patching_it():
