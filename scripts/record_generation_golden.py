@@ -58,7 +58,7 @@ def _toy(spec: str = "toy", engine: dict | None = None, **audit) -> Callable[[],
     """A toy audit as the command line runs it: the engine spec resolved, then audited with ``audit``."""
 
     def run() -> dict:
-        from spectr_audit.run.generation_engines import audit_engine, load_generation_engine
+        from spectr_audit.generation.engine_specs import audit_engine, load_generation_engine
 
         made = load_generation_engine(spec, **(engine or {}))
         return audit_engine(made, seed=SEED, **audit).to_dict()
@@ -92,7 +92,7 @@ def _resumed() -> dict:
     results (the second reads the stored jobs back and runs the others)."""
     import sqlite3
 
-    from spectr_audit.run.generation_engines import audit_engine, load_generation_engine
+    from spectr_audit.generation.engine_specs import audit_engine, load_generation_engine
 
     with tempfile.TemporaryDirectory() as folder:
         store = str(Path(folder) / "audit.sqlite")

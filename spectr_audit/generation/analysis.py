@@ -13,7 +13,7 @@ from scipy import stats
 from spectr_audit.generation.designs import ARMS
 from spectr_audit.generation.options import _bucket_names, _Options
 from spectr_audit.generation.results import Divergence, GenerationAuditResult, StratumRow, ZeroMassToken
-from spectr_audit.generation.tests import (
+from spectr_audit.generation.statistical_tests import (
     NUM_BINS,
     agreement_test,
     held_out_tv,

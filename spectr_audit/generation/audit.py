@@ -3,7 +3,7 @@
 :func:`audit_generation` runs the generator under the audit's batch designs
 (:mod:`spectr_audit.generation.designs`), scores every emitted token with the scorer, and tests
 the tokens' randomized PITs and surprisals (:mod:`spectr_audit.generation.pit`,
-:mod:`spectr_audit.generation.tests`), one Holm family with a stated false-alarm rate.  Jobs are
+:mod:`spectr_audit.generation.statistical_tests`), one Holm family with a stated false-alarm rate.  Jobs are
 streamed into a store (:mod:`spectr_audit.generation.store`), so an interrupted audit resumes to
 the same verdict; they can be spread over ``torch.distributed`` processes with the same verdict
 as one.  docs/generation.md describes the method and what each number rests on.

@@ -22,7 +22,7 @@ from spectr_audit.generation.designs import Job
 from spectr_audit.generation.options import _Options
 from spectr_audit.generation.scoring import _run_job
 from spectr_audit.generation.store import SampleStore
-from spectr_audit.generation.tests import PITEProcess
+from spectr_audit.generation.statistical_tests import PITEProcess
 from spectr_audit.statistical.sharding import WorkerFailed
 
 
