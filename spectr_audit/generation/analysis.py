@@ -11,6 +11,7 @@ import torch
 from scipy import stats
 
 from spectr_audit.generation.designs import ARMS
+from spectr_audit.generation.family import FamilyPlan
 from spectr_audit.generation.options import _bucket_names, _Options
 from spectr_audit.generation.results import Divergence, GenerationAuditResult, StratumRow, ZeroMassToken
 from spectr_audit.generation.statistical_tests import (
@@ -98,20 +99,26 @@ def _strata(tokens: _Tokens, options: _Options, prompts: list) -> list:
     return [(name, mask) for name, mask in out if int(mask.sum()) >= MIN_STRATUM_TOKENS or name == "all"]
 
 
-def _family_size(tokens: _Tokens, options: _Options, prompts: list, has_reference: bool) -> int:
-    """The size of the Holm family (an upper bound): each test's minimum detectable TV is quoted at alpha / size."""
-    strata = _strata(tokens, options, prompts)
-    plain = sum(not name.startswith("prompt") for name, _ in strata)
-    two = (1 + len(options.arms)) * len(options.orderings) if has_reference else 0
-    return len(strata) * len(options.orderings) + plain + two + 4
+def _two_sample_strata(tokens: _Tokens, reference: _Tokens, options: _Options) -> tuple:
+    """The strata of the two-sample tests: all tokens, and each arm where both sources hold enough tokens."""
+    return ("all",) + tuple(f"arm {arm}" for a, arm in enumerate(ARMS)
+                            if arm in options.arms and (tokens.arm == a).sum() >= MIN_STRATUM_TOKENS
+                            and (reference.arm == a).sum() >= MIN_STRATUM_TOKENS)
 
 
-def _max_family_size(options: _Options, num_prompts: int, has_reference: bool) -> int:
+def family_plan(tokens: _Tokens, reference: Optional[_Tokens], agreement_tests: list, eprocess: list,
+                options: _Options, prompts: list, greedy: bool, has_reference: bool) -> FamilyPlan:
+    """The tests of these tokens: the strata they fill, the agreement tests and e-process that have data, (with
+    a reference's tokens, not greedy) the two-sample strata both sources fill, and the decisive checks."""
+    return FamilyPlan(options.orderings, tuple(name for name, mask in _strata(tokens, options, prompts) if mask.any()),
+                      tuple(t.name for t in agreement_tests), bool(eprocess),
+                      _two_sample_strata(tokens, reference, options) if reference is not None and not greedy else (),
+                      FamilyPlan.decisive_checks(options.eos_token_id, greedy and has_reference))
+
+
+def largest_family(options: _Options, num_prompts: int, has_reference: bool) -> FamilyPlan:
     """The largest Holm family the analysis can build (every stratum filled), known before any job runs."""
-    plain = 1 + len(options.arms) + len(options.position_buckets) + 1
-    strata = plain + (num_prompts if num_prompts > 1 else 0)
-    two = (1 + len(options.arms)) * len(options.orderings) if has_reference else 0
-    return strata * len(options.orderings) + plain + two + 3  # + agreement within, across, e-process
+    return FamilyPlan.largest(options.orderings, options.arms, options.position_buckets, num_prompts, has_reference)
 
 
 def _one_sample(tokens: _Tokens, options: _Options, prompts: list, level: float, label: str = "") -> list:
@@ -207,24 +214,24 @@ def _eprocess_tests(eprocess_p: float, tokens: _Tokens) -> list:
 
 
 def _against_reference(tokens: _Tokens, reference: _Tokens, options: _Options, prompts: list, level: float,
-                       confidence: float, greedy: bool) -> tuple:
+                       confidence: float, plan: FamilyPlan) -> tuple:
     """``(reference_rejected, numerics_floor, two_sample_tests)``: whether the one-sample tests reject the
-    reference itself, its held-out TV bounds, and the engine-against-reference tests (none when greedy)."""
+    reference itself, its held-out TV bounds, and the engine-against-reference tests of ``plan``."""
     ref_tests = _one_sample(reference, options, prompts, level, label="reference ")
     ref_family = holm([t.pvalue for t in ref_tests])
     reference_rejected = bool(ref_family and min(ref_family) <= options.alpha)
     floor = tuple(held_out_tv(torch.from_numpy(reference.pit[o]), torch.from_numpy(reference.job % 2), o,
                               confidence) for o in options.orderings)
     two = []
-    if not greedy:
-        for order in options.orderings:
-            engine_pit, ref_pit = torch.from_numpy(tokens.pit[order]), torch.from_numpy(reference.pit[order])
-            two.append(two_sample_test(engine_pit, ref_pit, f"two-sample {order} / all"))
-            for a, arm in enumerate(ARMS):
-                e, r = tokens.arm == a, reference.arm == a
-                if arm in options.arms and e.sum() >= MIN_STRATUM_TOKENS and r.sum() >= MIN_STRATUM_TOKENS:
-                    two.append(two_sample_test(engine_pit[torch.from_numpy(e)], ref_pit[torch.from_numpy(r)],
-                                               f"two-sample {order} / arm {arm}"))
+    for order in plan.orderings:
+        engine_pit, ref_pit = torch.from_numpy(tokens.pit[order]), torch.from_numpy(reference.pit[order])
+        for name in plan.two_sample:
+            if name == "all":
+                two.append(two_sample_test(engine_pit, ref_pit, f"two-sample {order} / all"))
+                continue
+            a = ARMS.index(name.split(" ", 1)[1])
+            e, r = torch.from_numpy(tokens.arm == a), torch.from_numpy(reference.arm == a)
+            two.append(two_sample_test(engine_pit[e], ref_pit[r], f"two-sample {order} / {name}"))
     return reference_rejected, floor, two
 
 
@@ -330,16 +337,20 @@ def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompt
         greedy = bool(tokens.size) and bool(np.all((tokens.var <= 1e-12) & (tokens.entropy <= 1e-12)))
     reference = _collect(jobs, stored, options, "ref_") if has_reference else None
     confidence = 1.0 - options.alpha
-    # the family's size fixes the level each test's minimum detectable TV is quoted at (its Bonferroni share)
-    level = options.alpha / _family_size(tokens, options, prompts, has_reference)
-    one = _one_sample(tokens, options, prompts, level)
     agreement_tests, agreement = _agreement(jobs, stored)
-    family = one + agreement_tests + _eprocess_tests(eprocess_p, tokens)
+    eprocess = _eprocess_tests(eprocess_p, tokens)
+    with_reference = has_reference and reference is not None and reference.size
+    plan = family_plan(tokens, reference if with_reference else None, agreement_tests, eprocess, options, prompts,
+                       greedy, has_reference)
+    # the family's size fixes the level each test's minimum detectable TV is quoted at (its Bonferroni share)
+    level = options.alpha / plan.size
+    one = _one_sample(tokens, options, prompts, level)
+    family = one + agreement_tests + eprocess
     deciding = {t.name for t in family}
     decided_by, reference_rejected, floor = "one-sample", None, ()
-    if has_reference and reference is not None and reference.size:
+    if with_reference:
         reference_rejected, floor, two = _against_reference(tokens, reference, options, prompts, level, confidence,
-                                                            greedy)
+                                                            plan)
         family += two
         deciding |= {t.name for t in two}
         if not greedy and reference_rejected:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.generation.analysis import _max_family_size
+from spectr_audit.generation.analysis import largest_family
 from spectr_audit.generation.contract import GenerationContractError
 from spectr_audit.generation.designs import Job
 from spectr_audit.generation.options import _Options
@@ -93,7 +93,7 @@ def _stop_level(options: _Options, num_prompts: int, has_reference: bool) -> Opt
     # can build; the stopped audit's verdict is then a FINDING that the planned one would reach too,
     # so stopping adds no false alarm.  Not with a reference: there the one-sample tests may be set
     # aside (a numerics floor), and a sample stopped on them would bias the two-sample tests.
-    return None if has_reference else options.alpha / _max_family_size(options, num_prompts, False)
+    return None if has_reference else options.alpha / largest_family(options, num_prompts, False).holm_size
 
 
 class _Schedule:
