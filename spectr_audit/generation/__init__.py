@@ -6,8 +6,8 @@ The whole audit lives here, from an engine spec to the verdict and its reports' 
 * the contract (:mod:`.contract`): generators, scorers, their outputs;
 * the options (:mod:`.options`), the batch designs and the jobs they plan (:mod:`.designs`);
 * the method: the randomized PIT and surprisal of every token (:mod:`.pit`), scoring a job
-  (:mod:`.scoring`), the stopping rules and the job schedule (:mod:`.schedule`), the sample store
-  (:mod:`.store`), the statistical tests (:mod:`.statistical_tests`), the plan of their Holm family
+  (:mod:`.scoring`) into its typed record (:mod:`.records`), the stopping rules and the job schedule
+  (:mod:`.schedule`), the sample store (:mod:`.store`), the statistical tests (:mod:`.statistical_tests`), the plan of their Holm family
   (:mod:`.family`) and the analysis that builds and decides it (:mod:`.analysis`);
 * the faces: engines by spec (:mod:`.engine_specs`), the ``[[generation]]`` cases of suites
   (:mod:`.cases`) and their runner (:mod:`.suite`), the verdict in words and the written reports

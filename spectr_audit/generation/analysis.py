@@ -51,27 +51,29 @@ class _Tokens:
         return int(self.token.size)
 
 
-def _collect(jobs: dict, stored: list, options: _Options, prefix: str) -> _Tokens:
+def _collect(jobs: dict, stored: list, options: _Options, reference: bool) -> _Tokens:
+    """The engine's tokens over every job (the reference's with ``reference=True``)."""
     columns = {k: [] for k in ("arm", "job", "row", "prompt", "position", "token", "mass", "surprisal", "entropy",
                                "var", "margin", "accept")}
     pits = {o: [] for o in options.orderings}
     for index, _, rec in stored:
         job = jobs[index]
-        rows = rec[f"{prefix}tok_row"].astype(np.int64)
+        tokens = (rec.reference if reference else rec.engine).tokens
+        rows = tokens.row.astype(np.int64)
         if rows.size == 0:
             continue
         columns["arm"].append(np.full(rows.size, ARMS.index(job.arm)))
         columns["job"].append(np.full(rows.size, index))
         columns["row"].append(rows)
         columns["prompt"].append(np.asarray(job.prompt_ids)[rows])
-        columns["position"].append(rec[f"{prefix}tok_pos"].astype(np.int64))
-        for name, key in (("token", "token"), ("mass", "mass"), ("surprisal", "surprisal"), ("entropy", "entropy"),
-                          ("var", "var"), ("margin", "margin")):
-            columns[name].append(rec[f"{prefix}tok_{key}"])
-        if f"{prefix}tok_accept" in rec:
-            columns["accept"].append(rec[f"{prefix}tok_accept"])
+        columns["position"].append(tokens.position.astype(np.int64))
+        for name, values in (("token", tokens.token), ("mass", tokens.mass), ("surprisal", tokens.surprisal),
+                             ("entropy", tokens.entropy), ("var", tokens.variance), ("margin", tokens.margin)):
+            columns[name].append(values)
+        if tokens.accept is not None:
+            columns["accept"].append(tokens.accept)
         for order in options.orderings:
-            pits[order].append(rec[f"{prefix}tok_pit_{order}"])
+            pits[order].append(tokens.pit[order])
 
     def cat(values, dtype=np.float64):
         return np.concatenate(values).astype(dtype) if values else np.zeros(0, dtype=dtype)
@@ -147,8 +149,8 @@ def _agreement(jobs: dict, stored: list) -> tuple[list, dict]:
     by_prompt: dict = {}
     for index, _, rec in stored:
         job = jobs[index]
-        first, prob, lengths = rec["cont_first"], rec["cont_chance"], rec["cont_len"]
-        tokens = rec["cont_tokens"]
+        first, prob, lengths = rec.engine.first_token, rec.engine.first_collision, rec.engine.lengths
+        tokens = rec.engine.emitted
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         if job.arm == "repeated":
             for r in range(0, len(job.prompt_ids) - 1, 2):
@@ -177,9 +179,9 @@ def _agreement(jobs: dict, stored: list) -> tuple[list, dict]:
 
 
 def _acceptance(tokens: _Tokens, stored: list) -> dict:
-    accepted = np.concatenate([rec["cont_accepted"] for _, _, rec in stored]) if stored else np.zeros(0)
-    calls = np.concatenate([rec["cont_calls"] for _, _, rec in stored]) if stored else np.zeros(0)
-    lengths = np.concatenate([rec["cont_len"] for _, _, rec in stored]) if stored else np.zeros(0)
+    accepted = np.concatenate([rec.accepted for _, _, rec in stored]) if stored else np.zeros(0)
+    calls = np.concatenate([rec.target_calls for _, _, rec in stored]) if stored else np.zeros(0)
+    lengths = np.concatenate([rec.engine.lengths for _, _, rec in stored]) if stored else np.zeros(0)
     out: dict = {}
     reported = calls >= 0
     if reported.any() and calls[reported].sum() > 0:
@@ -262,7 +264,7 @@ def _zero_mass_tokens(tokens: _Tokens, options: _Options, tolerance: float) -> l
 def _after_eos(stored: list) -> list:
     """``(job, row, position)`` of every continuation that goes on after an end-of-sequence token."""
     return [(index, r, int(pos)) for index, _, rec in stored
-            for r, pos in enumerate(rec.get("cont_after_eos", np.zeros(0))) if pos >= 0]
+            for r, pos in enumerate(rec.engine.after_eos) if pos >= 0]
 
 
 def _decisive_checks(tokens: _Tokens, stored: list, options: _Options, violations: list, after_eos: list,
@@ -275,7 +277,7 @@ def _decisive_checks(tokens: _Tokens, stored: list, options: _Options, violation
                                 "finding)")]
     if options.eos_token_id is not None:
         checks.append(TestResult("end-of-sequence", float(len(after_eos)), 0.0 if after_eos else 1.0, None,
-                                 int(sum(rec["cont_len"].size for _, _, rec in stored)),
+                                 int(sum(rec.engine.lengths.size for _, _, rec in stored)),
                                  pvalue_adjusted=0.0 if after_eos else 1.0,
                                  detail=f"continuations that go on after the end-of-sequence token "
                                         f"{options.eos_token_id} (any one is a finding)"))
@@ -332,10 +334,10 @@ def _verdict(stored: list, pvalue: float, options: _Options, greedy: bool, has_r
 def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompts: list, names: tuple,
              has_reference: bool, greedy: Optional[bool], stop_reason: str, eprocess_p: float, seconds: dict,
              incomplete: bool, num_processes: int) -> GenerationAuditResult:
-    tokens = _collect(jobs, stored, options, "")
+    tokens = _collect(jobs, stored, options, reference=False)
     if greedy is None:  # detected: every scored law one-hot (on every job, whichever ran first)
         greedy = bool(tokens.size) and bool(np.all((tokens.var <= 1e-12) & (tokens.entropy <= 1e-12)))
-    reference = _collect(jobs, stored, options, "ref_") if has_reference else None
+    reference = _collect(jobs, stored, options, reference=True) if has_reference else None
     confidence = 1.0 - options.alpha
     agreement_tests, agreement = _agreement(jobs, stored)
     eprocess = _eprocess_tests(eprocess_p, tokens)
@@ -379,7 +381,7 @@ def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompt
     return GenerationAuditResult(
         generator=names[0], scorer=names[1], verdict=verdict, pvalue=pvalue, test=test, alpha=options.alpha,
         power=options.power, min_detectable_tv=mdtv, requested_tv=options.min_detectable_tv, num_tokens=tokens.size,
-        num_continuations=int(sum(rec["cont_len"].size for _, _, rec in stored)), num_jobs=len(stored),
+        num_continuations=int(sum(rec.engine.lengths.size for _, _, rec in stored)), num_jobs=len(stored),
         tokens_by_arm=arm_tokens, subtests=tuple(family), deciding=tuple(sorted(deciding)), decided_by=decided_by,
         held_out_tv=held, numerics_floor=floor, reference_rejected=reference_rejected, zero_mass=tuple(zero[:50]),
         divergences=tuple(divergences[:50]), strata=strata_rows, surprisal_z=float(z), agreement=agreement,
@@ -409,16 +411,16 @@ def _stratum_row(test: TestResult, tokens: _Tokens, options: _Options, prompts: 
 def _divergence_rows(jobs: dict, stored: list, options: _Options) -> list:
     out = []
     for index, _, rec in stored:
-        if "div_row" not in rec:
+        found = rec.divergences
+        if found is None:
             continue
         job = jobs[index]
-        lengths, ref_lengths = rec["cont_len"], rec["ref_cont_len"]
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        ref_offsets = np.concatenate([[0], np.cumsum(ref_lengths)])
-        for r, pos, margin, a, b in zip(rec["div_row"], rec["div_pos"], rec["div_margin"], rec["div_engine"],
-                                        rec["div_reference"]):
-            engine_tail = rec["cont_tokens"][offsets[r] + pos: min(offsets[r + 1], offsets[r] + pos + 16)]
-            ref_tail = rec["ref_cont_tokens"][ref_offsets[r] + pos: min(ref_offsets[r + 1], ref_offsets[r] + pos + 16)]
+        offsets = np.concatenate([[0], np.cumsum(rec.engine.lengths)])
+        ref_offsets = np.concatenate([[0], np.cumsum(rec.reference.lengths)])
+        for r, pos, margin, a, b in zip(found.row, found.position, found.margin, found.engine_token,
+                                        found.reference_token):
+            engine_tail = rec.engine.emitted[offsets[r] + pos: min(offsets[r + 1], offsets[r] + pos + 16)]
+            ref_tail = rec.reference.emitted[ref_offsets[r] + pos: min(ref_offsets[r + 1], ref_offsets[r] + pos + 16)]
             finite = bool(np.isfinite(margin))
             out.append(Divergence(job.arm, index, int(r), int(job.prompt_ids[r]), int(pos), int(a), int(b),
                                   float(margin) if finite else None, finite and float(margin) <= options.logit_tol,

@@ -20,6 +20,7 @@ from spectr_audit.generation.analysis import largest_family
 from spectr_audit.generation.contract import GenerationContractError
 from spectr_audit.generation.designs import Job
 from spectr_audit.generation.options import _Options
+from spectr_audit.generation.records import JobRecord
 from spectr_audit.generation.scoring import _run_job
 from spectr_audit.generation.store import SampleStore
 from spectr_audit.generation.statistical_tests import PITEProcess
@@ -125,14 +126,15 @@ class _Schedule:
         """The p-value of the orders' averaged e-process (its running maximum)."""
         return float(math.exp(-self.max_log_e)) if self.max_log_e > 0 else 1.0
 
-    def consume(self, job: Job, rec: dict) -> Optional[str]:
+    def consume(self, job: Job, rec: JobRecord) -> Optional[str]:
         """Add one job's records, in job order; return a stop reason (None: go on)."""
         options = self.options
         self.records[job.index] = rec
-        self.emitted += int(rec["tok_token"].size)
-        for key, value in zip(("generation", "reference", "scoring"), rec["seconds"]):
+        tokens = rec.engine.tokens
+        self.emitted += int(tokens.token.size)
+        for key, value in zip(("generation", "reference", "scoring"), rec.seconds):
             self.totals[key] += float(value)
-        logs = [self.eprocesses[o].update(torch.from_numpy(rec[f"tok_pit_{o}"])) for o in options.orderings]
+        logs = [self.eprocesses[o].update(torch.from_numpy(tokens.pit[o])) for o in options.orderings]
         # the average of the orders' e-processes is one too (each a martingale of mean 1 under the null,
         # all on the same tokens in the same order)
         mixed = float(torch.logsumexp(torch.tensor(logs, dtype=torch.float64), 0)) - math.log(len(logs))
@@ -140,18 +142,18 @@ class _Schedule:
         if self.bar is not None:
             self.bar.update(self.bar.task_ids[0], advance=1,
                             description=f"{job.arm}: {self.emitted} tokens, evidence log E {self.max_log_e:.1f}")
-        zero = rec["tok_mass"] <= options.zero_mass_tol
-        margin = rec["tok_margin"][zero]
+        zero = tokens.mass <= options.zero_mass_tol
+        margin = tokens.margin[zero]
         # a zero-mass token beyond the tolerance is decisive; with a reference the tolerance may still
         # grow to the reference's own numerics floor (known at the end), so only a token without a
         # margin stops the audit then
         beyond = ~np.isfinite(margin)
         if self.reference is None:
             beyond |= margin > options.logit_tol
-        if bool(beyond.any()) or bool((rec["cont_after_eos"] >= 0).any()):
+        if bool(beyond.any()) or bool((rec.engine.after_eos >= 0).any()):
             return "support"
         if self.greedy is None and not self.spread:
-            self.spread = bool(np.any((rec["tok_var"] > 1e-12) | (rec["tok_entropy"] > 1e-12)))
+            self.spread = bool(np.any((tokens.variance > 1e-12) | (tokens.entropy > 1e-12)))
         # not on greedy audits: there the e-process does not decide (nor, so, stop)
         may_stop = self.greedy is False or self.spread
         if self.stop_level is not None and self.mixture_p() <= self.stop_level and may_stop:
