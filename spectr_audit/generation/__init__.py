@@ -4,7 +4,8 @@ The whole audit lives here, from an engine spec to the verdict and its reports' 
 
 * the entry point: :func:`audit_generation` (:mod:`.audit`) and its result (:mod:`.results`);
 * the contract (:mod:`.contract`): generators, scorers, their outputs;
-* the options (:mod:`.options`), the batch designs and the jobs they plan (:mod:`.designs`);
+* the options (:mod:`.options`), the batch designs and the jobs they plan (:mod:`.designs`), and the
+  request that holds them with the wrapped components, built once (:mod:`.request`);
 * the method: the randomized PIT and surprisal of every token (:mod:`.pit`), scoring a job
   (:mod:`.scoring`) into its typed record (:mod:`.records`), the stopping rules and the job schedule
   (:mod:`.schedule`), the sample store (:mod:`.store`), the statistical tests (:mod:`.statistical_tests`), the plan of their Holm family

@@ -13,6 +13,7 @@ from scipy import stats
 from spectr_audit.generation.designs import ARMS
 from spectr_audit.generation.family import FamilyPlan
 from spectr_audit.generation.options import _bucket_names, _Options
+from spectr_audit.generation.request import GenerationRequest, RunOutcome
 from spectr_audit.generation.results import Divergence, GenerationAuditResult, StratumRow, ZeroMassToken
 from spectr_audit.generation.statistical_tests import (
     NUM_BINS,
@@ -79,11 +80,11 @@ def _collect(jobs: dict, stored: list, options: _Options, reference: bool) -> _T
         return np.concatenate(values).astype(dtype) if values else np.zeros(0, dtype=dtype)
 
     accept = cat(columns["accept"]) if columns["accept"] else None
-    return _Tokens({o: cat(v) for o, v in pits.items()}, cat(columns["arm"], np.int64), cat(columns["job"], np.int64),
-                   cat(columns["row"], np.int64), cat(columns["prompt"], np.int64),
-                   cat(columns["position"], np.int64), cat(columns["token"], np.int64), cat(columns["mass"]),
-                   cat(columns["surprisal"]), cat(columns["entropy"]), cat(columns["var"]), cat(columns["margin"]),
-                   accept)
+    integers = ("arm", "job", "row", "prompt", "position", "token")
+    return _Tokens(pit={o: cat(v) for o, v in pits.items()},
+                   **{name: cat(columns[name], np.int64 if name in integers else np.float64)
+                      for name in (*integers, "mass", "surprisal", "entropy", "var", "margin")},
+                   accept=accept)
 
 
 def _strata(tokens: _Tokens, options: _Options, prompts: list) -> list:
@@ -331,9 +332,11 @@ def _verdict(stored: list, pvalue: float, options: _Options, greedy: bool, has_r
     return "INCONCLUSIVE" if not mdtv <= options.min_detectable_tv * (1 + 1e-9) else "PASS"
 
 
-def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompts: list, names: tuple,
-             has_reference: bool, greedy: Optional[bool], stop_reason: str, eprocess_p: float, seconds: dict,
-             incomplete: bool, num_processes: int) -> GenerationAuditResult:
+def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAuditResult:
+    """The result of a run: the Holm family planned and built from the consumed jobs' records, and decided."""
+    jobs, stored, failures = request.jobs_by_index(), outcome.consumed, outcome.failed
+    options, prompts, names, has_reference = request.options, request.prompts, request.names, request.has_reference
+    greedy, eprocess_p = request.greedy, outcome.eprocess_p
     tokens = _collect(jobs, stored, options, reference=False)
     if greedy is None:  # detected: every scored law one-hot (on every job, whichever ran first)
         greedy = bool(tokens.size) and bool(np.all((tokens.var <= 1e-12) & (tokens.entropy <= 1e-12)))
@@ -385,10 +388,10 @@ def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompt
         tokens_by_arm=arm_tokens, subtests=tuple(family), deciding=tuple(sorted(deciding)), decided_by=decided_by,
         held_out_tv=held, numerics_floor=floor, reference_rejected=reference_rejected, zero_mass=tuple(zero[:50]),
         divergences=tuple(divergences[:50]), strata=strata_rows, surprisal_z=float(z), agreement=agreement,
-        acceptance=_acceptance(tokens, stored), greedy=greedy, stop_reason=stop_reason,
+        acceptance=_acceptance(tokens, stored), greedy=greedy, stop_reason=outcome.stop_reason,
         after_eos=tuple({"job": j, "row": r, "position": p} for j, r, p in after_eos[:50]),
-        failures=tuple(f"job {j} ({arm}): {m}" for j, arm, m in failures), seconds=seconds, num_bins=NUM_BINS,
-        incomplete=incomplete, num_processes=num_processes, logit_tolerance=tolerance,
+        failures=tuple(f"job {j} ({arm}): {m}" for j, arm, m in failures), seconds=outcome.seconds,
+        num_bins=NUM_BINS, incomplete=outcome.interrupted, num_processes=outcome.num_processes, logit_tolerance=tolerance,
         power_ordering=options.power_ordering)
 
 def _mask(tokens: _Tokens, options: _Options, prompts: list, name: str) -> np.ndarray:

@@ -120,8 +120,9 @@ def _check_int(value: Any, name: str, minimum: int) -> int:
     return value
 
 
-def _toy_engine(slip_name: Optional[str], spec: str, argument: str, vocab_size: Optional[int], toy_seed: Optional[int],
-                draft_noise: Any, temperature: Any, top_k: Any, top_p: Any, eos_token_id: Optional[int]) -> GenerationEngine:
+def _toy_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_size: Optional[int],
+                toy_seed: Optional[int], draft_noise: Any, temperature: Any, top_k: Any, top_p: Any,
+                eos_token_id: Optional[int]) -> GenerationEngine:
     from spectr_audit.contract.sampling import SamplingParams
     from spectr_audit.generation.library import SLIPS, ToyPair, correct_engine, slip_engine
 
@@ -268,8 +269,9 @@ def load_generation_engine(spec: str, *, vocab_size: Optional[int] = None, toy_s
         if options:
             raise InvalidArgument("options: only for a factory engine; the toy takes vocab_size, toy_seed, draft_noise, "
                                   "temperature, top_k, top_p, eos_token_id")
-        return _toy_engine(None if spec == "toy" else spec[4:], spec, argument, vocab_size, toy_seed,
-                           draft_noise, temperature, top_k, top_p, eos_token_id)
+        return _toy_engine(None if spec == "toy" else spec[4:], spec, argument=argument, vocab_size=vocab_size,
+                           toy_seed=toy_seed, draft_noise=draft_noise, temperature=temperature, top_k=top_k,
+                           top_p=top_p, eos_token_id=eos_token_id)
     given = [name for name, value in (("toy_seed", toy_seed), ("draft_noise", None if draft_noise == "default" else 0),
                                       ("temperature", temperature), ("top_k", top_k), ("top_p", top_p))
              if value is not None]

@@ -21,6 +21,7 @@ from spectr_audit.generation.contract import GenerationContractError
 from spectr_audit.generation.designs import Job
 from spectr_audit.generation.options import _Options
 from spectr_audit.generation.records import JobRecord
+from spectr_audit.generation.request import GenerationRequest
 from spectr_audit.generation.scoring import _run_job
 from spectr_audit.generation.store import SampleStore
 from spectr_audit.generation.statistical_tests import PITEProcess
@@ -88,28 +89,28 @@ def _progress(enabled: Optional[bool], total: int):
     return progress
 
 
-def _stop_level(options: _Options, num_prompts: int, has_reference: bool) -> Optional[float]:
+def _stop_level(request: GenerationRequest) -> Optional[float]:
     """The e-process's p-value at which the audit may stop early, or None where it must not stop on it."""
     # The e-process may stop the audit once it alone would reject in the largest family the analysis
     # can build; the stopped audit's verdict is then a FINDING that the planned one would reach too,
     # so stopping adds no false alarm.  Not with a reference: there the one-sample tests may be set
     # aside (a numerics floor), and a sample stopped on them would bias the two-sample tests.
-    return None if has_reference else options.alpha / largest_family(options, num_prompts, False).holm_size
+    if request.has_reference:
+        return None
+    return request.options.alpha / largest_family(request.options, len(request.prompts), False).holm_size
 
 
 class _Schedule:
     """One run of an audit's jobs: what it consumed, what failed, the evidence so far, and why it stopped.
 
-    ``components`` are the generator, the scorer, the reference (or None) and the draft scorer (or None);
-    ``greedy`` is the audit's switch (None: detected).
+    ``request`` holds the jobs, the components and the options; ``stored`` the records a resumed store holds.
     """
 
-    def __init__(self, jobs: list, stored: dict, sink: Optional[SampleStore], group: _Collective,
-                 options: _Options, components: tuple, greedy: Optional[bool], stop_level: Optional[float],
+    def __init__(self, request: GenerationRequest, stored: dict, sink: Optional[SampleStore], group: _Collective,
                  progress: Optional[bool]):
-        self.jobs, self.stored, self.sink, self.group, self.options = jobs, stored, sink, group, options
-        self.generator, self.scorer, self.reference, self.draft_scorer = components
-        self.greedy, self.stop_level = greedy, stop_level
+        options = request.options
+        self.request, self.jobs, self.stored, self.sink, self.group = request, list(request.jobs), stored, sink, group
+        self.options, self.greedy, self.stop_level = options, request.greedy, _stop_level(request)
         self.records: dict = {}  # job index -> records, every job consumed so far (in job order)
         self.failures: dict = {}  # job index -> (arm, message), every job that failed in this run
         self.errors: dict = {}  # job index -> the exception this process raised on it (with shards)
@@ -119,7 +120,7 @@ class _Schedule:
         self.stop_reason, self.start = "planned", time.perf_counter()
         self.totals = {"generation": 0.0, "reference": 0.0, "scoring": 0.0}
         self.emitted = 0
-        self.bar = _progress(progress if group.rank == 0 else False, len(jobs))
+        self.bar = _progress(progress if group.rank == 0 else False, len(self.jobs))
         self.interrupted = False
 
     def mixture_p(self) -> float:
@@ -148,7 +149,7 @@ class _Schedule:
         # grow to the reference's own numerics floor (known at the end), so only a token without a
         # margin stops the audit then
         beyond = ~np.isfinite(margin)
-        if self.reference is None:
+        if not self.request.has_reference:
             beyond |= margin > options.logit_tol
         if bool(beyond.any()) or bool((rec.engine.after_eos >= 0).any()):
             return "support"
@@ -165,7 +166,7 @@ class _Schedule:
         if job is None:
             return ("none",)
         try:
-            return ("ok", _run_job(job, self.generator, self.scorer, self.reference, self.draft_scorer, self.options))
+            return ("ok", _run_job(job, self.request))
         except GenerationContractError as exc:
             return ("fail", str(exc))
         except KeyboardInterrupt:

@@ -17,6 +17,7 @@ from spectr_audit.generation.designs import Job
 from spectr_audit.generation.options import _Options
 from spectr_audit.generation.pit import token_stats
 from spectr_audit.generation.records import Divergences, JobRecord, SourceRecord, TokenColumns
+from spectr_audit.generation.request import GenerationRequest
 from spectr_audit.statistical.sharding import chunk_generator
 
 #: The stream of the PIT's uniforms.
@@ -53,12 +54,12 @@ def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_sc
     and the scorer's logits (None from a law scorer; kept in memory for the greedy margins, never stored)."""
     with call_limit(options.timeout, f"{scorer.component} did not return within {options.timeout} s on {job.case}",
                     GenerationContractError):
-        laws, logits = scorer(prompts, continuations, case=job.case)
+        laws, logits, row_params, order = scorer(prompts, continuations, case=job.case)
     draft = None
     if draft_scorer is not None:
         with call_limit(options.timeout, f"{draft_scorer.component} did not return within {options.timeout} s on "
                                          f"{job.case}", GenerationContractError):
-            draft, _ = draft_scorer(prompts, continuations, case=job.case)
+            draft = draft_scorer(prompts, continuations, case=job.case).laws
     lengths = [len(c) for c in continuations]
     rows = np.repeat(np.arange(len(continuations)), lengths)
     positions = np.concatenate([np.arange(n) for n in lengths]) if rows.size else np.zeros(0, dtype=np.int64)
@@ -81,7 +82,7 @@ def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_sc
     stat = token_stats(all_laws, tokens, uniforms, draft_laws, options.orderings)
     zero = (stat.mass <= options.zero_mass_tol).nonzero().squeeze(1)
     margin = (_margins(torch.cat([x for x in logits if len(x)]).double(), all_laws, tokens, zero,
-                       getattr(scorer, "last_params", None), getattr(scorer, "last_order", None), rows)
+                       row_params, order, rows)
               if logits is not None and zero.numel() else np.full(tokens.shape[0], np.nan))
     # a single-draft speculative sampler accepts a drafted token here with probability 1 - TV(p, q)
     accept = None if draft_laws is None else (1.0 - 0.5 * (draft_laws - all_laws).abs().sum(1)).numpy()
@@ -113,8 +114,10 @@ def _divergences(engine: list, reference: list, logits: Optional[list]) -> Diver
                        np.array(reference_tokens, dtype=np.int64))
 
 
-def _run_job(job: Job, generator, scorer, reference, draft_scorer, options: _Options) -> JobRecord:
+def _run_job(job: Job, request: GenerationRequest) -> JobRecord:
     """Run one job: the generator (and the reference) on its prompts, the scorers on what they emitted; its record."""
+    options, generator, scorer, reference = request.options, request.generator, request.scorer, request.reference
+    draft_scorer = request.draft_scorer
     limit = list(job.limits) if isinstance(job.max_new_tokens, tuple) else job.max_new_tokens
     prompts = [list(p) for p in job.prompts]
     timings = {}
