@@ -15,7 +15,8 @@ These adapt whole engines (their ``generate()``); :mod:`spectr_audit.engines` ad
   and its scorer;
 * :mod:`.prompts`: the shipped prompt set (text and SmolLM2 token ids);
 * :mod:`.factories`: the engines of the ``engines-e2e`` suite, built from options;
-* :mod:`.repro`: standalone reproduction scripts for findings (``--repro``).
+* :mod:`.repro`: standalone reproduction scripts for findings (``--repro``); their program is
+  :mod:`.repro_template`, a module copied verbatim with its settings filled in.
 
 Each engine is an optional dependency, imported when its adapter is built.
 """

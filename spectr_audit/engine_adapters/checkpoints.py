@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+from spectr_audit.engine_adapters import repro_template
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.lm.smollm import cache_folder, load_smollm, locate_gguf
 
@@ -45,33 +46,11 @@ def write_llama(path: Union[str, Path], *, seed: int = 0, vocab_size: int = 512,
         A checkpoint written by this function: the new one is its weights, each moved by
         ``noise`` times its own standard deviation (a draft that mostly agrees with ``base``).
     """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    path = Path(path)
-    if base is not None:
-        model = LlamaForCausalLM.from_pretrained(str(base), torch_dtype=torch.float32)
-        generator = torch.Generator().manual_seed(int(seed))
-        with torch.no_grad():
-            for parameter in model.parameters():
-                if parameter.dim() > 1:
-                    spread = parameter.std()
-                    parameter.add_(noise * spread * torch.randn(parameter.shape, generator=generator))
-        model.save_pretrained(str(path), safe_serialization=True)
-        return path
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
-                         max_position_embeddings=max_positions, bos_token_id=1, eos_token_id=2,
-                         tie_word_embeddings=False)
-    torch.manual_seed(int(seed))
-    model = LlamaForCausalLM(config)
-    generator = torch.Generator().manual_seed(int(seed))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.copy_(init_std * torch.randn(parameter.shape, generator=generator))
-    model.save_pretrained(str(path), safe_serialization=True)
-    return path
+    # the reproduction scripts write the same checkpoint with the same function (copied into them)
+    written = repro_template.write_llama(str(path), int(seed), vocab_size, base=None if base is None else str(base),
+                                         noise=noise, hidden_size=hidden_size, num_layers=num_layers,
+                                         num_heads=num_heads, init_std=init_std, max_positions=max_positions)
+    return Path(written)
 
 
 def write_smollm2(path: Union[str, Path], *, drop_layers: Sequence[int] = ()) -> Path:
@@ -139,25 +118,4 @@ def write_eagle_head(path: Union[str, Path], base: Union[str, Path], *, seed: in
     target's last one, so the head proposes tokens related to the target's without being it.
     The head's ``config.json`` is the target's with one layer.
     """
-    import json
-
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    base, path = Path(base), Path(path)
-    config = json.loads((base / "config.json").read_text())
-    weights = load_file(str(base / "model.safetensors"))
-    hidden = int(config["hidden_size"])
-    last = int(config["num_hidden_layers"]) - 1
-    generator = torch.Generator().manual_seed(int(seed))
-    fc = torch.cat([noise * torch.randn(hidden, hidden, generator=generator) / hidden ** 0.5, torch.eye(hidden)], dim=1)
-    head = {"fc.weight": fc.contiguous(), "embed_tokens.weight": weights["model.embed_tokens.weight"].clone()}
-    prefix = f"model.layers.{last}."
-    for name, tensor in weights.items():
-        if name.startswith(prefix) and "input_layernorm" not in name:
-            head["layers.0." + name[len(prefix):]] = tensor.clone().contiguous()
-    path.mkdir(parents=True, exist_ok=True)
-    config.update(num_hidden_layers=1, architectures=["EagleLlamaForCausalLM"])
-    (path / "config.json").write_text(json.dumps(config, indent=1))
-    save_file(head, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
+    return Path(repro_template.write_eagle_head(str(path), str(base), seed=int(seed), noise=noise))
