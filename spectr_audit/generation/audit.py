@@ -17,13 +17,12 @@ from typing import Any, Optional, Sequence
 
 from spectr_audit import defaults
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.generation.analysis import MIN_STRATUM_TOKENS, _analyse  # noqa: F401 (re-exported)
+from spectr_audit.generation.analysis import _analyse
 from spectr_audit.generation.designs import ARMS
 from spectr_audit.generation.options import POSITION_BUCKETS, _check_flags
 from spectr_audit.generation.request import GenerationRequest, RunOutcome
 from spectr_audit.generation.results import GenerationAuditResult
 from spectr_audit.generation.schedule import _Collective, _open_store, _Schedule
-from spectr_audit.generation.scoring import PROBABILITY_TOLERANCE  # noqa: F401 (re-exported)
 from spectr_audit.statistical.sharding import current_shards
 
 __all__ = ["GenerationInterrupted", "audit_generation", "run_request"]

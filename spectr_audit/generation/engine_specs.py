@@ -161,7 +161,7 @@ def _toy_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_siz
         reference_by_default=False)
 
 
-def _member(made: Any, key: str) -> Any:
+def _factory_field(made: Any, key: str) -> Any:
     """A factory result's field: a dict's key, or an object's attribute (its own bound method: the object itself,
     so that the contract reads its attributes, ``per_row_max_new_tokens`` and ``name``)."""
     if isinstance(made, dict):
@@ -202,12 +202,12 @@ def _factory_engine(spec: str, argument: str, vocab_size: Optional[int], eos_tok
         if unknown:
             raise InvalidArgument(f"{argument}: the factory {spec!r} returned unknown key(s) {unknown}; expected "
                                   f"some of {', '.join(FACTORY_KEYS)}")
-    missing = [k for k in ("generate", "score") if _member(made, k) is None]
+    missing = [k for k in ("generate", "score") if _factory_field(made, k) is None]
     if missing:
         raise InvalidArgument(f"{argument}: the factory {spec!r} returned a {type(made).__name__} without "
                               f"{' and '.join(missing)}; it must give generate, score and vocab_size "
                               f"(optional: reference, draft_score, prompts, eos_token_id)")
-    given = _member(made, "vocab_size")
+    given = _factory_field(made, "vocab_size")
     if given is None and vocab_size is None:
         raise InvalidArgument(f"{argument}: the factory {spec!r} gives no vocab_size; add it to what the factory "
                               "returns (or give vocab_size)")
@@ -216,14 +216,14 @@ def _factory_engine(spec: str, argument: str, vocab_size: Optional[int], eos_tok
         if vocab_size is not None and vocab_size != given:
             raise InvalidArgument(f"vocab_size: {vocab_size} given, but the factory {spec!r} says {given}")
     vocab = given if given is not None else _check_int(vocab_size, "vocab_size", 2)
-    eos = eos_token_id if eos_token_id is not None else _member(made, "eos_token_id")
+    eos = eos_token_id if eos_token_id is not None else _factory_field(made, "eos_token_id")
     if eos is not None:
         _check_int(eos, "eos_token_id", 0)
-    prompts = _member(made, "prompts")
-    name = _member(made, "name")
+    prompts = _factory_field(made, "prompts")
+    name = _factory_field(made, "name")
     return GenerationEngine(
-        name=str(name) if name else spec, generate=_member(made, "generate"), score=_member(made, "score"),
-        vocab_size=vocab, reference=_member(made, "reference"), draft_score=_member(made, "draft_score"),
+        name=str(name) if name else spec, generate=_factory_field(made, "generate"), score=_factory_field(made, "score"),
+        vocab_size=vocab, reference=_factory_field(made, "reference"), draft_score=_factory_field(made, "draft_score"),
         prompts=None if prompts is None else list(prompts), eos_token_id=eos, description=f"factory {spec}")
 
 

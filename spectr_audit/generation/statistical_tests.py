@@ -1,8 +1,8 @@
-"""The generation audit's tests, on per-token PIT values and surprisals (docs/generation.md).
+"""The generation audit's statistical tests, on per-token PIT values and surprisals (docs/generation.md).
 
 Every function takes arrays of per-token statistics and returns a
-:class:`~spectr_audit.statistical.gof.TestResult` or a number; :mod:`spectr_audit.generation.audit`
-composes them into one Holm family.
+:class:`~spectr_audit.statistical.gof.TestResult` or a number; :mod:`spectr_audit.generation.analysis`
+composes them into one Holm family (planned by :mod:`spectr_audit.generation.family`).
 
 * :func:`pit_test`: the PIT values of a stratum binned into equal bins, against the uniform law
   by the calibrated G-test (:func:`~spectr_audit.statistical.gof.g_test`).

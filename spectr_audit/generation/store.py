@@ -83,10 +83,6 @@ class SampleStore:
             raise InvalidArgument(f"resume: the store {self.path} holds an audit with other settings "
                                   f"({', '.join(differ)} differ); start it afresh without resume")
 
-    def finished(self) -> set:
-        """The indices of the jobs already stored."""
-        return {row[0] for row in self._db.execute("SELECT job FROM jobs")}
-
     def put(self, job: int, arm: str, record: JobRecord) -> None:
         """Store one job's record in one transaction."""
         with self._db:
@@ -98,10 +94,6 @@ class SampleStore:
         """Record that a job's engine call failed (the audit goes on with the other arms)."""
         with self._db:
             self._db.execute("INSERT OR REPLACE INTO failures VALUES (?, ?, ?)", (int(job), arm, message))
-
-    def failures(self) -> list:
-        """``(job, arm, message)`` of every failed job."""
-        return list(self._db.execute("SELECT job, arm, message FROM failures ORDER BY job"))
 
     def records(self) -> Iterator[tuple[int, str, JobRecord]]:
         """Every stored job's ``(job, arm, record)``, in job order."""
