@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.generation.engine_specs import _suggest
+from spectr_audit.generation.engine_specs import _suggest, check_int_at_least
 
 __all__ = ["AUDIT_KEYS", "CASE_KEYS", "EXPECTED", "GenerationCase", "TOY_KEYS", "parse_generation_cases"]
 
@@ -99,9 +99,7 @@ def _hi_text(high: float) -> str:
 
 
 def _integer(value: Any, where: str, key: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgument(f"{where}: {key}: expected an integer >= {minimum}, got {value!r}")
-    return value
+    return check_int_at_least(f"{where}: {key}", value, minimum)
 
 
 def _check_case_value(key: str, value: Any, where: str) -> Any:

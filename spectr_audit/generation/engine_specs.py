@@ -23,6 +23,7 @@ __all__ = [
     "TOY_EOS_TOKEN_ID",
     "TOY_VOCAB_SIZE",
     "audit_engine",
+    "check_int_at_least",
     "generation_engine_names",
     "load_generation_engine",
     "read_prompts",
@@ -109,15 +110,17 @@ def generation_engine_names() -> list:
     return rows
 
 
+def check_int_at_least(name: str, value: Any, minimum: int) -> int:
+    """An integer (not a bool) >= ``minimum``: :func:`spectr_audit._validation.check_int_at_least`'s check, here
+    because the faces import without torch (which ``_validation`` imports)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
 def _suggest(text: str, names: Sequence[str]) -> str:
     close = difflib.get_close_matches(text, list(names), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _check_int(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgument(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return value
 
 
 def _toy_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_size: Optional[int],
@@ -132,7 +135,7 @@ def _toy_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_siz
             raise InvalidArgument(f"{argument}: {spec!r}: no toy slip {slip_name!r}{_suggest(slip_name, SLIPS)}; "
                                   f"the slips: {', '.join(SLIPS)}")
         slip = SLIPS[slip_name]
-    vocab = TOY_VOCAB_SIZE if vocab_size is None else _check_int(vocab_size, "vocab_size", 2)
+    vocab = TOY_VOCAB_SIZE if vocab_size is None else check_int_at_least("vocab_size", vocab_size, 2)
     seed = 0 if toy_seed is None else toy_seed
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise InvalidArgument(f"toy_seed: expected an integer >= 0, got {toy_seed!r}")
@@ -146,7 +149,7 @@ def _toy_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_siz
     params = SamplingParams(**fields) if fields else None
     eos = eos_token_id if eos_token_id is not None else (TOY_EOS_TOKEN_ID if slip is not None and slip.eos else None)
     if eos is not None:
-        _check_int(eos, "eos_token_id", 0)
+        check_int_at_least("eos_token_id", eos, 0)
         if eos >= vocab:
             raise InvalidArgument(f"eos_token_id: {eos} is not a token id of the vocabulary [0, {vocab})")
     pair = ToyPair(vocab, seed=seed, draft_noise=None if noise is None else float(noise), params=params,
@@ -212,13 +215,13 @@ def _factory_engine(spec: str, argument: str, vocab_size: Optional[int], eos_tok
         raise InvalidArgument(f"{argument}: the factory {spec!r} gives no vocab_size; add it to what the factory "
                               "returns (or give vocab_size)")
     if given is not None:
-        _check_int(given, f"{argument}: {spec!r} vocab_size", 2)
+        check_int_at_least(f"{argument}: {spec!r} vocab_size", given, 2)
         if vocab_size is not None and vocab_size != given:
             raise InvalidArgument(f"vocab_size: {vocab_size} given, but the factory {spec!r} says {given}")
-    vocab = given if given is not None else _check_int(vocab_size, "vocab_size", 2)
+    vocab = given if given is not None else check_int_at_least("vocab_size", vocab_size, 2)
     eos = eos_token_id if eos_token_id is not None else _factory_field(made, "eos_token_id")
     if eos is not None:
-        _check_int(eos, "eos_token_id", 0)
+        check_int_at_least("eos_token_id", eos, 0)
     prompts = _factory_field(made, "prompts")
     name = _factory_field(made, "name")
     return GenerationEngine(

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Optional, Sequence
 
+from spectr_audit._validation import check_int_at_least as integer
 from spectr_audit._validation import check_prob
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.designs import ARMS
@@ -63,11 +64,6 @@ def _check_options(*, vocab_size, max_new_tokens, batch_size, rounds, arms, seed
                    eos_token_id, has_draft_scorer: bool) -> _Options:
     """The options of :func:`~spectr_audit.generation.audit_generation`, checked (keyword arguments only): each bad
     one an ``InvalidArgument`` naming it."""
-    def integer(name, value, low):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise InvalidArgument(f"{name}: expected an integer >= {low}, got {value!r}")
-        return int(value)
-
     def number(name, value, low, high, closed=True):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 low <= value < high if closed else low < value < high):

@@ -149,15 +149,7 @@ def write_reports(result: Any, out: Union[str, Path]) -> list:
     :mod:`spectr_audit.reports.generation` writes them); returns the paths written."""
     out = Path(out)
     module = _generation_reports()
-    if module is not None and hasattr(module, "write_generation_report"):
-        before = {p: p.stat().st_mtime_ns for p in out.iterdir()} if out.is_dir() else {}
-        written = module.write_generation_report(result, out)
-        if isinstance(written, (str, Path)):
-            written = [written]
-        elif isinstance(written, dict):
-            written = list(written.values())
-        paths = [Path(p) for p in (written or [])]
-        if not paths:  # it returned nothing: what it wrote or rewrote
-            paths = sorted(p for p in out.iterdir() if p.is_file() and before.get(p) != p.stat().st_mtime_ns)
-        return paths
+    if module is not None:
+        # write_generation_report returns {format: path written}
+        return [Path(path) for path in module.write_generation_report(result, out).values()]
     return [write_text_atomic(out / "report.json", result_json(result) + "\n")]
