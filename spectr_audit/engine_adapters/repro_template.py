@@ -33,7 +33,7 @@ Z_DESIGN_THRESHOLD = 3.7534  # each of three batch designs (vLLM), two-sided at 
 LOGIT_TOL = 1e-3  # a zero-mass token within this many logits of the kept ones is numerics
 
 
-def write_llama(path, seed, vocab_size, base=None, noise=0.3, hidden_size=64, num_layers=2, num_heads=2,
+def write_llama(path, seed, vocab_size, base=None, noise=0.3, *, hidden_size=64, num_layers=2, num_heads=2,
                 init_std=0.12, max_positions=1024):
     """A random-weight Llama (spectr-audit's own checkpoints are written by this function too): the weight
     matrices drawn N(0, init_std^2) from ``seed``; with ``base``, base's weights each moved by ``noise`` times
