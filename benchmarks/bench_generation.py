@@ -1,20 +1,20 @@
 """The generation audit's own cost, as a fraction of the engine's generation time, measured in one run.
 
-The engine is the project's KV-cached SmolLM2 decode loop (``spectr_audit.lm.generation.SmolLMEngine``:
+The engine is the project's KV-cached SmolLM2 decode loop (``spectr_audit.engine_adapters.smollm.SmolLMEngine``:
 a layer-skip self-speculative draft, the target scoring the draft tree in one batched call) with
 single-draft speculative sampling; the scorer is one causal pass of the target over each prompt
 and continuation.  Printed: tokens, the seconds of generation, of scoring and of the tests, the
 audit's overhead ``(scoring + tests) / generation`` and tokens audited per second.  With
 ``--toy`` the same for the toy loop of ``spectr_audit.generation.library`` (no model weights).
 
-With ``--engine`` a factory of the end-to-end suite (``spectr_audit.engines.e2e.factories``) or
+With ``--engine`` a factory of the end-to-end suite (``spectr_audit.engine_adapters.factories``) or
 your own, and its ``--options`` as JSON: the same, and, where the engine gives a reference (itself
 without speculation), the reference's generation seconds per token over the engine's: the
 speedup speculation gave on this machine, both measured in the same run on the same requests.
 
     python benchmarks/bench_generation.py                 # SmolLM2 (the real-LM extra), 6 prompts x 32 tokens
     python benchmarks/bench_generation.py --toy --rounds 8
-    python benchmarks/bench_generation.py --engine spectr_audit.engines.e2e.factories:vllm_engine \
+    python benchmarks/bench_generation.py --engine spectr_audit.engine_adapters.factories:vllm_engine \
         --options '{"method": "draft", "temperature": 0.0, "prompts": 8}'
 """
 
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     reference = None
     if args.engine:
-        from spectr_audit.run.generation import load_generation_engine
+        from spectr_audit.generation.engine_specs import load_generation_engine
 
         made = load_generation_engine(args.engine, options=json.loads(args.options))
         engine, scorer, vocab_size, reference = made.generate, made.score, made.vocab_size, made.reference
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         engine, scorer, vocab_size = correct_engine(pair), pair.scorer(), 16
         prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [2], [11, 3, 3, 1], [0, 1]]
     else:
-        from spectr_audit.lm.generation import SmolLMEngine, SmolLMScorer
+        from spectr_audit.engine_adapters.smollm import SmolLMEngine, SmolLMScorer
         from spectr_audit.lm.smollm import load_smollm
         from spectr_audit.registry import load_verifier
 

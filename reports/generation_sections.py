@@ -87,14 +87,18 @@ def _floor_text(d: dict) -> list[str]:
 def _agreement_rows(d: dict) -> list:
     a = d.get("agreement") if isinstance(d.get("agreement"), Mapping) else {}
     rows = []
-    for key, label, test in (("within", "within a batch (repeated arm)", "independence / within a batch"),
-                             ("across", "across calls (same prompt)", "independence / across calls")):
-        pairs = a.get(f"pairs_{key}")
+    # the result's agreement summary: (pairs, agreeing pairs, expected agreeing pairs, identical pairs) per design
+    for label, test, (pairs_key, agree_key, expected_key, identical_key) in (
+            ("within a batch (repeated arm)", "independence / within a batch",
+             ("pairs_within", "agree_within", "expected_within", "identical_within")),
+            ("across calls (same prompt)", "independence / across calls",
+             ("pairs_across", "agree_across", "expected_across", None))):
+        pairs = a.get(pairs_key)
         if not pairs:
             continue
         t = _subtest(d, test) or {}
-        rows.append((label, pairs, a.get(f"agree_{key}"), _fixed(a.get(f"expected_{key}"), 2),
-                     a.get("identical_within") if key == "within" else "–", _pvalue(t.get("pvalue")),
+        rows.append((label, pairs, a.get(agree_key), _fixed(a.get(expected_key), 2),
+                     a.get(identical_key) if identical_key else "–", _pvalue(t.get("pvalue")),
                      _pvalue(t.get("pvalue_adjusted"))))
     return rows
 

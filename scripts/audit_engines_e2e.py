@@ -60,11 +60,11 @@ def _by_arm(result) -> dict:
 
 
 def _write_repro(args, result, name, engine, method, params, config, draft):
-    """``--repro DIR``: a standalone reproduction script for a FINDING (spectr_audit.engines.e2e.repro)."""
+    """``--repro DIR``: a standalone reproduction script for a FINDING (spectr_audit.engine_adapters.repro)."""
     if args.repro is None or result.verdict != "FINDING":
         return None
-    from spectr_audit.engines.e2e.factories import repro_spec
-    from spectr_audit.engines.e2e.repro import write_repro
+    from spectr_audit.engine_adapters.factories import repro_spec
+    from spectr_audit.engine_adapters.repro import write_repro
 
     spec = repro_spec(engine, method, params, "random", draft, config, f"{result.generator} ({name})", vocab_size=512)
     path = Path(args.repro) / f"{engine}-{method}-{name}.py"
@@ -80,7 +80,7 @@ def _audit(generator, scorer, reference, args):
 
 
 def _checkpoints(folder: Path):
-    from spectr_audit.engines.e2e.checkpoints import write_eagle_head, write_llama
+    from spectr_audit.engine_adapters.checkpoints import write_eagle_head, write_llama
 
     target = write_llama(folder / "target", seed=0)
     draft = write_llama(folder / "draft", seed=1, base=target, noise=0.3)
@@ -90,8 +90,8 @@ def _checkpoints(folder: Path):
 
 def run_vllm(args, emit) -> None:
     from spectr_audit.contract.sampling import SamplingParams
-    from spectr_audit.engines.e2e.hf import TransformersScorer, load_causal_lm
-    from spectr_audit.engines.e2e.vllm_offline import VLLMGenerator, start_llm
+    from spectr_audit.engine_adapters.hf import TransformersScorer, load_causal_lm
+    from spectr_audit.engine_adapters.vllm_offline import VLLMGenerator, start_llm
 
     folder = Path(tempfile.mkdtemp(prefix="spectr-e2e-"))
     target, draft = _checkpoints(folder)
@@ -121,8 +121,8 @@ def run_vllm(args, emit) -> None:
 def run_served(args, emit) -> None:
     """``vllm serve`` on the loopback address, with and without speculation; concurrent requests."""
     from spectr_audit.contract.sampling import SamplingParams
-    from spectr_audit.engines.e2e.hf import TransformersScorer, load_causal_lm
-    from spectr_audit.engines.e2e.openai_server import CompletionsGenerator, serve_vllm
+    from spectr_audit.engine_adapters.hf import TransformersScorer, load_causal_lm
+    from spectr_audit.engine_adapters.openai_server import CompletionsGenerator, serve_vllm
 
     folder = Path(tempfile.mkdtemp(prefix="spectr-e2e-"))
     target, draft = _checkpoints(folder)
@@ -147,7 +147,7 @@ def run_served(args, emit) -> None:
 
 def run_transformers(args, emit) -> None:
     from spectr_audit.contract.sampling import SamplingParams
-    from spectr_audit.engines.e2e.hf import TransformersGenerator, TransformersScorer, load_causal_lm
+    from spectr_audit.engine_adapters.hf import TransformersGenerator, TransformersScorer, load_causal_lm
 
     folder = Path(tempfile.mkdtemp(prefix="spectr-e2e-"))
     target, draft = _checkpoints(folder)
@@ -179,9 +179,9 @@ OWN_SHAPES = {"speculative": (1, 2), "kseq": (2, 1), "spectr-tree": (2, 2), "rrs
 
 def run_own(args, emit) -> None:
     """The project's own KV-cached SmolLM2 decode loop with built-in verifiers (the real-LM extra)."""
-    from spectr_audit.engines.e2e.prompts import smollm2_prompt_ids
+    from spectr_audit.engine_adapters.prompts import smollm2_prompt_ids
     from spectr_audit.generation import audit_generation
-    from spectr_audit.lm.generation import SmolLMEngine, SmolLMScorer
+    from spectr_audit.engine_adapters.smollm import SmolLMEngine, SmolLMScorer
     from spectr_audit.lm.smollm import load_smollm
     from spectr_audit.registry import load_verifier
 

@@ -52,8 +52,8 @@ _LAZY = {
     "sampler_law_agreement": "spectr_audit.statistical.agreement",
     "audit_generation": "spectr_audit.generation",
     "GenerationAuditResult": "spectr_audit.generation",
-    "check_generation": "spectr_audit.run.generation",
-    "assert_generation_passed": "spectr_audit.run.generation",
+    "check_generation": "spectr_audit.generation.checks",
+    "assert_generation_passed": "spectr_audit.generation.checks",
 }
 
 __all__ = ["__version__", "SpectrAuditError", "InvalidArgument", "VerifierError", *_LAZY]

@@ -34,6 +34,7 @@ __all__ = [
     "LAW_NEGATIVE_ATOL",
     "as_distribution",
     "as_float64",
+    "check_int_at_least",
     "check_positive_int",
     "check_prob",
     "check_simplex",
@@ -202,3 +203,10 @@ def check_positive_int(name: str, value: Any, allow_none: bool = True) -> Option
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(f"{name}: expected an integer >= 1, got {value!r}")
     return value
+
+
+def check_int_at_least(name: str, value: Any, minimum: int) -> int:
+    """An integer (not a bool) >= ``minimum``; returns it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)

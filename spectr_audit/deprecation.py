@@ -20,14 +20,16 @@ REMOVED_IN = "0.2"
 
 def moved_module(old: str, new: str, namespace: dict, renamed: Optional[dict] = None) -> None:
     """Warn that ``old`` moved to ``new`` and bind ``new``'s public names (and ``renamed``: old name -> new
-    name) in ``namespace``, the alias module's globals."""
+    name) in ``namespace``, the alias module's globals; any other name is read from ``new`` on access."""
     warnings.warn(f"{old} is deprecated: it moved to {new}; import from {new} (the old path goes in spectr-audit "
                   f"{REMOVED_IN})", DeprecationWarning, stacklevel=3)
     module = importlib.import_module(new)
-    names = list(module.__all__)
+    names = list(getattr(module, "__all__", ()))
     for name in names:
         namespace[name] = getattr(module, name)
     for old_name, new_name in (renamed or {}).items():
         namespace[old_name] = getattr(module, new_name)
         names.append(old_name)
     namespace["__all__"] = names
+    # any other name (a private one a caller reached for) is read from the new module on access
+    namespace["__getattr__"] = lambda name: getattr(module, name)

@@ -315,7 +315,7 @@ class SpectrGenerationFixture:
     def __call__(self, generate: Any, score: Any, prompts: Any, *, fail_on_inconclusive: Optional[bool] = None,
                  **kwargs: Any) -> Any:
         __tracebackhide__ = _hide_for_findings
-        from spectr_audit.run.generation import failure_text
+        from spectr_audit.generation.checks import failure_text
 
         result = self.audit(generate, score, prompts, **kwargs)
         strict = self.fail_on_inconclusive if fail_on_inconclusive is None else bool(fail_on_inconclusive)
@@ -325,7 +325,7 @@ class SpectrGenerationFixture:
         return result
 
     def _record(self, result: Any) -> None:
-        from spectr_audit.run.generation import verdict_line
+        from spectr_audit.generation.checks import verdict_line
 
         self._records.append(_GenerationRecord(self._node.nodeid, result.to_dict(), verdict_line(result)))
         prefix = f"spectr_generation.{result.generator}"

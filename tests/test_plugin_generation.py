@@ -31,7 +31,7 @@ def _warm_imports():
     first, and torch's extension modules cannot be imported twice in one process (tests/test_plugin.py)."""
     namespace: dict = {}
     exec(ENGINES, namespace)
-    from spectr_audit.run.generation import check_generation
+    from spectr_audit.generation.checks import check_generation
 
     check_generation(namespace["good"], namespace["score"], namespace["PROMPTS"][:1], vocab_size=12, max_new_tokens=4,
                      arms=["single"])

@@ -220,3 +220,14 @@ def test_the_validation_module_is_a_leaf():
                 for node in ast.walk(ast.parse(Path(_validation.__file__).read_text()))
                 if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
     assert imported <= {"__future__", "math", "typing", "numpy", "torch", "spectr_audit.errors"}, imported
+
+
+def test_an_integer_at_least_is_checked_by_name():
+    from spectr_audit._validation import check_int_at_least
+    from spectr_audit.generation.engine_specs import check_int_at_least as torch_free
+
+    for check in (check_int_at_least, torch_free):
+        assert check("rounds", 3, 1) == 3
+        for bad in (0, True, 2.0, "3", None):
+            with pytest.raises(InvalidArgument, match=r"^rounds: expected an integer >= 1, got "):
+                check("rounds", bad, 1)

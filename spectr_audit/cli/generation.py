@@ -10,11 +10,12 @@ from typing import Optional, Sequence
 
 from spectr_audit._files import write_text_atomic
 from spectr_audit.cli._args import _check_suite_name, _UsageError
-from spectr_audit.engines.e2e.repro import write_repro
+from spectr_audit.engine_adapters.repro import write_repro
 from spectr_audit.generation import GenerationInterrupted
 from spectr_audit.generation.contract import check_prompts
 from spectr_audit.generation.designs import ARMS
-from spectr_audit.run import generation as gen
+from spectr_audit.generation import checks as gen
+from spectr_audit.run.generation_suite import run_generation_suite
 from spectr_audit.run.output import check_out, clear_earlier_run, write_manifest
 from spectr_audit.run.suite import load_suite
 
@@ -76,7 +77,7 @@ def _write_repro(path: Path, result, spec, prompts, max_new_tokens: int, quiet_u
         return
     if spec is None:
         print(f"spectr-audit generation: --repro: no reproduction written for {result.generator!r}: its generator "
-              "gives no repro_spec (the engines of spectr_audit.engines.e2e.factories do)", file=sys.stderr)
+              "gives no repro_spec (the engines of spectr_audit.engine_adapters.factories do)", file=sys.stderr)
         return
     written = write_repro(path, result, spec, prompts, max_new_tokens=max_new_tokens, alpha=result.alpha)
     print(f"reproduction: {written} (python {written}; exit 1 when the finding reproduces)")
@@ -190,7 +191,7 @@ def _generation_suite(args) -> int:
             print(f"  auditing {case.name} ({case.engine})", file=sys.stderr)
 
     try:
-        report = gen.run_generation_suite(suite, store_dir=store_dir, resume=args.resume, on_start=on_start,
+        report = run_generation_suite(suite, store_dir=store_dir, resume=args.resume, on_start=on_start,
                                           select=args.case, seed=args.seed, alpha=args.alpha, max_tokens=args.max_tokens,
                                           max_seconds=args.max_seconds, timeout=args.timeout,
                                           progress=_progress_flag(args.progress) if args.progress == "bar" else False)

@@ -6,7 +6,7 @@ import json
 
 from spectr_audit.cli._args import GENERATION_SUITE, REAL_LM_SUITE, suite_names
 from spectr_audit.registry import describe, entries, namespaces
-from spectr_audit.run.generation import generation_engine_names
+from spectr_audit.generation.engine_specs import generation_engine_names
 
 __all__ = ["command"]
 

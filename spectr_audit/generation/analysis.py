@@ -11,9 +11,11 @@ import torch
 from scipy import stats
 
 from spectr_audit.generation.designs import ARMS
+from spectr_audit.generation.family import FamilyPlan
 from spectr_audit.generation.options import _bucket_names, _Options
+from spectr_audit.generation.request import GenerationRequest, RunOutcome
 from spectr_audit.generation.results import Divergence, GenerationAuditResult, StratumRow, ZeroMassToken
-from spectr_audit.generation.tests import (
+from spectr_audit.generation.statistical_tests import (
     NUM_BINS,
     agreement_test,
     held_out_tv,
@@ -50,37 +52,39 @@ class _Tokens:
         return int(self.token.size)
 
 
-def _collect(jobs: dict, stored: list, options: _Options, prefix: str) -> _Tokens:
+def _collect(jobs: dict, stored: list, options: _Options, reference: bool) -> _Tokens:
+    """The engine's tokens over every job (the reference's with ``reference=True``)."""
     columns = {k: [] for k in ("arm", "job", "row", "prompt", "position", "token", "mass", "surprisal", "entropy",
                                "var", "margin", "accept")}
     pits = {o: [] for o in options.orderings}
     for index, _, rec in stored:
         job = jobs[index]
-        rows = rec[f"{prefix}tok_row"].astype(np.int64)
+        tokens = (rec.reference if reference else rec.engine).tokens
+        rows = tokens.row.astype(np.int64)
         if rows.size == 0:
             continue
         columns["arm"].append(np.full(rows.size, ARMS.index(job.arm)))
         columns["job"].append(np.full(rows.size, index))
         columns["row"].append(rows)
         columns["prompt"].append(np.asarray(job.prompt_ids)[rows])
-        columns["position"].append(rec[f"{prefix}tok_pos"].astype(np.int64))
-        for name, key in (("token", "token"), ("mass", "mass"), ("surprisal", "surprisal"), ("entropy", "entropy"),
-                          ("var", "var"), ("margin", "margin")):
-            columns[name].append(rec[f"{prefix}tok_{key}"])
-        if f"{prefix}tok_accept" in rec:
-            columns["accept"].append(rec[f"{prefix}tok_accept"])
+        columns["position"].append(tokens.position.astype(np.int64))
+        for name, values in (("token", tokens.token), ("mass", tokens.mass), ("surprisal", tokens.surprisal),
+                             ("entropy", tokens.entropy), ("var", tokens.variance), ("margin", tokens.margin)):
+            columns[name].append(values)
+        if tokens.accept is not None:
+            columns["accept"].append(tokens.accept)
         for order in options.orderings:
-            pits[order].append(rec[f"{prefix}tok_pit_{order}"])
+            pits[order].append(tokens.pit[order])
 
     def cat(values, dtype=np.float64):
         return np.concatenate(values).astype(dtype) if values else np.zeros(0, dtype=dtype)
 
     accept = cat(columns["accept"]) if columns["accept"] else None
-    return _Tokens({o: cat(v) for o, v in pits.items()}, cat(columns["arm"], np.int64), cat(columns["job"], np.int64),
-                   cat(columns["row"], np.int64), cat(columns["prompt"], np.int64),
-                   cat(columns["position"], np.int64), cat(columns["token"], np.int64), cat(columns["mass"]),
-                   cat(columns["surprisal"]), cat(columns["entropy"]), cat(columns["var"]), cat(columns["margin"]),
-                   accept)
+    integers = ("arm", "job", "row", "prompt", "position", "token")
+    return _Tokens(pit={o: cat(v) for o, v in pits.items()},
+                   **{name: cat(columns[name], np.int64 if name in integers else np.float64)
+                      for name in (*integers, "mass", "surprisal", "entropy", "var", "margin")},
+                   accept=accept)
 
 
 def _strata(tokens: _Tokens, options: _Options, prompts: list) -> list:
@@ -98,20 +102,26 @@ def _strata(tokens: _Tokens, options: _Options, prompts: list) -> list:
     return [(name, mask) for name, mask in out if int(mask.sum()) >= MIN_STRATUM_TOKENS or name == "all"]
 
 
-def _family_size(tokens: _Tokens, options: _Options, prompts: list, has_reference: bool) -> int:
-    """The size of the Holm family (an upper bound): each test's minimum detectable TV is quoted at alpha / size."""
-    strata = _strata(tokens, options, prompts)
-    plain = sum(not name.startswith("prompt") for name, _ in strata)
-    two = (1 + len(options.arms)) * len(options.orderings) if has_reference else 0
-    return len(strata) * len(options.orderings) + plain + two + 4
+def _two_sample_strata(tokens: _Tokens, reference: _Tokens, options: _Options) -> tuple:
+    """The strata of the two-sample tests: all tokens, and each arm where both sources hold enough tokens."""
+    return ("all",) + tuple(f"arm {arm}" for a, arm in enumerate(ARMS)
+                            if arm in options.arms and (tokens.arm == a).sum() >= MIN_STRATUM_TOKENS
+                            and (reference.arm == a).sum() >= MIN_STRATUM_TOKENS)
 
 
-def _max_family_size(options: _Options, num_prompts: int, has_reference: bool) -> int:
+def family_plan(tokens: _Tokens, reference: Optional[_Tokens], agreement_tests: list, eprocess: list,
+                options: _Options, prompts: list, greedy: bool, has_reference: bool) -> FamilyPlan:
+    """The tests of these tokens: the strata they fill, the agreement tests and e-process that have data, (with
+    a reference's tokens, not greedy) the two-sample strata both sources fill, and the decisive checks."""
+    return FamilyPlan(options.orderings, tuple(name for name, mask in _strata(tokens, options, prompts) if mask.any()),
+                      tuple(t.name for t in agreement_tests), bool(eprocess),
+                      _two_sample_strata(tokens, reference, options) if reference is not None and not greedy else (),
+                      FamilyPlan.decisive_checks(options.eos_token_id, greedy and has_reference))
+
+
+def largest_family(options: _Options, num_prompts: int, has_reference: bool) -> FamilyPlan:
     """The largest Holm family the analysis can build (every stratum filled), known before any job runs."""
-    plain = 1 + len(options.arms) + len(options.position_buckets) + 1
-    strata = plain + (num_prompts if num_prompts > 1 else 0)
-    two = (1 + len(options.arms)) * len(options.orderings) if has_reference else 0
-    return strata * len(options.orderings) + plain + two + 3  # + agreement within, across, e-process
+    return FamilyPlan.largest(options.orderings, options.arms, options.position_buckets, num_prompts, has_reference)
 
 
 def _one_sample(tokens: _Tokens, options: _Options, prompts: list, level: float, label: str = "") -> list:
@@ -140,8 +150,8 @@ def _agreement(jobs: dict, stored: list) -> tuple[list, dict]:
     by_prompt: dict = {}
     for index, _, rec in stored:
         job = jobs[index]
-        first, prob, lengths = rec["cont_first"], rec["cont_chance"], rec["cont_len"]
-        tokens = rec["cont_tokens"]
+        first, prob, lengths = rec.engine.first_token, rec.engine.first_collision, rec.engine.lengths
+        tokens = rec.engine.emitted
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         if job.arm == "repeated":
             for r in range(0, len(job.prompt_ids) - 1, 2):
@@ -170,9 +180,9 @@ def _agreement(jobs: dict, stored: list) -> tuple[list, dict]:
 
 
 def _acceptance(tokens: _Tokens, stored: list) -> dict:
-    accepted = np.concatenate([rec["cont_accepted"] for _, _, rec in stored]) if stored else np.zeros(0)
-    calls = np.concatenate([rec["cont_calls"] for _, _, rec in stored]) if stored else np.zeros(0)
-    lengths = np.concatenate([rec["cont_len"] for _, _, rec in stored]) if stored else np.zeros(0)
+    accepted = np.concatenate([rec.accepted for _, _, rec in stored]) if stored else np.zeros(0)
+    calls = np.concatenate([rec.target_calls for _, _, rec in stored]) if stored else np.zeros(0)
+    lengths = np.concatenate([rec.engine.lengths for _, _, rec in stored]) if stored else np.zeros(0)
     out: dict = {}
     reported = calls >= 0
     if reported.any() and calls[reported].sum() > 0:
@@ -207,24 +217,24 @@ def _eprocess_tests(eprocess_p: float, tokens: _Tokens) -> list:
 
 
 def _against_reference(tokens: _Tokens, reference: _Tokens, options: _Options, prompts: list, level: float,
-                       confidence: float, greedy: bool) -> tuple:
+                       confidence: float, plan: FamilyPlan) -> tuple:
     """``(reference_rejected, numerics_floor, two_sample_tests)``: whether the one-sample tests reject the
-    reference itself, its held-out TV bounds, and the engine-against-reference tests (none when greedy)."""
+    reference itself, its held-out TV bounds, and the engine-against-reference tests of ``plan``."""
     ref_tests = _one_sample(reference, options, prompts, level, label="reference ")
     ref_family = holm([t.pvalue for t in ref_tests])
     reference_rejected = bool(ref_family and min(ref_family) <= options.alpha)
     floor = tuple(held_out_tv(torch.from_numpy(reference.pit[o]), torch.from_numpy(reference.job % 2), o,
                               confidence) for o in options.orderings)
     two = []
-    if not greedy:
-        for order in options.orderings:
-            engine_pit, ref_pit = torch.from_numpy(tokens.pit[order]), torch.from_numpy(reference.pit[order])
-            two.append(two_sample_test(engine_pit, ref_pit, f"two-sample {order} / all"))
-            for a, arm in enumerate(ARMS):
-                e, r = tokens.arm == a, reference.arm == a
-                if arm in options.arms and e.sum() >= MIN_STRATUM_TOKENS and r.sum() >= MIN_STRATUM_TOKENS:
-                    two.append(two_sample_test(engine_pit[torch.from_numpy(e)], ref_pit[torch.from_numpy(r)],
-                                               f"two-sample {order} / arm {arm}"))
+    for order in plan.orderings:
+        engine_pit, ref_pit = torch.from_numpy(tokens.pit[order]), torch.from_numpy(reference.pit[order])
+        for name in plan.two_sample:
+            if name == "all":
+                two.append(two_sample_test(engine_pit, ref_pit, f"two-sample {order} / all"))
+                continue
+            a = ARMS.index(name.split(" ", 1)[1])
+            e, r = torch.from_numpy(tokens.arm == a), torch.from_numpy(reference.arm == a)
+            two.append(two_sample_test(engine_pit[e], ref_pit[r], f"two-sample {order} / {name}"))
     return reference_rejected, floor, two
 
 
@@ -255,7 +265,7 @@ def _zero_mass_tokens(tokens: _Tokens, options: _Options, tolerance: float) -> l
 def _after_eos(stored: list) -> list:
     """``(job, row, position)`` of every continuation that goes on after an end-of-sequence token."""
     return [(index, r, int(pos)) for index, _, rec in stored
-            for r, pos in enumerate(rec.get("cont_after_eos", np.zeros(0))) if pos >= 0]
+            for r, pos in enumerate(rec.engine.after_eos) if pos >= 0]
 
 
 def _decisive_checks(tokens: _Tokens, stored: list, options: _Options, violations: list, after_eos: list,
@@ -268,7 +278,7 @@ def _decisive_checks(tokens: _Tokens, stored: list, options: _Options, violation
                                 "finding)")]
     if options.eos_token_id is not None:
         checks.append(TestResult("end-of-sequence", float(len(after_eos)), 0.0 if after_eos else 1.0, None,
-                                 int(sum(rec["cont_len"].size for _, _, rec in stored)),
+                                 int(sum(rec.engine.lengths.size for _, _, rec in stored)),
                                  pvalue_adjusted=0.0 if after_eos else 1.0,
                                  detail=f"continuations that go on after the end-of-sequence token "
                                         f"{options.eos_token_id} (any one is a finding)"))
@@ -322,24 +332,30 @@ def _verdict(stored: list, pvalue: float, options: _Options, greedy: bool, has_r
     return "INCONCLUSIVE" if not mdtv <= options.min_detectable_tv * (1 + 1e-9) else "PASS"
 
 
-def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompts: list, names: tuple,
-             has_reference: bool, greedy: Optional[bool], stop_reason: str, eprocess_p: float, seconds: dict,
-             incomplete: bool, num_processes: int) -> GenerationAuditResult:
-    tokens = _collect(jobs, stored, options, "")
+def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAuditResult:
+    """The result of a run: the Holm family planned and built from the consumed jobs' records, and decided."""
+    jobs, stored, failures = request.jobs_by_index(), outcome.consumed, outcome.failed
+    options, prompts, names, has_reference = request.options, request.prompts, request.names, request.has_reference
+    greedy, eprocess_p = request.greedy, outcome.eprocess_p
+    tokens = _collect(jobs, stored, options, reference=False)
     if greedy is None:  # detected: every scored law one-hot (on every job, whichever ran first)
         greedy = bool(tokens.size) and bool(np.all((tokens.var <= 1e-12) & (tokens.entropy <= 1e-12)))
-    reference = _collect(jobs, stored, options, "ref_") if has_reference else None
+    reference = _collect(jobs, stored, options, reference=True) if has_reference else None
     confidence = 1.0 - options.alpha
-    # the family's size fixes the level each test's minimum detectable TV is quoted at (its Bonferroni share)
-    level = options.alpha / _family_size(tokens, options, prompts, has_reference)
-    one = _one_sample(tokens, options, prompts, level)
     agreement_tests, agreement = _agreement(jobs, stored)
-    family = one + agreement_tests + _eprocess_tests(eprocess_p, tokens)
+    eprocess = _eprocess_tests(eprocess_p, tokens)
+    with_reference = has_reference and reference is not None and reference.size
+    plan = family_plan(tokens, reference if with_reference else None, agreement_tests, eprocess, options, prompts,
+                       greedy, has_reference)
+    # the family's size fixes the level each test's minimum detectable TV is quoted at (its Bonferroni share)
+    level = options.alpha / plan.size
+    one = _one_sample(tokens, options, prompts, level)
+    family = one + agreement_tests + eprocess
     deciding = {t.name for t in family}
     decided_by, reference_rejected, floor = "one-sample", None, ()
-    if has_reference and reference is not None and reference.size:
+    if with_reference:
         reference_rejected, floor, two = _against_reference(tokens, reference, options, prompts, level, confidence,
-                                                            greedy)
+                                                            plan)
         family += two
         deciding |= {t.name for t in two}
         if not greedy and reference_rejected:
@@ -368,14 +384,14 @@ def _analyse(jobs: dict, stored: list, failures: list, options: _Options, prompt
     return GenerationAuditResult(
         generator=names[0], scorer=names[1], verdict=verdict, pvalue=pvalue, test=test, alpha=options.alpha,
         power=options.power, min_detectable_tv=mdtv, requested_tv=options.min_detectable_tv, num_tokens=tokens.size,
-        num_continuations=int(sum(rec["cont_len"].size for _, _, rec in stored)), num_jobs=len(stored),
+        num_continuations=int(sum(rec.engine.lengths.size for _, _, rec in stored)), num_jobs=len(stored),
         tokens_by_arm=arm_tokens, subtests=tuple(family), deciding=tuple(sorted(deciding)), decided_by=decided_by,
         held_out_tv=held, numerics_floor=floor, reference_rejected=reference_rejected, zero_mass=tuple(zero[:50]),
         divergences=tuple(divergences[:50]), strata=strata_rows, surprisal_z=float(z), agreement=agreement,
-        acceptance=_acceptance(tokens, stored), greedy=greedy, stop_reason=stop_reason,
+        acceptance=_acceptance(tokens, stored), greedy=greedy, stop_reason=outcome.stop_reason,
         after_eos=tuple({"job": j, "row": r, "position": p} for j, r, p in after_eos[:50]),
-        failures=tuple(f"job {j} ({arm}): {m}" for j, arm, m in failures), seconds=seconds, num_bins=NUM_BINS,
-        incomplete=incomplete, num_processes=num_processes, logit_tolerance=tolerance,
+        failures=tuple(f"job {j} ({arm}): {m}" for j, arm, m in failures), seconds=outcome.seconds,
+        num_bins=NUM_BINS, incomplete=outcome.interrupted, num_processes=outcome.num_processes, logit_tolerance=tolerance,
         power_ordering=options.power_ordering)
 
 def _mask(tokens: _Tokens, options: _Options, prompts: list, name: str) -> np.ndarray:
@@ -398,16 +414,16 @@ def _stratum_row(test: TestResult, tokens: _Tokens, options: _Options, prompts: 
 def _divergence_rows(jobs: dict, stored: list, options: _Options) -> list:
     out = []
     for index, _, rec in stored:
-        if "div_row" not in rec:
+        found = rec.divergences
+        if found is None:
             continue
         job = jobs[index]
-        lengths, ref_lengths = rec["cont_len"], rec["ref_cont_len"]
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        ref_offsets = np.concatenate([[0], np.cumsum(ref_lengths)])
-        for r, pos, margin, a, b in zip(rec["div_row"], rec["div_pos"], rec["div_margin"], rec["div_engine"],
-                                        rec["div_reference"]):
-            engine_tail = rec["cont_tokens"][offsets[r] + pos: min(offsets[r + 1], offsets[r] + pos + 16)]
-            ref_tail = rec["ref_cont_tokens"][ref_offsets[r] + pos: min(ref_offsets[r + 1], ref_offsets[r] + pos + 16)]
+        offsets = np.concatenate([[0], np.cumsum(rec.engine.lengths)])
+        ref_offsets = np.concatenate([[0], np.cumsum(rec.reference.lengths)])
+        for r, pos, margin, a, b in zip(found.row, found.position, found.margin, found.engine_token,
+                                        found.reference_token):
+            engine_tail = rec.engine.emitted[offsets[r] + pos: min(offsets[r + 1], offsets[r] + pos + 16)]
+            ref_tail = rec.reference.emitted[ref_offsets[r] + pos: min(ref_offsets[r + 1], ref_offsets[r] + pos + 16)]
             finite = bool(np.isfinite(margin))
             out.append(Divergence(job.arm, index, int(r), int(job.prompt_ids[r]), int(pos), int(a), int(b),
                                   float(margin) if finite else None, finite and float(margin) <= options.logit_tol,

@@ -3,7 +3,7 @@
 :func:`audit_generation` runs the generator under the audit's batch designs
 (:mod:`spectr_audit.generation.designs`), scores every emitted token with the scorer, and tests
 the tokens' randomized PITs and surprisals (:mod:`spectr_audit.generation.pit`,
-:mod:`spectr_audit.generation.tests`), one Holm family with a stated false-alarm rate.  Jobs are
+:mod:`spectr_audit.generation.statistical_tests`), one Holm family with a stated false-alarm rate.  Jobs are
 streamed into a store (:mod:`spectr_audit.generation.store`), so an interrupted audit resumes to
 the same verdict; they can be spread over ``torch.distributed`` processes with the same verdict
 as one.  docs/generation.md describes the method and what each number rests on.
@@ -17,16 +17,15 @@ from typing import Any, Optional, Sequence
 
 from spectr_audit import defaults
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.generation.analysis import MIN_STRATUM_TOKENS, _analyse  # noqa: F401 (re-exported)
-from spectr_audit.generation.contract import as_generator, as_scorer, check_prompts
-from spectr_audit.generation.designs import ARMS, plan_jobs
-from spectr_audit.generation.options import POSITION_BUCKETS, _check_flags, _check_options
+from spectr_audit.generation.analysis import _analyse
+from spectr_audit.generation.designs import ARMS
+from spectr_audit.generation.options import POSITION_BUCKETS, _check_flags
+from spectr_audit.generation.request import GenerationRequest, RunOutcome
 from spectr_audit.generation.results import GenerationAuditResult
-from spectr_audit.generation.schedule import _Collective, _open_store, _Schedule, _stop_level
-from spectr_audit.generation.scoring import PROBABILITY_TOLERANCE  # noqa: F401 (re-exported)
+from spectr_audit.generation.schedule import _Collective, _open_store, _Schedule
 from spectr_audit.statistical.sharding import current_shards
 
-__all__ = ["GenerationInterrupted", "audit_generation"]
+__all__ = ["GenerationInterrupted", "audit_generation", "run_request"]
 
 
 class GenerationInterrupted(KeyboardInterrupt):
@@ -42,14 +41,12 @@ def _collective(distributed) -> _Collective:
     return _Collective(current_shards(distributed))
 
 
-def _check_run_arguments(store: Any, distributed: Any, name: Any) -> None:
-    """The arguments of :func:`audit_generation` no other check covers: the store, the group, the name."""
+def _check_run_arguments(store: Any, distributed: Any) -> None:
+    """The arguments of :func:`audit_generation` the request does not hold: the store and the group."""
     if store is not None and not isinstance(store, (str, os.PathLike)):
         raise InvalidArgument(f"store: expected a file path or None, got {type(store).__name__}")
     if isinstance(distributed, str) and distributed != "auto":
         raise InvalidArgument(f"distributed: expected 'auto', True, False or a process group, got {distributed!r}")
-    if name is not None and not isinstance(name, str):
-        raise InvalidArgument(f"name: expected a string, got {name!r}")
 
 
 def audit_generation(
@@ -165,34 +162,38 @@ def audit_generation(
     >>> result.verdict in ("PASS", "INCONCLUSIVE"), result.num_tokens > 0
     (True, True)
     """
-    options = _check_options(vocab_size, max_new_tokens, batch_size, rounds, arms, seed, alpha, power,
-                             min_detectable_tv, orderings, position_buckets, zero_mass_tol, logit_tol, max_tokens,
-                             max_seconds, timeout, eos_token_id, draft_score)
-    prompts = check_prompts(prompts, options.vocab_size)
-    _check_flags(greedy=greedy, resume=resume, progress=progress, per_row_max_new_tokens=per_row_max_new_tokens)
-    _check_run_arguments(store, distributed, name)
-    generator = as_generator(generate, name=name, per_row_max_new_tokens=per_row_max_new_tokens, argument="generate")
-    scorer = as_scorer(score, options.vocab_size, argument="score")
-    draft_scorer = (None if draft_score is None else
-                    as_scorer(draft_score, options.vocab_size, component="draft scorer", argument="draft_score"))
-    reference_gen = None if reference is None else as_generator(reference, component="reference", argument="reference")
-    jobs = plan_jobs(prompts, arms=options.arms, batch_size=options.batch_size, rounds=options.rounds,
-                     max_new_tokens=options.max_new_tokens, seed=options.seed,
-                     per_row_max_new_tokens=generator.per_row_max_new_tokens)
-    by_index = {job.index: job for job in jobs}
+    request = GenerationRequest.build(
+        generate, score, prompts, vocab_size=vocab_size, reference=reference, draft_score=draft_score, greedy=greedy,
+        per_row_max_new_tokens=per_row_max_new_tokens, name=name, max_new_tokens=max_new_tokens,
+        batch_size=batch_size, rounds=rounds, arms=arms, seed=seed, alpha=alpha, power=power,
+        min_detectable_tv=min_detectable_tv, orderings=orderings, position_buckets=position_buckets,
+        zero_mass_tol=zero_mass_tol, logit_tol=logit_tol, max_tokens=max_tokens, max_seconds=max_seconds,
+        timeout=timeout, eos_token_id=eos_token_id)
+    _check_flags(resume=resume, progress=progress)
+    _check_run_arguments(store, distributed)
+    return run_request(request, store=store, resume=resume, distributed=distributed, progress=progress)
+
+
+def run_request(request: GenerationRequest, *, store: Optional[str] = None, resume: bool = False,
+                distributed: Any = "auto", progress: Optional[bool] = None) -> GenerationAuditResult:
+    """Run a built request: its jobs scheduled (into ``store``, resumed from it), then analysed.
+
+    Raises
+    ------
+    GenerationInterrupted
+        On Ctrl-C, carrying the result of the finished jobs.
+    """
     group = _collective(distributed)
-    config = options.config(prompts, reference is not None, draft_score is not None, generator.per_row_max_new_tokens)
-    sink, stored = _open_store(store, config, resume, group)
-    schedule = _Schedule(jobs, stored, sink, group, options, (generator, scorer, reference_gen, draft_scorer), greedy,
-                         _stop_level(options, len(prompts), reference_gen is not None), progress)
+    sink, stored = _open_store(store, request.config(), resume, group)
+    schedule = _Schedule(request, stored, sink, group, progress)
     schedule.run()
-    consumed, failed, totals = schedule.consumed(), schedule.failed(), schedule.totals
-    totals["tests"] = 0.0
+    seconds = schedule.totals
+    seconds["tests"] = 0.0
     test_start = time.perf_counter()
-    result = _analyse(by_index, consumed, failed, options, prompts, (generator.name, scorer.name),
-                      reference_gen is not None, greedy, schedule.stop_reason, schedule.mixture_p(), totals,
-                      schedule.interrupted, group.world_size)
-    totals["tests"] = time.perf_counter() - test_start
+    outcome = RunOutcome(schedule.consumed(), schedule.failed(), schedule.stop_reason, schedule.mixture_p(),
+                         seconds, schedule.interrupted, group.world_size)
+    result = _analyse(request, outcome)
+    seconds["tests"] = time.perf_counter() - test_start
     if sink is not None:
         sink.close()
     if schedule.interrupted:

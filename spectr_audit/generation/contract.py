@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ __all__ = [
     "ScoredLogits",
     "Generator",
     "Scorer",
+    "ScorerOutput",
     "as_generator",
     "as_scorer",
     "check_prompts",
@@ -196,6 +197,16 @@ class Generator:
         return GenerationOutput(checked, **counters)
 
 
+class ScorerOutput(NamedTuple):
+    """What a wrapped scorer returns: the laws, and for a logits scorer the logits, each row's sampling parameters
+    and the processing order (None for a laws scorer)."""
+
+    laws: list
+    logits: Optional[list]
+    params: Optional[list]
+    order: Any
+
+
 class Scorer:
     """A scorer, wrapped: its laws checked (shapes, finite, each row a distribution) and processed when logits.
 
@@ -220,20 +231,19 @@ class Scorer:
         self.name = name or getattr(fn, "name", None) or getattr(fn, "__name__", None) or type(fn).__name__
         self.component = component
 
-    def __call__(self, prompts: list, continuations: list, *, case: str) -> tuple[list, Optional[list]]:
-        """``(laws, logits)``: per continuation its float64 laws ``[len_i, V]`` and, for a logits scorer, its raw
-        logits (None otherwise).  For a logits scorer, :attr:`last_params` holds each continuation's
-        parameters and :attr:`last_order` the order (for the numerics margins of zero-mass tokens)."""
+    def __call__(self, prompts: list, continuations: list, *, case: str) -> "ScorerOutput":
+        """Per continuation its float64 laws ``[len_i, V]`` and, for a logits scorer, its raw logits, each
+        continuation's sampling parameters and the processing order (for the numerics margins of zero-mass
+        tokens; None for a laws scorer)."""
         raw = _call(self.component, case, self._fn, prompts, continuations)
-        logits = None
-        self.last_params, self.last_order = None, None
+        logits, row_params, order = None, None, None
         if isinstance(raw, ScoredLogits):
             try:
-                self.last_params = [_row_params(raw.params, i, len(continuations)) for i in range(len(continuations))]
+                row_params = [_row_params(raw.params, i, len(continuations)) for i in range(len(continuations))]
             except InvalidArgument as exc:  # the scorer's parameters, not the caller's arguments
                 raise GenerationContractError(f"{self.component} on {case}, row 0: its logits could not be "
                                               f"processed: {exc}") from exc
-            self.last_order = raw.order
+            order = raw.order
             logits = self._tensors(raw.logits, continuations, case, "logits")
             laws = []
             for i, row in enumerate(logits):
@@ -263,7 +273,8 @@ class Scorer:
             if worst > 1e-4:
                 raise GenerationContractError(f"{self.component} on {case}, row {i}: a law sums to "
                                               f"{float(sums[(sums - 1).abs().argmax()]):.6g}, not 1")
-        return [law.cpu() for law in laws], None if logits is None else [x.cpu() for x in logits]
+        return ScorerOutput([law.cpu() for law in laws], None if logits is None else [x.cpu() for x in logits],
+                            row_params, order)
 
     def _tensors(self, values, continuations, case, what) -> list:
         """One ``[len_i, vocab_size]`` tensor per continuation, or a named contract error."""

@@ -21,7 +21,7 @@ the audit's seed and the job's index, so a resumed or sharded audit runs the ver
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence, Union
+from typing import Sequence, Union
 
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.statistical.sharding import chunk_seed
@@ -84,7 +84,7 @@ def _groups(count: int, size: int, offset: int) -> list:
 
 def plan_jobs(prompts: Sequence[Sequence[int]], *, arms: Sequence[str] = ARMS, batch_size: int = 4,
               rounds: int = 1, max_new_tokens: int = 32, seed: int = 0,
-              per_row_max_new_tokens: bool = False, max_jobs: Optional[int] = None) -> list[Job]:
+              per_row_max_new_tokens: bool = False) -> list[Job]:
     """Every job of the audit, arm by arm within each round, rounds in order.
 
     Examples
@@ -138,6 +138,4 @@ def plan_jobs(prompts: Sequence[Sequence[int]], *, arms: Sequence[str] = ARMS, b
             else:
                 for i in range(len(prompts)):
                     add(arm, round_, (i,) * batch_size, (prompts[i],) * batch_size, max_new_tokens)
-            if max_jobs is not None and len(jobs) >= max_jobs:
-                return jobs[:max_jobs]
     return jobs

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Optional, Sequence
 
+from spectr_audit._validation import check_int_at_least as integer
 from spectr_audit._validation import check_prob
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.designs import ARMS
@@ -58,14 +59,11 @@ def _bucket_names(buckets: tuple) -> list:
     return names + [f"positions {edges[-1]}+"]
 
 
-def _check_options(vocab_size, max_new_tokens, batch_size, rounds, arms, seed, alpha, power, min_detectable_tv,
+def _check_options(*, vocab_size, max_new_tokens, batch_size, rounds, arms, seed, alpha, power, min_detectable_tv,
                    orderings, position_buckets, zero_mass_tol, logit_tol, max_tokens, max_seconds, timeout,
-                   eos_token_id, draft_score) -> _Options:
-    def integer(name, value, low):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise InvalidArgument(f"{name}: expected an integer >= {low}, got {value!r}")
-        return int(value)
-
+                   eos_token_id, has_draft_scorer: bool) -> _Options:
+    """The options of :func:`~spectr_audit.generation.audit_generation`, checked (keyword arguments only): each bad
+    one an ``InvalidArgument`` naming it."""
     def number(name, value, low, high, closed=True):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 low <= value < high if closed else low < value < high):
@@ -82,7 +80,7 @@ def _check_options(vocab_size, max_new_tokens, batch_size, rounds, arms, seed, a
     alpha, power = check_prob("alpha", alpha), check_prob("power", power)
     min_detectable_tv = number("min_detectable_tv", min_detectable_tv, 0.0, 1.0, closed=False)
     if orderings is None:
-        orderings = ("probability", "ratio", "token-id") if draft_score is not None else ("probability", "token-id")
+        orderings = ("probability", "ratio", "token-id") if has_draft_scorer else ("probability", "token-id")
     if isinstance(orderings, str):
         orderings = (orderings,)
     if not isinstance(orderings, Sequence):  # a set has no order, and the first order may carry the power
@@ -90,7 +88,7 @@ def _check_options(vocab_size, max_new_tokens, batch_size, rounds, arms, seed, a
     orderings = tuple(orderings)
     if not orderings or any(o not in ORDERINGS for o in orderings) or len(set(orderings)) != len(orderings):
         raise InvalidArgument(f"orderings: expected distinct ones of {ORDERINGS}, got {list(orderings)!r}")
-    if "ratio" in orderings and draft_score is None:
+    if "ratio" in orderings and not has_draft_scorer:
         raise InvalidArgument("orderings: 'ratio' needs draft_score (the draft model's law at each position)")
     if isinstance(position_buckets, (str, bytes)) or not isinstance(position_buckets, Sequence):
         raise InvalidArgument(f"position_buckets: expected increasing positive integers, got {position_buckets!r}")
@@ -115,10 +113,11 @@ def _check_options(vocab_size, max_new_tokens, batch_size, rounds, arms, seed, a
     if eos_token_id is not None:
         if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int) or not 0 <= eos_token_id < vocab_size:
             raise InvalidArgument(f"eos_token_id: expected a token id in [0, {vocab_size}), got {eos_token_id!r}")
-    return _Options(vocab_size, max_new_tokens, batch_size, rounds, arms, seed, alpha, power,
-                    min_detectable_tv, orderings, buckets, zero_mass_tol, logit_tol, max_tokens,
-                    None if max_seconds is None else float(max_seconds), None if timeout is None else float(timeout),
-                    eos_token_id)
+    return _Options(vocab_size=vocab_size, max_new_tokens=max_new_tokens, batch_size=batch_size, rounds=rounds,
+                    arms=arms, seed=seed, alpha=alpha, power=power, min_detectable_tv=min_detectable_tv,
+                    orderings=orderings, position_buckets=buckets, zero_mass_tol=zero_mass_tol, logit_tol=logit_tol,
+                    max_tokens=max_tokens, max_seconds=None if max_seconds is None else float(max_seconds),
+                    timeout=None if timeout is None else float(timeout), eos_token_id=eos_token_id)
 
 
 def _check_flags(**flags) -> None:

@@ -24,7 +24,7 @@ positions add up or cancel.  Three orders:
 
 Each value costs one masked sum over the row (no sort).  Also per token: the surprisal
 ``-log q(y)``, the entropy ``H(q)`` and the variance of ``-log q`` under q, for the surprisal
-martingale (:mod:`spectr_audit.generation.tests`).
+martingale (:mod:`spectr_audit.generation.statistical_tests`).
 """
 
 from __future__ import annotations

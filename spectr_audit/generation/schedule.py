@@ -16,13 +16,15 @@ import numpy as np
 import torch
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.generation.analysis import _max_family_size
+from spectr_audit.generation.analysis import largest_family
 from spectr_audit.generation.contract import GenerationContractError
 from spectr_audit.generation.designs import Job
 from spectr_audit.generation.options import _Options
+from spectr_audit.generation.records import JobRecord
+from spectr_audit.generation.request import GenerationRequest
 from spectr_audit.generation.scoring import _run_job
 from spectr_audit.generation.store import SampleStore
-from spectr_audit.generation.tests import PITEProcess
+from spectr_audit.generation.statistical_tests import PITEProcess
 from spectr_audit.statistical.sharding import WorkerFailed
 
 
@@ -87,28 +89,28 @@ def _progress(enabled: Optional[bool], total: int):
     return progress
 
 
-def _stop_level(options: _Options, num_prompts: int, has_reference: bool) -> Optional[float]:
+def _stop_level(request: GenerationRequest) -> Optional[float]:
     """The e-process's p-value at which the audit may stop early, or None where it must not stop on it."""
     # The e-process may stop the audit once it alone would reject in the largest family the analysis
     # can build; the stopped audit's verdict is then a FINDING that the planned one would reach too,
     # so stopping adds no false alarm.  Not with a reference: there the one-sample tests may be set
     # aside (a numerics floor), and a sample stopped on them would bias the two-sample tests.
-    return None if has_reference else options.alpha / _max_family_size(options, num_prompts, False)
+    if request.has_reference:
+        return None
+    return request.options.alpha / largest_family(request.options, len(request.prompts), False).holm_size
 
 
 class _Schedule:
     """One run of an audit's jobs: what it consumed, what failed, the evidence so far, and why it stopped.
 
-    ``components`` are the generator, the scorer, the reference (or None) and the draft scorer (or None);
-    ``greedy`` is the audit's switch (None: detected).
+    ``request`` holds the jobs, the components and the options; ``stored`` the records a resumed store holds.
     """
 
-    def __init__(self, jobs: list, stored: dict, sink: Optional[SampleStore], group: _Collective,
-                 options: _Options, components: tuple, greedy: Optional[bool], stop_level: Optional[float],
+    def __init__(self, request: GenerationRequest, stored: dict, sink: Optional[SampleStore], group: _Collective,
                  progress: Optional[bool]):
-        self.jobs, self.stored, self.sink, self.group, self.options = jobs, stored, sink, group, options
-        self.generator, self.scorer, self.reference, self.draft_scorer = components
-        self.greedy, self.stop_level = greedy, stop_level
+        options = request.options
+        self.request, self.jobs, self.stored, self.sink, self.group = request, list(request.jobs), stored, sink, group
+        self.options, self.greedy, self.stop_level = options, request.greedy, _stop_level(request)
         self.records: dict = {}  # job index -> records, every job consumed so far (in job order)
         self.failures: dict = {}  # job index -> (arm, message), every job that failed in this run
         self.errors: dict = {}  # job index -> the exception this process raised on it (with shards)
@@ -118,21 +120,22 @@ class _Schedule:
         self.stop_reason, self.start = "planned", time.perf_counter()
         self.totals = {"generation": 0.0, "reference": 0.0, "scoring": 0.0}
         self.emitted = 0
-        self.bar = _progress(progress if group.rank == 0 else False, len(jobs))
+        self.bar = _progress(progress if group.rank == 0 else False, len(self.jobs))
         self.interrupted = False
 
     def mixture_p(self) -> float:
         """The p-value of the orders' averaged e-process (its running maximum)."""
         return float(math.exp(-self.max_log_e)) if self.max_log_e > 0 else 1.0
 
-    def consume(self, job: Job, rec: dict) -> Optional[str]:
+    def consume(self, job: Job, rec: JobRecord) -> Optional[str]:
         """Add one job's records, in job order; return a stop reason (None: go on)."""
         options = self.options
         self.records[job.index] = rec
-        self.emitted += int(rec["tok_token"].size)
-        for key, value in zip(("generation", "reference", "scoring"), rec["seconds"]):
+        tokens = rec.engine.tokens
+        self.emitted += int(tokens.token.size)
+        for key, value in zip(("generation", "reference", "scoring"), rec.seconds):
             self.totals[key] += float(value)
-        logs = [self.eprocesses[o].update(torch.from_numpy(rec[f"tok_pit_{o}"])) for o in options.orderings]
+        logs = [self.eprocesses[o].update(torch.from_numpy(tokens.pit[o])) for o in options.orderings]
         # the average of the orders' e-processes is one too (each a martingale of mean 1 under the null,
         # all on the same tokens in the same order)
         mixed = float(torch.logsumexp(torch.tensor(logs, dtype=torch.float64), 0)) - math.log(len(logs))
@@ -140,18 +143,18 @@ class _Schedule:
         if self.bar is not None:
             self.bar.update(self.bar.task_ids[0], advance=1,
                             description=f"{job.arm}: {self.emitted} tokens, evidence log E {self.max_log_e:.1f}")
-        zero = rec["tok_mass"] <= options.zero_mass_tol
-        margin = rec["tok_margin"][zero]
+        zero = tokens.mass <= options.zero_mass_tol
+        margin = tokens.margin[zero]
         # a zero-mass token beyond the tolerance is decisive; with a reference the tolerance may still
         # grow to the reference's own numerics floor (known at the end), so only a token without a
         # margin stops the audit then
         beyond = ~np.isfinite(margin)
-        if self.reference is None:
+        if not self.request.has_reference:
             beyond |= margin > options.logit_tol
-        if bool(beyond.any()) or bool((rec["cont_after_eos"] >= 0).any()):
+        if bool(beyond.any()) or bool((rec.engine.after_eos >= 0).any()):
             return "support"
         if self.greedy is None and not self.spread:
-            self.spread = bool(np.any((rec["tok_var"] > 1e-12) | (rec["tok_entropy"] > 1e-12)))
+            self.spread = bool(np.any((tokens.variance > 1e-12) | (tokens.entropy > 1e-12)))
         # not on greedy audits: there the e-process does not decide (nor, so, stop)
         may_stop = self.greedy is False or self.spread
         if self.stop_level is not None and self.mixture_p() <= self.stop_level and may_stop:
@@ -163,7 +166,7 @@ class _Schedule:
         if job is None:
             return ("none",)
         try:
-            return ("ok", _run_job(job, self.generator, self.scorer, self.reference, self.draft_scorer, self.options))
+            return ("ok", _run_job(job, self.request))
         except GenerationContractError as exc:
             return ("fail", str(exc))
         except KeyboardInterrupt:

@@ -1,7 +1,5 @@
-"""One job of the generation audit, run and scored: the engine's (and the reference's) continuations as records.
-
-The records are flat arrays per job (``cont_*`` per continuation, ``tok_*`` per token, ``ref_*``
-for the reference, ``div_*`` per greedy divergence): what the store keeps and the analysis reads.
+"""One job of the generation audit, run and scored: the engine's (and the reference's) continuations as a
+:class:`~spectr_audit.generation.records.JobRecord`, what the store keeps and the analysis reads.
 """
 
 from __future__ import annotations
@@ -18,6 +16,8 @@ from spectr_audit.generation.contract import GenerationContractError
 from spectr_audit.generation.designs import Job
 from spectr_audit.generation.options import _Options
 from spectr_audit.generation.pit import token_stats
+from spectr_audit.generation.records import Divergences, JobRecord, SourceRecord, TokenColumns
+from spectr_audit.generation.request import GenerationRequest
 from spectr_audit.statistical.sharding import chunk_generator
 
 #: The stream of the PIT's uniforms.
@@ -49,57 +49,51 @@ def _margins(logits: torch.Tensor, laws: torch.Tensor, tokens: torch.Tensor, row
 
 
 def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_scorer, options: _Options,
-                  prefix: str) -> dict:
-    """Score one set of continuations: per-token statistics, per-continuation facts, prefixed by ``prefix``."""
+                  is_reference: bool) -> tuple:
+    """Score one set of continuations: ``(record, logits)``, the per-token statistics and per-continuation facts,
+    and the scorer's logits (None from a law scorer; kept in memory for the greedy margins, never stored)."""
     with call_limit(options.timeout, f"{scorer.component} did not return within {options.timeout} s on {job.case}",
                     GenerationContractError):
-        laws, logits = scorer(prompts, continuations, case=job.case)
+        laws, logits, row_params, order = scorer(prompts, continuations, case=job.case)
     draft = None
     if draft_scorer is not None:
         with call_limit(options.timeout, f"{draft_scorer.component} did not return within {options.timeout} s on "
                                          f"{job.case}", GenerationContractError):
-            draft, _ = draft_scorer(prompts, continuations, case=job.case)
+            draft = draft_scorer(prompts, continuations, case=job.case).laws
     lengths = [len(c) for c in continuations]
     rows = np.repeat(np.arange(len(continuations)), lengths)
     positions = np.concatenate([np.arange(n) for n in lengths]) if rows.size else np.zeros(0, dtype=np.int64)
     eos = options.eos_token_id
-    out = {f"{prefix}cont_len": np.array(lengths, dtype=np.int64),
-           # an end-of-sequence token before a continuation's last token: the engine went on past it
-           f"{prefix}cont_after_eos": np.array([c.index(eos) if eos is not None and eos in c[:-1] else -1
-                                                for c in continuations], dtype=np.int64),
-           f"{prefix}cont_first": np.array([c[0] if c else -1 for c in continuations], dtype=np.int64),
-           f"{prefix}cont_chance": np.array([float((law[0] ** 2).sum()) if len(law) else np.nan for law in laws])}
+    facts = dict(
+        lengths=np.array(lengths, dtype=np.int64),
+        # an end-of-sequence token before a continuation's last token: the engine went on past it
+        after_eos=np.array([c.index(eos) if eos is not None and eos in c[:-1] else -1 for c in continuations],
+                           dtype=np.int64),
+        first_token=np.array([c[0] if c else -1 for c in continuations], dtype=np.int64),
+        first_collision=np.array([float((law[0] ** 2).sum()) if len(law) else np.nan for law in laws]),
+        emitted=np.array([t for c in continuations for t in c] or [], dtype=np.int64))
     if not rows.size:
-        for name in ("row", "pos", "token", "mass", "surprisal", "entropy", "var", "margin"):
-            out[f"{prefix}tok_{name}"] = np.zeros(0)
-        for order in options.orderings:
-            out[f"{prefix}tok_pit_{order}"] = np.zeros(0)
-        return out
+        return SourceRecord(tokens=TokenColumns.empty(options.orderings), **facts), logits
     all_laws = torch.cat([law for law in laws if len(law)])
     tokens = torch.tensor([t for c in continuations for t in c], dtype=torch.int64)
-    generator = chunk_generator(options.seed, _PIT_STREAM, 2 * job.index + (prefix == "ref_"))
+    generator = chunk_generator(options.seed, _PIT_STREAM, 2 * job.index + is_reference)
     uniforms = torch.rand(tokens.shape[0], generator=generator, dtype=torch.float64)
     draft_laws = None if draft is None else torch.cat([d for d in draft if len(d)])
     stat = token_stats(all_laws, tokens, uniforms, draft_laws, options.orderings)
     zero = (stat.mass <= options.zero_mass_tol).nonzero().squeeze(1)
     margin = (_margins(torch.cat([x for x in logits if len(x)]).double(), all_laws, tokens, zero,
-                       getattr(scorer, "last_params", None), getattr(scorer, "last_order", None), rows)
+                       row_params, order, rows)
               if logits is not None and zero.numel() else np.full(tokens.shape[0], np.nan))
-    out.update({f"{prefix}tok_row": rows, f"{prefix}tok_pos": positions, f"{prefix}tok_token": tokens.numpy(),
-                f"{prefix}tok_mass": stat.mass.numpy(), f"{prefix}tok_surprisal": stat.surprisal.numpy(),
-                f"{prefix}tok_entropy": stat.entropy.numpy(), f"{prefix}tok_var": stat.surprisal_var.numpy(),
-                f"{prefix}tok_margin": margin})
-    for order in options.orderings:
-        out[f"{prefix}tok_pit_{order}"] = stat.pit[order].numpy()
-    if draft_laws is not None:
-        # a single-draft speculative sampler accepts a drafted token here with probability 1 - TV(p, q)
-        out[f"{prefix}tok_accept"] = (1.0 - 0.5 * (draft_laws - all_laws).abs().sum(1)).numpy()
-    if prefix == "" and logits is not None:
-        out["_logits"] = logits  # kept in memory for the greedy margins, never stored
-    return out
+    # a single-draft speculative sampler accepts a drafted token here with probability 1 - TV(p, q)
+    accept = None if draft_laws is None else (1.0 - 0.5 * (draft_laws - all_laws).abs().sum(1)).numpy()
+    columns = TokenColumns(row=rows, position=positions, token=tokens.numpy(), mass=stat.mass.numpy(),
+                           surprisal=stat.surprisal.numpy(), entropy=stat.entropy.numpy(),
+                           variance=stat.surprisal_var.numpy(), margin=margin,
+                           pit={order: stat.pit[order].numpy() for order in options.orderings}, accept=accept)
+    return SourceRecord(tokens=columns, **facts), logits
 
 
-def _divergences(job: Job, engine: list, reference: list, logits: Optional[list], options: _Options) -> dict:
+def _divergences(engine: list, reference: list, logits: Optional[list]) -> Divergences:
     """Per row, where a greedy engine first departs from its reference, and the scorer's margin there."""
     rows, positions, margins, engine_tokens, reference_tokens = [], [], [], [], []
     for r, (a, b) in enumerate(zip(engine, reference)):
@@ -115,14 +109,15 @@ def _divergences(job: Job, engine: list, reference: list, logits: Optional[list]
             margins.append(float(abs(row[a[first]] - row[b[first]])))
         else:
             margins.append(np.nan)
-    return {"div_row": np.array(rows, dtype=np.int64), "div_pos": np.array(positions, dtype=np.int64),
-            "div_margin": np.array(margins, dtype=np.float64),
-            "div_engine": np.array(engine_tokens, dtype=np.int64),
-            "div_reference": np.array(reference_tokens, dtype=np.int64)}
+    return Divergences(np.array(rows, dtype=np.int64), np.array(positions, dtype=np.int64),
+                       np.array(margins, dtype=np.float64), np.array(engine_tokens, dtype=np.int64),
+                       np.array(reference_tokens, dtype=np.int64))
 
 
-def _run_job(job: Job, generator, scorer, reference, draft_scorer, options: _Options) -> dict:
-    """Run one job: the generator (and the reference) on its prompts, the scorers on what they emitted; its records."""
+def _run_job(job: Job, request: GenerationRequest) -> JobRecord:
+    """Run one job: the generator (and the reference) on its prompts, the scorers on what they emitted; its record."""
+    options, generator, scorer, reference = request.options, request.generator, request.scorer, request.reference
+    draft_scorer = request.draft_scorer
     limit = list(job.limits) if isinstance(job.max_new_tokens, tuple) else job.max_new_tokens
     prompts = [list(p) for p in job.prompts]
     timings = {}
@@ -131,14 +126,12 @@ def _run_job(job: Job, generator, scorer, reference, draft_scorer, options: _Opt
                     GenerationContractError):
         output = generator(prompts, limit, job.seed, vocab_size=options.vocab_size, case=job.case)
     timings["generation"] = time.perf_counter() - start
-    records = {"cont_accepted": np.array(output.accepted if output.accepted is not None else
-                                         [-1] * len(prompts), dtype=np.int64),
-               "cont_calls": np.array(output.target_calls if output.target_calls is not None else
-                                      [-1] * len(prompts), dtype=np.int64),
-               "cont_tokens": np.array([t for c in output.continuations for t in c] or [], dtype=np.int64)}
+    accepted = np.array(output.accepted if output.accepted is not None else [-1] * len(prompts), dtype=np.int64)
+    calls = np.array(output.target_calls if output.target_calls is not None else [-1] * len(prompts), dtype=np.int64)
     start = time.perf_counter()
-    records.update(_score_tokens(job, prompts, output.continuations, scorer, draft_scorer, options, ""))
+    engine, logits = _score_tokens(job, prompts, output.continuations, scorer, draft_scorer, options, False)
     timings["scoring"] = time.perf_counter() - start
+    scored_reference, divergences = None, None
     if reference is not None:
         start = time.perf_counter()
         with call_limit(options.timeout, f"reference did not return within {options.timeout} s on {job.case}",
@@ -147,10 +140,8 @@ def _run_job(job: Job, generator, scorer, reference, draft_scorer, options: _Opt
         timings["reference"] = time.perf_counter() - start
         start = time.perf_counter()
         # with the draft scorer too: the ratio order needs the draft's law at the reference's positions
-        records.update(_score_tokens(job, prompts, ref.continuations, scorer, draft_scorer, options, "ref_"))
-        records["ref_cont_tokens"] = np.array([t for c in ref.continuations for t in c] or [], dtype=np.int64)
-        records.update(_divergences(job, output.continuations, ref.continuations, records.get("_logits"), options))
+        scored_reference, _ = _score_tokens(job, prompts, ref.continuations, scorer, draft_scorer, options, True)
+        divergences = _divergences(output.continuations, ref.continuations, logits)
         timings["scoring"] += time.perf_counter() - start
-    records.pop("_logits", None)
-    records["seconds"] = np.array([timings.get(k, 0.0) for k in ("generation", "reference", "scoring")])
-    return records
+    seconds = np.array([timings.get(k, 0.0) for k in ("generation", "reference", "scoring")])
+    return JobRecord(engine, accepted, calls, seconds, scored_reference, divergences)

@@ -7,7 +7,8 @@ finished jobs back and runs only the others.  The store also holds the audit's c
 resuming with another one (other prompts, seed, arms, ...) is refused, since the jobs would not
 be the same.
 
-Records are numpy arrays, saved as ``.npz`` bytes (no pickling).
+Each job is a :class:`~spectr_audit.generation.records.JobRecord`, saved in its stored form (named numpy
+arrays) as ``.npz`` bytes (no pickling).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Iterator, Optional, Union
 import numpy as np
 
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.generation.records import JobRecord
 
 __all__ = ["SampleStore"]
 
@@ -81,14 +83,11 @@ class SampleStore:
             raise InvalidArgument(f"resume: the store {self.path} holds an audit with other settings "
                                   f"({', '.join(differ)} differ); start it afresh without resume")
 
-    def finished(self) -> set:
-        """The indices of the jobs already stored."""
-        return {row[0] for row in self._db.execute("SELECT job FROM jobs")}
-
-    def put(self, job: int, arm: str, records: dict) -> None:
-        """Store one job's records in one transaction."""
+    def put(self, job: int, arm: str, record: JobRecord) -> None:
+        """Store one job's record in one transaction."""
         with self._db:
-            self._db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?)", (int(job), arm, _pack(records)))
+            self._db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?)",
+                             (int(job), arm, _pack(record.to_stored())))
             self._db.execute("DELETE FROM failures WHERE job = ?", (int(job),))
 
     def fail(self, job: int, arm: str, message: str) -> None:
@@ -96,14 +95,10 @@ class SampleStore:
         with self._db:
             self._db.execute("INSERT OR REPLACE INTO failures VALUES (?, ?, ?)", (int(job), arm, message))
 
-    def failures(self) -> list:
-        """``(job, arm, message)`` of every failed job."""
-        return list(self._db.execute("SELECT job, arm, message FROM failures ORDER BY job"))
-
-    def records(self) -> Iterator[tuple[int, str, dict]]:
-        """Every stored job's ``(job, arm, records)``, in job order."""
+    def records(self) -> Iterator[tuple[int, str, JobRecord]]:
+        """Every stored job's ``(job, arm, record)``, in job order."""
         for job, arm, blob in self._db.execute("SELECT job, arm, payload FROM jobs ORDER BY job"):
-            yield job, arm, _unpack(blob)
+            yield job, arm, JobRecord.from_stored(_unpack(blob))
 
     def close(self) -> None:
         self._db.close()

@@ -420,7 +420,7 @@ def run_suite(
     """
     if not suite.cases and getattr(suite, "generation", ()):
         raise InvalidArgument(f"suite: {suite.name!r} holds generation audits only ([[generation]] cases); run them "
-                              f"with spectr_audit.run.generation.run_generation_suite or spectr-audit generation "
+                              f"with spectr_audit.run.generation_suite.run_generation_suite or spectr-audit generation "
                               f"--suite")
     jobs, results = plan_jobs(suite, verifiers, num_drafts=num_drafts, draft_len=draft_len)
     # tree jobs: the exact tree audit refuses enumerations beyond its own limits (spectr_audit.exact.tree)

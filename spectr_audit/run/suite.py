@@ -68,7 +68,7 @@ draws from with them (``process_logits``); a verifier that takes logits is hande
 and the parameters.  Expanded cases are named ``name/temperature=0.5`` and so on.
 
 Generation audits of whole engines (``spectr-audit generation --suite NAME``; the format in
-:mod:`spectr_audit.run.generation`)::
+:mod:`spectr_audit.generation.checks`)::
 
     [[generation]]
     name = "toy-shared-stream"
@@ -96,7 +96,7 @@ from spectr_audit.drafting.models import ContextFreeModel, MarkovModel, Model, r
 from spectr_audit.drafting.processed import ContextFreeLogitsModel, processed_model, sampling_summary
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.run.budget import check_model_spec
-from spectr_audit.run.generation_cases import parse_generation_cases
+from spectr_audit.generation.cases import parse_generation_cases
 from spectr_audit.run.selection import parse_values
 
 if sys.version_info >= (3, 11):
@@ -173,7 +173,7 @@ class Suite:
     description: str = ""
     verifiers: Optional[tuple] = None
     source: str = ""
-    #: The suite's ``[[generation]]`` cases (:class:`~spectr_audit.run.generation.GenerationCase`): generation
+    #: The suite's ``[[generation]]`` cases (:class:`~spectr_audit.generation.checks.GenerationCase`): generation
     #: audits of engines, run by ``spectr-audit generation --suite`` (not by ``run``).
     generation: tuple = ()
 
@@ -574,7 +574,7 @@ def parse_suite(data: dict, source: str = "suite", default_name: str = "suite", 
     """Validate a parsed TOML document and build its :class:`Suite` (models within ``max_memory``;
     ``sampling`` overrides the sampling keys of every chain case, see :func:`load_suite`).
 
-    ``[[generation]]`` tables are generation-audit cases (:mod:`spectr_audit.run.generation`; a
+    ``[[generation]]`` tables are generation-audit cases (:mod:`spectr_audit.generation.checks`; a
     relative factory file is looked up in ``base``, the suite file's folder); a suite may hold
     only those, only ``[[case]]`` tables, or both.
     """

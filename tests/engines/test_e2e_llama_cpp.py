@@ -17,7 +17,7 @@ pytestmark = [
 
 
 def _engine(**options):
-    from spectr_audit.engines.e2e.factories import llama_cpp_engine
+    from spectr_audit.engine_adapters.factories import llama_cpp_engine
 
     return llama_cpp_engine(prompts=6, **options)
 

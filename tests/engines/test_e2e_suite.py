@@ -21,9 +21,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spectr_audit.engines.e2e.prompts import SHIPPED_VOCAB_SIZE, shipped_prompt_ids, shipped_prompts
+from spectr_audit.engine_adapters.prompts import SHIPPED_VOCAB_SIZE, shipped_prompt_ids, shipped_prompts
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.run.generation import run_generation_suite, select_cases
+from spectr_audit.generation.checks import select_cases
+from spectr_audit.run.generation_suite import run_generation_suite
 from spectr_audit.run.suite import load_suite
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +45,7 @@ def test_the_stored_ids_are_smollm2_s_tokenization_of_the_texts():
     from spectr_audit.lm.smollm import LMUnavailable
 
     try:
-        from spectr_audit.engines.e2e.prompts import smollm2_prompt_ids
+        from spectr_audit.engine_adapters.prompts import smollm2_prompt_ids
 
         live = smollm2_prompt_ids()
     except LMUnavailable as exc:
@@ -148,7 +149,7 @@ def _load_script(path: Path):
 
 @pytest.fixture
 def script(tmp_path):
-    from spectr_audit.engines.e2e.repro import write_repro
+    from spectr_audit.engine_adapters.repro import write_repro
 
     def make(spec, prompts=None, **kwargs):
         path = write_repro(tmp_path / "repro.py", _finding(**kwargs), spec, prompts or shipped_prompt_ids(4),
@@ -159,7 +160,7 @@ def script(tmp_path):
 
 
 def test_the_number_of_requests_follows_the_measured_effect():
-    from spectr_audit.engines.e2e.repro import repro_requests
+    from spectr_audit.engine_adapters.repro import repro_requests
 
     # Z = 4 over 400 tokens: twice the 3.29 threshold needs 400 * (6.58 / 4)^2 = 1,083 tokens, 68 requests of 16
     assert repro_requests(_finding(z=4.0, tokens=400), 4, 16) == 68
@@ -170,7 +171,7 @@ def test_the_number_of_requests_follows_the_measured_effect():
 
 
 def test_a_reproduction_is_only_of_a_finding(tmp_path):
-    from spectr_audit.engines.e2e.repro import write_repro
+    from spectr_audit.engine_adapters.repro import write_repro
 
     passed = SimpleNamespace(verdict="PASS")
     with pytest.raises(InvalidArgument, match="a reproduction is of a FINDING"):
@@ -196,7 +197,7 @@ def test_the_script_processes_logits_as_the_project_does(script_module, data):
 
 @pytest.fixture(scope="module")
 def script_module(tmp_path_factory):
-    from spectr_audit.engines.e2e.repro import write_repro
+    from spectr_audit.engine_adapters.repro import write_repro
 
     path = write_repro(tmp_path_factory.mktemp("repro") / "repro.py", _finding(), _spec(), [[1, 2, 3]],
                        max_new_tokens=4)
@@ -207,7 +208,7 @@ def script_module(tmp_path_factory):
 def test_the_script_writes_the_same_random_checkpoint_as_spectr_audit(script_module, tmp_path):
     from safetensors.torch import load_file
 
-    from spectr_audit.engines.e2e.checkpoints import write_llama
+    from spectr_audit.engine_adapters.checkpoints import write_llama
 
     ours = write_llama(tmp_path / "ours", seed=0, vocab_size=300)
     theirs = script_module.write_llama(str(tmp_path / "theirs"), 0, 300)
@@ -217,7 +218,7 @@ def test_the_script_writes_the_same_random_checkpoint_as_spectr_audit(script_mod
     theirs_draft = script_module.write_llama(str(tmp_path / "theirs-draft"), 1, 300, base=theirs, noise=0.3)
     a, b = load_file(str(ours_draft / "model.safetensors")), load_file(str(Path(theirs_draft) / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    from spectr_audit.engines.e2e.checkpoints import write_eagle_head
+    from spectr_audit.engine_adapters.checkpoints import write_eagle_head
 
     ours_head = write_eagle_head(tmp_path / "ours-head", ours)
     theirs_head = script_module.write_eagle_head(str(tmp_path / "theirs-head"), theirs)

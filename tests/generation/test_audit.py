@@ -31,7 +31,7 @@ from statsmodels.stats.multitest import multipletests
 from spectr_audit.contract.sampling import SamplingParams
 from spectr_audit.generation import audit_generation
 from spectr_audit.generation.library import SpecEngine, ToyPair, correct_engine, slip_engine
-from spectr_audit.generation.tests import PITEProcess
+from spectr_audit.generation.statistical_tests import PITEProcess
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

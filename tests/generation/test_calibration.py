@@ -1,6 +1,6 @@
 """The generation audit's false-alarm rates, by construction and on the correct speculative loop.
 
-(a) Each test of spectr_audit.generation.tests on data drawn from its own null: uniform PIT values
+(a) Each test of spectr_audit.generation.statistical_tests on data drawn from its own null: uniform PIT values
 (``pit_test``, ``PITEProcess``), surprisals of tokens drawn from known random laws
 (``surprisal_test``), two samples of one law (``two_sample_test``), independent first tokens
 (``agreement_test``).  A row (test, sample size, level) fails when its rejections exceed the upper
@@ -30,7 +30,7 @@ from spectr_audit import defaults
 from spectr_audit.generation import audit_generation
 from spectr_audit.generation.library import ToyPair, correct_engine
 from spectr_audit.generation.pit import token_stats
-from spectr_audit.generation.tests import (
+from spectr_audit.generation.statistical_tests import (
     PITEProcess,
     agreement_test,
     held_out_tv,

@@ -219,7 +219,7 @@ def test_the_wrapped_calls_accept_numpy_and_tensor_outputs():
     generator = as_generator(lambda prompts, n, seed: [torch.tensor([1, 2]), [np.int32(3)]])
     assert generator([[1], [2]], 2, 0, vocab_size=VOCAB, case="a case").continuations == [[1, 2], [3]]
     scorer = as_scorer(lambda prompts, conts: torch.full((2, 1, VOCAB), 1.0 / VOCAB), VOCAB)
-    laws, logits = scorer([[1], [2]], [[1], [2]], case="a case")
+    laws, logits, _, _ = scorer([[1], [2]], [[1], [2]], case="a case")
     assert logits is None and [law.shape for law in laws] == [(1, VOCAB), (1, VOCAB)]
     with pytest.raises(GenerationContractError, match=re.escape("generator on a case, row 1: token 9")):
         as_generator(lambda prompts, n, seed: [[1], [9]])([[1], [2]], 2, 0, vocab_size=VOCAB, case="a case")

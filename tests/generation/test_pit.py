@@ -20,7 +20,7 @@ from scipy import stats
 
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.pit import ORDERINGS, token_stats
-from spectr_audit.generation.tests import pit_test
+from spectr_audit.generation.statistical_tests import pit_test
 from tests.oracles import generation as oracle
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -24,7 +24,7 @@ def lm():
 
 @pytest.fixture(scope="module")
 def prompts(lm):
-    from spectr_audit.engines.e2e.prompts import shipped_prompt_ids
+    from spectr_audit.engine_adapters.prompts import shipped_prompt_ids
 
     return shipped_prompt_ids(3)
 
@@ -33,7 +33,7 @@ def prompts(lm):
 @pytest.mark.parametrize("name, k, l", [("speculative", 1, 2), ("greedy-block-repaired", 1, 3),
                                         ("spectr-gbv-published-alg2", 2, 2), ("multi-block", 2, 2)])
 def test_every_verifier_shape_runs_in_the_loop_and_emits_what_was_asked(lm, prompts, name, k, l):
-    from spectr_audit.lm.generation import SmolLMEngine
+    from spectr_audit.engine_adapters.smollm import SmolLMEngine
     from spectr_audit.registry import load_verifier
 
     engine = SmolLMEngine(lm, load_verifier(name), num_drafts=k, draft_len=l)
@@ -48,7 +48,7 @@ def test_every_verifier_shape_runs_in_the_loop_and_emits_what_was_asked(lm, prom
 @needs_model
 def test_a_carried_correction_changes_the_next_iteration_target(lm, prompts, monkeypatch):
     from spectr_audit.contract.correction import CorrectionChain
-    from spectr_audit.lm.generation import SmolLMEngine
+    from spectr_audit.engine_adapters.smollm import SmolLMEngine
     from spectr_audit.registry import load_verifier
 
     adjusted = []
@@ -67,7 +67,7 @@ def test_a_carried_correction_changes_the_next_iteration_target(lm, prompts, mon
 
 @needs_model
 def test_the_loop_refuses_a_bad_temperature(lm):
-    from spectr_audit.lm.generation import SmolLMEngine
+    from spectr_audit.engine_adapters.smollm import SmolLMEngine
     from spectr_audit.registry import load_verifier
 
     with pytest.raises(InvalidArgument, match="temperature"):
@@ -82,7 +82,7 @@ def test_the_loop_refuses_a_bad_temperature(lm):
 @needs_model
 def test_an_exact_verifier_in_the_loop_passes_the_generation_audit(lm, prompts):
     from spectr_audit.generation import audit_generation
-    from spectr_audit.lm.generation import SmolLMEngine, SmolLMScorer
+    from spectr_audit.engine_adapters.smollm import SmolLMEngine, SmolLMScorer
     from spectr_audit.registry import load_verifier
 
     result = audit_generation(SmolLMEngine(lm, load_verifier("speculative"), num_drafts=1, draft_len=2),

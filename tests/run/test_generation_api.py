@@ -1,5 +1,5 @@
 """The generation audit's Python faces: check_generation, assert_generation_passed, engines by spec,
-prompts files and the [[generation]] cases of suites (spectr_audit.run.generation)."""
+prompts files and the [[generation]] cases of suites (spectr_audit.generation.checks)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 import spectr_audit
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.library import SLIPS, ToyPair, correct_engine, slip_engine
-from spectr_audit.run import generation as gen
+from spectr_audit.generation import checks as gen
+from spectr_audit.run.generation_suite import run_generation_suite
 from spectr_audit.run.suite import load_suite, parse_suite
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [2, 2]]
@@ -33,7 +34,7 @@ def test_the_names_are_reachable_from_the_top_level_package_lazily():
     assert spectr_audit.GenerationAuditResult is GenerationAuditResult
     assert {"audit_generation", "check_generation", "assert_generation_passed"} <= set(spectr_audit.__all__)
     # the faces' module is light: the audit (torch, scipy) is imported when an audit runs
-    code = ("import sys, spectr_audit, spectr_audit.run.generation; spectr_audit.check_generation; "
+    code = ("import sys, spectr_audit, spectr_audit.generation.checks; spectr_audit.check_generation; "
             "bad = [m for m in ('torch', 'scipy', 'cvxpy') if m in sys.modules]; assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -332,7 +333,7 @@ def test_a_generation_suite_runs_each_case_against_what_it_expects(tmp_path, fac
         arms = ["single"]
     '''))
     seen = []
-    report = gen.run_generation_suite(str(path), on_start=lambda case: seen.append(case.name),
+    report = run_generation_suite(str(path), on_start=lambda case: seen.append(case.name),
                                       store_dir=tmp_path / "stores")
     assert seen == ["correct", "shared-stream", "factory", "wrongly-expected"]
     verdicts = {r.case: (r.result.verdict, r.as_expected) for r in report.results}
@@ -346,7 +347,7 @@ def test_a_generation_suite_runs_each_case_against_what_it_expects(tmp_path, fac
     data = report.to_dict()
     assert data["kind"] == "generation-suite" and data["results"][1]["result"]["verdict"] == "FINDING"
     with pytest.raises(InvalidArgument, match="has no \\[\\[generation\\]\\] cases"):
-        gen.run_generation_suite("default")
+        run_generation_suite("default")
 
 
 def test_the_readme_generation_example_runs_as_written():

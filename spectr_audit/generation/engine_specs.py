@@ -1,0 +1,360 @@
+"""Generation engines by spec: ``toy``, ``toy:SLIP``, a user factory, resolved and audited; prompts files.
+
+:func:`load_generation_engine` resolves a spec to a :class:`GenerationEngine` (the toy loop of
+:mod:`spectr_audit.generation.library`, one of its planted slips, or what a factory
+``package.module:factory`` / ``path/file.py:factory`` returns); :func:`audit_engine` audits it;
+:func:`read_prompts` reads a prompts file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from spectr_audit.errors import InvalidArgument
+
+__all__ = [
+    "FACTORY_KEYS",
+    "GenerationEngine",
+    "TOY_EOS_TOKEN_ID",
+    "TOY_VOCAB_SIZE",
+    "audit_engine",
+    "check_int_at_least",
+    "generation_engine_names",
+    "load_generation_engine",
+    "read_prompts",
+    "toy_prompts",
+]
+
+#: The toy engine's vocabulary unless one is given (:class:`~spectr_audit.generation.library.ToyPair`'s default).
+TOY_VOCAB_SIZE = 16
+#: The end-of-sequence id a toy slip that needs one (``eos-inside-block``) is audited with.
+TOY_EOS_TOKEN_ID = 0
+#: The keys a factory's dict may hold (an object: the same attributes).
+FACTORY_KEYS = ("generate", "score", "vocab_size", "reference", "draft_score", "prompts", "eos_token_id", "name")
+#: Keyword arguments of :func:`load_generation_engine` that only the toy engine takes.
+_TOY_ONLY = ("toy_seed", "draft_noise", "temperature", "top_k", "top_p")
+
+
+@dataclasses.dataclass
+class GenerationEngine:
+    """What an engine spec resolves to: the contract's callables and what the audit needs besides.
+
+    Attributes
+    ----------
+    name : str
+        The spec.
+    generate, score : callable or object
+    vocab_size : int
+    reference, draft_score : optional
+    prompts : list of token-id lists, optional
+        The engine's own prompts (the toy's built-in ones).
+    eos_token_id : int, optional
+    max_new_tokens : int, optional
+        What the engine asks for (a toy slip's continuation length), unless the caller sets one.
+    expected : str
+        ``"finding"`` for a planted slip, ``"pass"`` otherwise.
+    description : str
+    reference_by_default : bool
+        Whether an audit uses ``reference`` unless told otherwise: a factory's, yes; the toy's,
+        no (its scorer is exact, so the reference's two-sample tests add only time).
+    """
+
+    name: str
+    generate: Any
+    score: Any
+    vocab_size: int
+    reference: Any = None
+    draft_score: Any = None
+    prompts: Optional[list] = None
+    eos_token_id: Optional[int] = None
+    max_new_tokens: Optional[int] = None
+    expected: str = "pass"
+    description: str = ""
+    reference_by_default: bool = True
+
+
+def toy_prompts(vocab_size: int = TOY_VOCAB_SIZE) -> list:
+    """The toy engine's built-in prompts: six, of one to four tokens, two alike in length (ids below ``vocab_size``).
+
+    >>> toy_prompts(16)
+    [[1, 2, 3], [4, 5], [6, 7, 8, 9], [2, 2], [3], [10, 11, 12]]
+    """
+    base = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [2, 2], [3], [10, 11, 12]]
+    return [[t % vocab_size for t in p] for p in base]
+
+
+def generation_engine_names() -> list:
+    """Every built-in engine spec: ``toy`` and ``toy:SLIP`` for each planted slip, with what each needs.
+
+    Returns a list of dicts ``{"spec", "expected", "needs"}``.
+    """
+    from spectr_audit.generation.library import SLIPS
+
+    rows = [{"spec": "toy", "expected": "pass",
+             "needs": "the correct speculative loop over the toy model pair (PASS at enough tokens)"}]
+    for name, slip in SLIPS.items():
+        extra = []
+        if slip.params:
+            extra.append(", ".join(f"{k}={v}" for k, v in slip.params.items()))
+        if slip.max_new_tokens != 32:
+            extra.append(f"max_new_tokens={slip.max_new_tokens}")
+        if slip.eos:
+            extra.append(f"eos_token_id={TOY_EOS_TOKEN_ID}")
+        rows.append({"spec": f"toy:{name}", "expected": "finding",
+                     "needs": slip.needs + (f" (audited with {'; '.join(extra)})" if extra else "")})
+    return rows
+
+
+def check_int_at_least(name: str, value: Any, minimum: int) -> int:
+    """An integer (not a bool) >= ``minimum``: :func:`spectr_audit._validation.check_int_at_least`'s check, here
+    because the faces import without torch (which ``_validation`` imports)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _suggest(text: str, names: Sequence[str]) -> str:
+    close = difflib.get_close_matches(text, list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _toy_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_size: Optional[int],
+                toy_seed: Optional[int], draft_noise: Any, temperature: Any, top_k: Any, top_p: Any,
+                eos_token_id: Optional[int]) -> GenerationEngine:
+    from spectr_audit.contract.sampling import SamplingParams
+    from spectr_audit.generation.library import SLIPS, ToyPair, correct_engine, slip_engine
+
+    slip = None
+    if slip_name is not None:
+        if slip_name not in SLIPS:
+            raise InvalidArgument(f"{argument}: {spec!r}: no toy slip {slip_name!r}{_suggest(slip_name, SLIPS)}; "
+                                  f"the slips: {', '.join(SLIPS)}")
+        slip = SLIPS[slip_name]
+    vocab = TOY_VOCAB_SIZE if vocab_size is None else check_int_at_least("vocab_size", vocab_size, 2)
+    seed = 0 if toy_seed is None else toy_seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InvalidArgument(f"toy_seed: expected an integer >= 0, got {toy_seed!r}")
+    noise = 0.3 if draft_noise == "default" else draft_noise
+    if noise is not None and (isinstance(noise, bool) or not isinstance(noise, (int, float))
+                              or not 0 <= noise < math.inf):
+        raise InvalidArgument(f"draft_noise: expected a number >= 0 or none (an unrelated draft), got {draft_noise!r}")
+    fields = dict(slip.params) if slip is not None else {}
+    fields.update({k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p))
+                   if v is not None})
+    params = SamplingParams(**fields) if fields else None
+    eos = eos_token_id if eos_token_id is not None else (TOY_EOS_TOKEN_ID if slip is not None and slip.eos else None)
+    if eos is not None:
+        check_int_at_least("eos_token_id", eos, 0)
+        if eos >= vocab:
+            raise InvalidArgument(f"eos_token_id: {eos} is not a token id of the vocabulary [0, {vocab})")
+    pair = ToyPair(vocab, seed=seed, draft_noise=None if noise is None else float(noise), params=params,
+                   eos_token_id=eos)
+    engine = correct_engine(pair) if slip is None else slip_engine(slip_name, pair)
+    return GenerationEngine(
+        name=spec, generate=engine, score=pair.scorer(), vocab_size=vocab, reference=pair.reference(),
+        draft_score=pair.draft_scorer(), prompts=toy_prompts(vocab), eos_token_id=eos,
+        max_new_tokens=None if slip is None else slip.max_new_tokens,
+        expected="pass" if slip is None else "finding",
+        description="the correct toy speculative loop" if slip is None else f"toy slip {slip_name}: {slip.needs}",
+        reference_by_default=False)
+
+
+def _factory_field(made: Any, key: str) -> Any:
+    """A factory result's field: a dict's key, or an object's attribute (its own bound method: the object itself,
+    so that the contract reads its attributes, ``per_row_max_new_tokens`` and ``name``)."""
+    if isinstance(made, dict):
+        return made.get(key)
+    value = getattr(made, key, None)
+    if key in ("generate", "score") and getattr(value, "__self__", None) is made:
+        return made
+    return value
+
+
+def _factory_engine(spec: str, argument: str, vocab_size: Optional[int], eos_token_id: Optional[int],
+                    options: Optional[dict], base: Optional[Path]) -> GenerationEngine:
+    from spectr_audit.registry import load_object
+
+    target, _, attr = spec.rpartition(":")
+    looks_like_path = target.endswith(".py") or "/" in target or "\\" in target
+    if looks_like_path and base is not None and not Path(target).is_absolute() and (base / target).is_file():
+        spec_to_load = f"{base / target}:{attr}"
+    else:
+        spec_to_load = spec
+    obj = load_object(spec_to_load, argument)
+    if isinstance(obj, dict) or (not isinstance(obj, type) and hasattr(obj, "generate") and hasattr(obj, "score")):
+        if options:
+            raise InvalidArgument(f"options: {spec!r} is not a factory (a callable) but an engine itself; drop options")
+        made = obj
+    elif callable(obj):
+        try:
+            made = obj(**(options or {}))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            raise InvalidArgument(f"{argument}: the factory {spec!r} raised {type(exc).__name__}: {exc}") from exc
+    else:
+        raise InvalidArgument(f"{argument}: {spec!r} is a {type(obj).__name__}, not a factory (a callable returning a "
+                              f"dict or an object with generate and score)")
+    if isinstance(made, dict):
+        unknown = sorted(set(made) - set(FACTORY_KEYS))
+        if unknown:
+            raise InvalidArgument(f"{argument}: the factory {spec!r} returned unknown key(s) {unknown}; expected "
+                                  f"some of {', '.join(FACTORY_KEYS)}")
+    missing = [k for k in ("generate", "score") if _factory_field(made, k) is None]
+    if missing:
+        raise InvalidArgument(f"{argument}: the factory {spec!r} returned a {type(made).__name__} without "
+                              f"{' and '.join(missing)}; it must give generate, score and vocab_size "
+                              f"(optional: reference, draft_score, prompts, eos_token_id)")
+    given = _factory_field(made, "vocab_size")
+    if given is None and vocab_size is None:
+        raise InvalidArgument(f"{argument}: the factory {spec!r} gives no vocab_size; add it to what the factory "
+                              "returns (or give vocab_size)")
+    if given is not None:
+        check_int_at_least(f"{argument}: {spec!r} vocab_size", given, 2)
+        if vocab_size is not None and vocab_size != given:
+            raise InvalidArgument(f"vocab_size: {vocab_size} given, but the factory {spec!r} says {given}")
+    vocab = given if given is not None else check_int_at_least("vocab_size", vocab_size, 2)
+    eos = eos_token_id if eos_token_id is not None else _factory_field(made, "eos_token_id")
+    if eos is not None:
+        check_int_at_least("eos_token_id", eos, 0)
+    prompts = _factory_field(made, "prompts")
+    name = _factory_field(made, "name")
+    return GenerationEngine(
+        name=str(name) if name else spec, generate=_factory_field(made, "generate"), score=_factory_field(made, "score"),
+        vocab_size=vocab, reference=_factory_field(made, "reference"), draft_score=_factory_field(made, "draft_score"),
+        prompts=None if prompts is None else list(prompts), eos_token_id=eos, description=f"factory {spec}")
+
+
+def load_generation_engine(spec: str, *, vocab_size: Optional[int] = None, toy_seed: Optional[int] = None,
+                           draft_noise: Any = "default", temperature: Optional[float] = None,
+                           top_k: Optional[int] = None, top_p: Optional[float] = None,
+                           eos_token_id: Optional[int] = None, options: Optional[dict] = None,
+                           argument: str = "engine", base: Optional[Union[str, Path]] = None) -> GenerationEngine:
+    """Resolve an engine spec: ``toy``, ``toy:SLIP``, ``package.module:factory`` or ``path/file.py:factory``.
+
+    Parameters
+    ----------
+    spec : str
+    vocab_size : int, optional
+        The toy's vocabulary (default 16); for a factory, what it does not give itself.
+    toy_seed, draft_noise, temperature, top_k, top_p : optional
+        The toy model pair: its weights' seed, the draft's perturbation (None: an unrelated
+        draft) and the sampling parameters (a slip's own parameters are the default).
+    eos_token_id : int, optional
+        The engine's end-of-sequence id (a toy slip that needs one gets 0).
+    options : dict, optional
+        Keyword arguments of a factory.
+    argument : str
+        How errors name the spec (``--engine`` on the command line).
+    base : path, optional
+        A folder a relative ``file.py`` is looked up in first (a suite file's).
+
+    Raises
+    ------
+    InvalidArgument
+        Naming ``argument``: an unknown slip (with a near match), a bad import string, a factory
+        that raises or returns something without ``generate``, ``score`` or ``vocab_size``.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidArgument(f"{argument}: expected 'toy', 'toy:SLIP', 'package.module:factory' or "
+                              f"'path/file.py:factory', got {spec!r}")
+    spec = spec.strip()
+    if spec == "toy:":
+        from spectr_audit.generation.library import SLIPS
+
+        raise InvalidArgument(f"{argument}: 'toy:' names no slip; the slips: {', '.join(SLIPS)}")
+    if spec == "toy" or spec.startswith("toy:"):
+        if options:
+            raise InvalidArgument("options: only for a factory engine; the toy takes vocab_size, toy_seed, draft_noise, "
+                                  "temperature, top_k, top_p, eos_token_id")
+        return _toy_engine(None if spec == "toy" else spec[4:], spec, argument=argument, vocab_size=vocab_size,
+                           toy_seed=toy_seed, draft_noise=draft_noise, temperature=temperature, top_k=top_k,
+                           top_p=top_p, eos_token_id=eos_token_id)
+    given = [name for name, value in (("toy_seed", toy_seed), ("draft_noise", None if draft_noise == "default" else 0),
+                                      ("temperature", temperature), ("top_k", top_k), ("top_p", top_p))
+             if value is not None]
+    if given:
+        raise InvalidArgument(f"{', '.join(given)}: only for the toy engine; a factory's engine has its own model and "
+                              "sampling setting")
+    if ":" not in spec or not spec.rpartition(":")[0] or not spec.rpartition(":")[2]:
+        hint = _suggest(spec, ["toy"]) if ":" not in spec else ""
+        raise InvalidArgument(f"{argument}: {spec!r} is neither 'toy', 'toy:SLIP' nor an import string "
+                              f"'package.module:factory' or 'path/file.py:factory'{hint}")
+    return _factory_engine(spec, argument, vocab_size, eos_token_id, options, None if base is None else Path(base))
+
+
+def read_prompts(path: Union[str, Path], argument: str = "--prompts") -> list:
+    """Read prompts from a file: a JSON list of token-id lists, or one prompt per line (space-separated ids;
+    blank lines and lines starting with ``#`` are skipped).
+
+    Raises ``InvalidArgument`` naming ``argument``, the file and the line.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InvalidArgument(f"{argument}: cannot read {str(path)!r}: {reason}") from None
+    stripped = text.strip()
+    if not stripped:
+        raise InvalidArgument(f"{argument}: {str(path)!r} is empty; expected a JSON list of token-id lists or one "
+                              "line of space-separated token ids per prompt")
+    if stripped.startswith("["):
+        try:
+            prompts = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument(f"{argument}: {str(path)!r} is not valid JSON: {exc}") from None
+        if not isinstance(prompts, list) or not all(isinstance(p, list) for p in prompts):
+            raise InvalidArgument(f"{argument}: {str(path)!r}: expected a JSON list of token-id lists, e.g. "
+                                  "[[1, 2, 3], [4, 5]]")
+        for i, prompt in enumerate(prompts):
+            if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+                raise InvalidArgument(f"{argument}: {str(path)!r}: prompt {i} is not a non-empty list of token ids "
+                                      f"(integers >= 0): {prompt!r:.80}")
+        return prompts
+    prompts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            ids = [int(t) for t in line.replace(",", " ").split()]
+        except ValueError:
+            raise InvalidArgument(f"{argument}: {str(path)!r} line {number}: expected space-separated token ids, got "
+                                  f"{line!r:.80}") from None
+        if any(t < 0 for t in ids):
+            raise InvalidArgument(f"{argument}: {str(path)!r} line {number}: token ids must be >= 0")
+        prompts.append(ids)
+    return prompts
+
+
+def _prune(kwargs: dict) -> dict:
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def audit_engine(engine: GenerationEngine, prompts: Optional[Sequence[Sequence[int]]] = None, *,
+                 reference: Optional[bool] = None, **kwargs: Any) -> Any:
+    """Run :func:`~spectr_audit.generation.audit_generation` on a resolved engine: its own prompts unless given;
+    its reference generator when ``reference`` is True (None: the engine's :attr:`~GenerationEngine.reference_by_default`);
+    options that are None keep the audit's defaults."""
+    if reference is None:
+        reference = engine.reference_by_default
+    prompts = prompts if prompts is not None else engine.prompts
+    if prompts is None:
+        raise InvalidArgument(f"prompts: the engine {engine.name!r} gives none; give prompts (--prompts FILE)")
+    options = _prune(kwargs)
+    if engine.max_new_tokens is not None:
+        options.setdefault("max_new_tokens", engine.max_new_tokens)
+    if engine.eos_token_id is not None:
+        options.setdefault("eos_token_id", engine.eos_token_id)
+    options.setdefault("progress", False)
+    from spectr_audit.generation import audit_generation
+
+    return audit_generation(engine.generate, engine.score, prompts, vocab_size=engine.vocab_size,
+                            reference=engine.reference if reference else None, draft_score=engine.draft_score,
+                            **options)

@@ -1,0 +1,103 @@
+"""One generation audit, built once: its checked options, its wrapped components, its prompts and its jobs.
+
+:meth:`GenerationRequest.build` checks every argument of :func:`~spectr_audit.generation.audit_generation`
+that shapes the audit (each bad one an ``InvalidArgument`` naming it), wraps the generator, the scorer,
+the reference and the draft scorer in the contract, and plans the jobs; the schedule, the scoring of a job
+and the analysis are handed the request and read it, never re-assembling it from keywords.
+:class:`RunOutcome` is what the schedule hands the analysis: the jobs consumed and failed, and how the
+run ended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+from spectr_audit.errors import InvalidArgument
+from spectr_audit.generation.contract import Generator, Scorer, as_generator, as_scorer, check_prompts
+from spectr_audit.generation.designs import plan_jobs
+from spectr_audit.generation.options import _check_options, _Options
+
+__all__ = ["GenerationRequest", "RunOutcome"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest:
+    """An audit's checked options, components, prompts and planned jobs.
+
+    Attributes
+    ----------
+    options : the checked options
+    prompts : list of token-id lists, checked
+    generator, scorer : the engine under audit and the truth, wrapped in the contract
+    reference, draft_scorer : optional, wrapped
+    jobs : tuple of :class:`~spectr_audit.generation.designs.Job`
+    greedy : bool, optional
+        The caller's switch (None: detected from the scored laws).
+    """
+
+    options: _Options
+    prompts: list
+    generator: Generator
+    scorer: Scorer
+    reference: Optional[Generator]
+    draft_scorer: Optional[Scorer]
+    jobs: tuple
+    greedy: Optional[bool]
+
+    @classmethod
+    def build(cls, generate: Any, score: Any, prompts: Sequence[Sequence[int]], *, vocab_size: int,
+              reference: Any = None, draft_score: Any = None, greedy: Optional[bool] = None,
+              per_row_max_new_tokens: Optional[bool] = None, name: Optional[str] = None,
+              **options: Any) -> "GenerationRequest":
+        """Check and wrap everything; ``options`` are :func:`~spectr_audit.generation.audit_generation`'s
+        (``max_new_tokens`` ... ``eos_token_id``), all of them given."""
+        checked = _check_options(vocab_size=vocab_size, has_draft_scorer=draft_score is not None, **options)
+        prompts = check_prompts(prompts, checked.vocab_size)
+        for flag, value in (("greedy", greedy), ("per_row_max_new_tokens", per_row_max_new_tokens)):
+            if value is not None and not isinstance(value, bool):
+                raise InvalidArgument(f"{flag}: expected None, True or False, got {value!r}")
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgument(f"name: expected a string, got {name!r}")
+        generator = as_generator(generate, name=name, per_row_max_new_tokens=per_row_max_new_tokens,
+                                 argument="generate")
+        scorer = as_scorer(score, checked.vocab_size, argument="score")
+        draft_scorer = (None if draft_score is None else
+                        as_scorer(draft_score, checked.vocab_size, component="draft scorer", argument="draft_score"))
+        reference_gen = (None if reference is None else
+                         as_generator(reference, component="reference", argument="reference"))
+        jobs = plan_jobs(prompts, arms=checked.arms, batch_size=checked.batch_size, rounds=checked.rounds,
+                         max_new_tokens=checked.max_new_tokens, seed=checked.seed,
+                         per_row_max_new_tokens=generator.per_row_max_new_tokens)
+        return cls(checked, prompts, generator, scorer, reference_gen, draft_scorer, tuple(jobs), greedy)
+
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None
+
+    @property
+    def names(self) -> tuple:
+        """The generator's and the scorer's names, for the result."""
+        return self.generator.name, self.scorer.name
+
+    def jobs_by_index(self) -> dict:
+        return {job.index: job for job in self.jobs}
+
+    def config(self) -> dict:
+        """What a stored audit must match to be resumed."""
+        return self.options.config(self.prompts, self.has_reference, self.draft_scorer is not None,
+                                   self.generator.per_row_max_new_tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """How the schedule ran: ``consumed`` ``(job, arm, record)`` in job order, ``failed`` ``(job, arm, message)``,
+    why it stopped, the e-process's p-value, the seconds spent, whether Ctrl-C ended it, the processes."""
+
+    consumed: list
+    failed: list
+    stop_reason: str
+    eprocess_p: float
+    seconds: dict
+    interrupted: bool
+    num_processes: int

@@ -1,0 +1,155 @@
+"""A generation audit's result in words: the verdict line, the failure message, the exit code, its reports.
+
+What the CLI, the pytest plugin and the assertions of :mod:`spectr_audit.generation.checks` print
+(:func:`verdict_line`, :func:`detail_lines`, :func:`failure_text`), the exit code of one audit
+(:func:`status_of`), and the result's JSON and reports (:func:`result_json`, :func:`write_reports`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from spectr_audit import __version__
+from spectr_audit._files import write_text_atomic
+
+__all__ = ["detail_lines", "failure_text", "result_json", "status_of", "verdict_line", "write_reports"]
+
+
+def _p(value: Any) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return "-"
+    return "0 (decisive)" if value == 0 else f"{value:.3g}"
+
+
+def _num(value: Any) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return "-"
+    return f"{value:.3g}"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def verdict_line(result: Any, exit_code: Optional[int] = None) -> str:
+    """The first line of every face: verdict, engine, deciding test and p-value, tokens, and power where it fell short.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as R
+    >>> verdict_line(R(verdict="FINDING", generator="shared-stream", scorer="toy target", pvalue=2.6e-4, alpha=1e-3,
+    ...              test="independence / within a batch", num_tokens=848, num_jobs=16, incomplete=False,
+    ...              stop_reason="planned", min_detectable_tv=0.12, requested_tv=0.02), 1)
+    "FINDING: shared-stream against toy target: test 'independence / within a batch', p = 0.00026 (alpha 0.001); 848 tokens in 16 jobs: exit 1"
+    """
+    verdict = result.verdict + (" (INCOMPLETE)" if getattr(result, "incomplete", False) else "")
+    line = (f"{verdict}: {result.generator} against {result.scorer}: test {result.test!r}, p = {_p(result.pvalue)} "
+            f"(alpha {result.alpha:g}); {_count(result.num_tokens, 'token')} in {_count(result.num_jobs, 'job')}")
+    if result.verdict == "INCONCLUSIVE":
+        line += (f"; min detectable TV {_num(result.min_detectable_tv)} above the planned "
+                 f"{_num(result.requested_tv)}")
+    elif result.verdict == "PASS":
+        line += f"; min detectable TV {_num(result.min_detectable_tv)}"
+    if result.stop_reason not in ("planned", "e-process", "support"):
+        line += f"; stopped: {result.stop_reason}"
+    return line if exit_code is None else f"{line}: exit {exit_code}"
+
+
+def _fails(result: Any, fail_on_inconclusive: bool) -> bool:
+    if getattr(result, "incomplete", False):
+        return True
+    return result.verdict in ("FINDING", "ERROR") or (fail_on_inconclusive and result.verdict == "INCONCLUSIVE")
+
+
+def detail_lines(result: Any, limit: int = 5) -> list:
+    """The lines under the verdict line: how it was decided, the rejected tests, decisive tokens, failures."""
+    lines = [f"decided by: {result.decided_by} ({len(result.subtests)} tests, Holm; stop: {result.stop_reason}); "
+             f"TV lower bound {_num(result.tv_lower)}; min detectable TV {_num(result.min_detectable_tv)} "
+             f"(planned {_num(result.requested_tv)})"]
+    rejected = sorted((t for t in result.subtests if t.pvalue_adjusted is not None and t.pvalue_adjusted <= result.alpha),
+                      key=lambda t: t.pvalue_adjusted)
+    for test in rejected[:limit]:
+        lines.append(f"rejected: {test.name}: p = {_p(test.pvalue_adjusted)} (Holm-adjusted): {test.detail}")
+    if len(rejected) > limit:
+        lines.append(f"rejected: {len(rejected) - limit} more tests")
+    zero = [z for z in result.zero_mass if not z.numerics]
+    for z in zero[:limit]:
+        margin = "" if z.margin is None else f", {z.margin:.3g} logits below the kept tokens"
+        lines.append(f"zero-mass token: {z.token} at position {z.position} of prompt {z.prompt} (arm {z.arm}, job "
+                     f"{z.job}, row {z.row}){margin}")
+    for item in list(result.after_eos)[:limit]:
+        lines.append(f"past end-of-sequence: job {item.get('job')}, row {item.get('row')}: the end-of-sequence token "
+                     f"at position {item.get('position')} is not the last")
+    for d in [d for d in result.divergences if not d.numerics][:limit]:
+        lines.append(f"greedy divergence: prompt {d.prompt} at position {d.position} (arm {d.arm}): engine "
+                     f"{d.engine_token}, reference {d.reference_token}, margin {_num(d.margin)}")
+    for failure in list(result.failures)[:limit]:
+        lines.append(f"failed job: {failure}")
+    if result.verdict == "INCONCLUSIVE":
+        lines.append("nothing rejected, but too few tokens for the planned power: raise max_new_tokens, rounds or "
+                     "the prompts, or plan a larger min_detectable_tv")
+    if getattr(result, "incomplete", False):
+        lines.append("INCOMPLETE: the audit was interrupted; the result covers the jobs that finished")
+    return lines
+
+
+def failure_text(result: Any, fail_on_inconclusive: bool = False) -> Optional[str]:
+    """Why ``result`` fails an assertion (the verdict line, the deciding test, the evidence), or None when it passes.
+
+    FINDING, ERROR and an incomplete result fail; INCONCLUSIVE fails only with ``fail_on_inconclusive``.
+    """
+    if not _fails(result, fail_on_inconclusive):
+        return None
+    return "spectr-audit generation audit: " + verdict_line(result) + "".join(
+        "\n  " + line for line in detail_lines(result))
+
+
+def status_of(result: Any, fail_on_inconclusive: bool = False) -> int:
+    """The exit code of one audit: 0 PASS (and INCONCLUSIVE without the flag), 1 FINDING or ERROR, 3 INCONCLUSIVE
+    with the flag, 130 incomplete (interrupted)."""
+    if getattr(result, "incomplete", False):
+        return 130
+    if result.verdict in ("FINDING", "ERROR"):
+        return 1
+    if result.verdict == "INCONCLUSIVE" and fail_on_inconclusive:
+        return 3
+    return 0
+
+
+def result_json(result: Any) -> str:
+    """The result as JSON text: the generation report's JSON when :mod:`spectr_audit.reports.generation` has it,
+    else ``result.to_dict()`` with the version and kind."""
+    module = _generation_reports()
+    if module is not None and hasattr(module, "render_generation_json"):
+        return module.render_generation_json(result).rstrip("\n")
+    if module is not None and hasattr(module, "generation_json"):
+        data = module.generation_json(result)
+        return data if isinstance(data, str) else json.dumps(data, indent=2)
+    return json.dumps({"spectr_audit_version": __version__, "kind": "generation-audit", **result.to_dict()}, indent=2)
+
+
+def _generation_reports():
+    """:mod:`spectr_audit.reports.generation` when it is installed (None otherwise)."""
+    import importlib
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("spectr_audit.reports.generation") is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    return importlib.import_module("spectr_audit.reports.generation")
+
+
+def write_reports(result: Any, out: Union[str, Path]) -> list:
+    """Write the result's reports into the folder ``out`` (report.json, and .md, .html, JUnit where
+    :mod:`spectr_audit.reports.generation` writes them); returns the paths written."""
+    out = Path(out)
+    module = _generation_reports()
+    if module is not None:
+        # write_generation_report returns {format: path written}
+        return [Path(path) for path in module.write_generation_report(result, out).values()]
+    return [write_text_atomic(out / "report.json", result_json(result) + "\n")]
