@@ -56,10 +56,10 @@ PUBLIC = {
     "spectr_audit.generation": ("audit_generation",),
     "spectr_audit.generation.library": ("ToyPair", "correct_engine", "slip_engine"),
     "spectr_audit.engines.workers": ("RowParallelVerifier",),
-    "spectr_audit.engines.e2e.factories": ("checkpoint_pair",),
-    "spectr_audit.engines.e2e.hf": ("TransformersGenerator", "TransformersScorer", "load_causal_lm"),
-    "spectr_audit.engines.e2e.prompts": ("shipped_prompt_ids",),
-    "spectr_audit.engines.e2e.vllm_offline": ("VLLMGenerator", "start_llm"),
+    "spectr_audit.engine_adapters.factories": ("checkpoint_pair",),
+    "spectr_audit.engine_adapters.hf": ("TransformersGenerator", "TransformersScorer", "load_causal_lm"),
+    "spectr_audit.engine_adapters.prompts": ("shipped_prompt_ids",),
+    "spectr_audit.engine_adapters.vllm_offline": ("VLLMGenerator", "start_llm"),
     "spectr_audit.strategies": ("emitted_tokens_in_target_support", "verify_inputs"),
 }
 

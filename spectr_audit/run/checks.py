@@ -49,7 +49,7 @@ LP_TOL = defaults.LP_TOL
 LP_MAX_VARIABLES = defaults.LP_CROSS_CHECK_MAX_VARIABLES
 
 
-def said(passed: bool, held: str, failed: str) -> str:
+def outcome_detail(passed: bool, held: str, failed: str) -> str:
     """A check's detail in the words of its outcome: ``held`` when it passed, ``failed`` when it did not.
 
     Reports print the detail beside the verdict, so a fixed text would contradict one of the two.
@@ -152,14 +152,14 @@ def exact_law_checks(audit, strings: str, how: str, checks: list, metrics: dict,
 
 def exact_detail(passed: bool, strings: str, how: str) -> str:
     """The ``exact`` check's detail: the implied law is the target's, or not, over ``strings``."""
-    return said(passed, f"max |F(w) - q(w)| over {strings} within the tolerance: the implied law is the target's ({how})",
+    return outcome_detail(passed, f"max |F(w) - q(w)| over {strings} within the tolerance: the implied law is the target's ({how})",
                  f"max |F(w) - q(w)| over {strings} above the tolerance: the implied law is not the target's ({how}; "
                  "the worst strings are listed)")
 
 
 def prefix_cap_detail(passed: bool) -> str:
     """The ``prefix-cap`` check's detail."""
-    return said(passed, "max over prefixes u of B(u) - q(u) within the tolerance: no prefix is emitted more often "
+    return outcome_detail(passed, "max over prefixes u of B(u) - q(u) within the tolerance: no prefix is emitted more often "
                  "than the target allows",
                  "a prefix u has B(u) - q(u) above the tolerance: no later correction can repair the step")
 
@@ -177,7 +177,7 @@ def multi_iteration_check(request, checks, metrics, details) -> None:
     details["multi_iteration"] = {"num_tokens": num_tokens, "num_histories": audit.num_histories,
                                   "expected_iterations": audit.expected_iterations}
     exact = audit.max_abs_error <= MULTI_TOL
-    checks.append(Check("exact-multi-iteration", exact, audit.max_abs_error, MULTI_TOL, said(
+    checks.append(Check("exact-multi-iteration", exact, audit.max_abs_error, MULTI_TOL, outcome_detail(
         exact, f"max |P(first {num_tokens} tokens = w) - q(w)| within the tolerance over the whole decoding loop, "
         "corrections applied: the loop's law is the target's",
         f"max |P(first {num_tokens} tokens = w) - q(w)| above the tolerance over the whole decoding loop, "
@@ -200,7 +200,7 @@ def block_lp_check(case, carries, checks, metrics, details) -> None:
         # Only an exact verifier is bound by the LP; an inexact one can "beat" it by losing fidelity.
         below = efficiency <= bound + LP_TOL
         optimum = "the block LP optimum" + (" with repair" if carries else "")
-        checks.append(Check("block-efficiency<=optimal", below, efficiency, bound, said(
+        checks.append(Check("block-efficiency<=optimal", below, efficiency, bound, outcome_detail(
             below, f"E[len(s)] <= {optimum}", f"E[len(s)] above {optimum}, which no exact verifier reaches")))
 
 
@@ -338,7 +338,7 @@ def exact_certificate(options, checks, metrics) -> None:
     if options.certify_tv is None or not isinstance(tv, float):
         return
     certified = tv <= options.certify_tv
-    checks.append(Check("certified-tv", certified, tv, options.certify_tv, said(
+    checks.append(Check("certified-tv", certified, tv, options.certify_tv, outcome_detail(
         certified, "certified: the exact TV distance of the law (no sampling) is within the tolerance",
         "refuted: the exact TV distance of the law (no sampling) is above the tolerance")))
 
@@ -364,7 +364,7 @@ def sampler_check(request, checks, metrics, details) -> None:
         detail = (f"{result.test}: INCONCLUSIVE: not rejected that the sampler follows the verifier's own output_probs, "
                   f"at less power than planned (p = {result.pvalue:.3g} > alpha = {result.alpha:g}; {measured})")
     else:
-        detail = said(
+        detail = outcome_detail(
             follows, f"{result.test}: not rejected that the sampler follows the verifier's own output_probs "
             f"(p = {result.pvalue:.3g} > alpha = {result.alpha:g}; {measured})",
             f"{result.test}: REJECTED: the sampler does not follow the verifier's own output_probs "
@@ -425,18 +425,18 @@ def bound_checks(verifier, alpha_star: Optional[float], checks: list, metrics: d
 
     shown = "shown " if sampled else ""
     below, on = judged(binomial_above if sampled else None, acceptance <= alpha_star + BOUND_TOL)
-    checks.append(Check("acceptance<=optimal", below, acceptance, alpha_star, said(
+    checks.append(Check("acceptance<=optimal", below, acceptance, alpha_star, outcome_detail(
         below, f"{what} {'not shown above' if sampled else '<='} {bound}{on}{held}",
         f"{what} {shown}above {bound}{on}, which no exact verifier reaches")))
     if "optimal" in verifier.guarantees:
         reached, on = judged(binomial_below if sampled else None, acceptance >= alpha_star - BOUND_TOL)
-        checks.append(Check("acceptance>=optimal", reached, acceptance, alpha_star, said(
+        checks.append(Check("acceptance>=optimal", reached, acceptance, alpha_star, outcome_detail(
             reached, f"{'not shown below' if sampled else 'reaches'} the optimal acceptance alpha* it claims{on}",
             f"{shown}below the optimal acceptance alpha* it claims{on}")))
     if "spectr" in verifier.guarantees and "spectr_bound" in metrics:
         floor = metrics["spectr_bound"]
         kept = acceptance >= floor - BOUND_TOL
-        checks.append(Check("spectr-guarantee", kept, acceptance, floor, said(
+        checks.append(Check("spectr-guarantee", kept, acceptance, floor, outcome_detail(
             kept, "acceptance >= (1 - (1 - 1/K)^K) alpha*: SpecTr's guarantee kept",
             "acceptance below (1 - (1 - 1/K)^K) alpha*: SpecTr's guarantee broken")))
     best = None if tree_bound is None else tree_bound.accepted_length
@@ -449,7 +449,7 @@ def bound_checks(verifier, alpha_star: Optional[float], checks: list, metrics: d
         tol = LP_TOL if tree_bound.accepted_length_source == "lp" else BOUND_TOL
         within = length <= best + tol
         source = tree_bound.accepted_length_source
-        checks.append(Check("accepted-length<=optimal", within, length, best, said(
+        checks.append(Check("accepted-length<=optimal", within, length, best, outcome_detail(
             within, f"E[accepted draft tokens] <= the best of a lossless verifier ({source})",
             f"E[accepted draft tokens] above the best of a lossless verifier ({source}), which no exact verifier "
             "reaches")))

@@ -27,7 +27,7 @@ MOVED = {
 def test_an_old_path_warns_and_offers_the_same_objects(old, monkeypatch):
     new, names = MOVED[old]
     monkeypatch.delitem(sys.modules, old, raising=False)
-    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: import {new}"):
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated: it moved to {new}"):
         alias = importlib.import_module(old)
     moved = importlib.import_module(new)
     assert set(getattr(moved, "__all__", ())) <= set(alias.__all__)
