@@ -40,9 +40,10 @@ def modules() -> dict:
 
 
 def _is_alias(tree: ast.Module) -> bool:
-    """A deprecated alias: warns with DeprecationWarning and defines no function or class of its own."""
+    """A deprecated alias: warns with DeprecationWarning (itself or through ``deprecation.moved_module``) and
+    defines no function or class of its own."""
     defines = any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name != "__getattr__" for n in tree.body)
-    warns = any(isinstance(n, ast.Name) and n.id == "DeprecationWarning" for n in ast.walk(tree))
+    warns = any((isinstance(n, ast.Name) and n.id in ("DeprecationWarning", "moved_module")) for n in ast.walk(tree))
     return warns and not defines
 
 
