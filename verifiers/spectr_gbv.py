@@ -372,9 +372,9 @@ class PublishedSpecTrGBV(Verifier):
         level = tau.clamp(max=draft_len - 1)
         mass = _residual_sampler(draft_probs[rows, sel, level], target_probs[rows, sel, level],
                                  draft_joint[rows, sel, level], target_joint[rows, sel, level], num_drafts)
-        full = (tau == draft_len).nonzero().squeeze(1)
-        if full.numel():
-            mass.index_copy_(0, full, target_probs[rows[full], sel[full], draft_len].double())
+        # selected, not gathered by index: the rows' count is data, and a sampler never syncs with the host
+        full = (tau == draft_len).unsqueeze(1)
+        mass = torch.where(full, target_probs[rows, sel, draft_len].double(), mass)
         next_token = _sample_or_fallback(mass, lambda: target_probs[rows, sel, tau].double(), u[:, -1])
         draft_index = _canonical_index(quantities, state.row, state.tau, state.sel)
         correction = None

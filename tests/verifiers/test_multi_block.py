@@ -167,7 +167,9 @@ def test_law_matches_the_oracle_tuple_by_tuple(case, pick):
     law = load_verifier("multi-block").output_probs(tokens, draft_probs, target_probs)
     for b in range(tokens.shape[0]):
         slow = multi_block_law(*_rows(tokens, draft_probs, target_probs, b))
-        _assert_same_law(_string_law(law, tokens, b), slow, atol=1e-12)
+        # float64 both, the priority sweeps summed in another order: the largest gap found so far is 1.33e-12
+        # (an entry of 0.86 on a concentration-0.3 case), so 1e-11 leaves room for rounding and none for a slip
+        _assert_same_law(_string_law(law, tokens, b), slow, atol=1e-11)
 
 
 @settings(max_examples=15, deadline=None)
