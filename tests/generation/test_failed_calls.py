@@ -170,3 +170,13 @@ def test_the_reports_name_what_failed(tmp_path):
            "on call 3" in markdown
     junit = (tmp_path / "junit.xml").read_text()
     assert "<error" in junit and "Traceback" in junit and "job 5 (repeated)" in junit
+
+
+def test_check_generation_fails_with_the_headline_and_passes_with_the_allowance():
+    from spectr_audit.generation.checks import check_generation
+
+    with pytest.raises(AssertionError, match=r"audit: ERROR: .*2 of 6 engine calls failed \(allowed 0"):
+        check_generation(every_third_call_fails(correct_engine(PAIR)), PAIR.scorer(), PROMPTS, **SMALL)
+    result = check_generation(every_third_call_fails(correct_engine(PAIR)), PAIR.scorer(), PROMPTS,
+                              allow_failed_calls=2, **{**SMALL, "min_detectable_tv": 0.9})
+    assert result.verdict == "PASS" and result.num_failed_calls == 2
