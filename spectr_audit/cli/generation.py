@@ -147,6 +147,8 @@ def command(args) -> int:
             print("  acceptance: " + ", ".join(f"{k} {_short(v)}" for k, v in result.acceptance.items() if k != "note"))
         if paths:
             print(f"reports: {', '.join(str(p) for p in paths)}")
+        elif result.failures:
+            print("  the failed calls' tracebacks: give --out DIR (report.json) or --json to keep them")
     if args.repro is not None:
         _write_repro(Path(args.repro), result, getattr(engine.generate, "repro_spec", None),
                      prompts if prompts is not None else engine.prompts, args.max_new_tokens or 32)

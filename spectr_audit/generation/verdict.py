@@ -120,9 +120,10 @@ def _fails(result: Any, fail_on_inconclusive: bool) -> bool:
 
 def detail_lines(result: Any, limit: int = 5) -> list:
     """The lines under the verdict line: how it was decided, the rejected tests, decisive tokens, failures."""
-    lines = [f"decided by: {result.decided_by} ({len(result.subtests)} tests, Holm; stop: {result.stop_reason}); "
-             f"TV lower bound {_num(result.tv_lower)}; min detectable TV {_num(result.min_detectable_tv)} "
-             f"(planned {_num(result.requested_tv)})"]
+    lines = [] if result.num_jobs == 0 else [  # with no job scored nothing was decided
+        f"decided by: {result.decided_by} ({len(result.subtests)} tests, Holm; stop: {result.stop_reason}); "
+        f"TV lower bound {_num(result.tv_lower)}; min detectable TV {_num(result.min_detectable_tv)} "
+        f"(planned {_num(result.requested_tv)})"]
     rejected = sorted((t for t in result.subtests if t.pvalue_adjusted is not None and t.pvalue_adjusted <= result.alpha),
                       key=lambda t: t.pvalue_adjusted)
     for test in rejected[:limit]:

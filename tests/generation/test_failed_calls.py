@@ -94,6 +94,7 @@ def test_every_call_failing_says_so_in_the_headline():
                            "jobs); first: job 0 (single): ValueError: weights missing; tracebacks: "), line
     assert line.endswith(": exit 4") and "test 'none'" not in line and "p = 1" not in line
     assert "min detectable TV" not in line, line
+    assert not any(d.startswith("decided by") for d in detail_lines(result))  # nothing was decided
 
 
 def test_the_json_carries_the_count_the_allowance_and_the_tracebacks():
@@ -157,6 +158,7 @@ def test_the_cli_exits_4_on_failed_calls_and_0_with_them_allowed(capsys, tmp_pat
     out = capsys.readouterr().out
     assert code == 0 and out.splitlines()[0].split(":")[0] in ("PASS", "INCONCLUSIVE"), out
     assert "failed calls: 2 of 6 (allowed 2): within the allowance" in out, out
+    assert "tracebacks: give --out DIR (report.json) or --json to keep them" in out, out
 
 
 def test_the_reports_name_what_failed(tmp_path):
