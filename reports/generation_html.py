@@ -123,7 +123,7 @@ def render_generation_html(result: Any, figures: bool = True) -> str:
         '<p class="note">Verdicts: <b>PASS</b> = nothing rejected, at the planned power; <b>FINDING</b> = a deciding '
         "test rejected at the familywise level alpha (Holm), or a decisive check found a violation; "
         "<b>INCONCLUSIVE</b> = nothing rejected, but the minimum detectable TV reached is above the one requested; "
-        "<b>ERROR</b> = no job could be scored.</p>",
+        "<b>ERROR</b> = more engine calls failed than allowed, or no job could be scored.</p>",
         '<nav><a href="#run">Run</a><a href="#tests">Tests</a><a href="#strata">Strata</a>'
         '<a href="#held-out">Held-out TV</a>'
         + ('<a href="#numerics-floor">Numerics floor</a>' if _floor_text(d) else "")

@@ -74,7 +74,9 @@ def render_generation_junit(result: Any) -> str:
     if verdict == "ERROR":
         element = case("generation audit")
         error = ET.SubElement(element, "error", message=verdict_text[:500], type="AuditError")
-        error.text = "\n".join(str(f) for f in d.get("failures") or ()) or verdict_text
+        tracebacks = [f"job {c.get('job')} ({c.get('arm')}):\n{c.get('traceback')}" for c in d.get("failed_calls") or ()
+                      if c.get("traceback")]
+        error.text = "\n".join(tracebacks or [str(f) for f in d.get("failures") or ()]) or verdict_text
         counts["errors"] += 1
     else:
         deciding = set(d.get("deciding") or ())

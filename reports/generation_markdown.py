@@ -47,8 +47,8 @@ def render_generation_markdown(result: Any) -> str:
         lines += [f"**{line}**" if line.startswith("INCOMPLETE") else line, ""]
     lines += ["Verdicts: `PASS` = nothing rejected, at the planned power; `FINDING` = a deciding test rejected at the "
               "familywise level alpha (Holm), or a decisive check found a violation; `INCONCLUSIVE` = nothing "
-              "rejected, but the minimum detectable TV reached is above the one requested; `ERROR` = no job could be "
-              "scored.", "", "## Run", ""]
+              "rejected, but the minimum detectable TV reached is above the one requested; `ERROR` = more engine calls "
+              "failed than allowed, or no job could be scored.", "", "## Run", ""]
     lines += _md_table(("what", "value"), _facts(d))
     lines += ["", "## Tests", "",
               "The whole Holm family; only the deciding tests and the decisive checks decide. p: the test alone; "

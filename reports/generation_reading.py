@@ -178,8 +178,17 @@ def _verdict_text(d: dict, quote: Callable[[str], str]) -> list[str]:
     lines = []
     if verdict == "ERROR":
         failures = len(d.get("failures") or ())
-        lines.append(f"ERROR: no job could be scored ({failures} generator or scorer call(s) failed, listed below); "
-                     "nothing was tested.")
+        calls = failures + int(d.get("num_jobs") or 0)
+        first = (d.get("failed_calls") or [{}])[0]
+        named = (f"; the first, job {first.get('job')} ({first.get('arm')}): {first.get('error')} (every traceback in "
+                 f"report.json, failed_calls[].traceback)" if first.get("error") else "")
+        if not d.get("num_jobs"):
+            lines.append(f"ERROR: no job could be scored: every engine call failed ({failures} of {calls} jobs, "
+                         f"listed below){named}; nothing was tested.")
+        else:
+            lines.append(f"ERROR: {failures} of {calls} engine calls failed, more than the "
+                         f"{d.get('allowed_failed_calls', 0)} allowed{named}; the tests on the other jobs' {tokens} "
+                         "tokens do not decide.")
     elif verdict == "FINDING" and test_name in _CHECKS:
         found = _check_text(d, test).removeprefix("FINDING: ")
         lines.append(f"FINDING: the decisive check {quote(test_name)} found a violation: {found}; p = 0 "

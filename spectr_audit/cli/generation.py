@@ -119,7 +119,7 @@ def command(args) -> int:
     options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, rounds=args.rounds, arms=args.arms,
                    seed=args.seed, alpha=args.alpha, min_detectable_tv=args.min_detectable_tv,
                    max_tokens=args.max_tokens, max_seconds=args.max_seconds, timeout=args.timeout,
-                   store=None if store is None else str(store), resume=args.resume,
+                   allow_failed_calls=args.allow_failed_calls, store=None if store is None else str(store), resume=args.resume,
                    progress=_progress_flag(args.progress))
     interrupted = False
     try:
@@ -147,6 +147,8 @@ def command(args) -> int:
             print("  acceptance: " + ", ".join(f"{k} {_short(v)}" for k, v in result.acceptance.items() if k != "note"))
         if paths:
             print(f"reports: {', '.join(str(p) for p in paths)}")
+        elif result.failures:
+            print("  the failed calls' tracebacks: give --out DIR (report.json) or --json to keep them")
     if args.repro is not None:
         _write_repro(Path(args.repro), result, getattr(engine.generate, "repro_spec", None),
                      prompts if prompts is not None else engine.prompts, args.max_new_tokens or 32)
@@ -167,7 +169,8 @@ def _generation_suite(args) -> int:
     per_engine = [flag for flag in _given(args, _ENGINE_FLAGS)]
     if per_engine:
         raise _UsageError(f"{', '.join(per_engine)}: not with --suite (each [[generation]] case sets its own); with "
-                          "--suite only --seed, --alpha, --max-tokens, --max-seconds and --timeout apply to every case")
+                          "--suite only --seed, --alpha, --max-tokens, --max-seconds, --timeout and --allow-failed-calls "
+                          "apply to every case")
     _check_suite_name(args.suite)
     suite = load_suite(args.suite)
     if not suite.generation:
@@ -194,6 +197,7 @@ def _generation_suite(args) -> int:
         report = run_generation_suite(suite, store_dir=store_dir, resume=args.resume, on_start=on_start,
                                           select=args.case, seed=args.seed, alpha=args.alpha, max_tokens=args.max_tokens,
                                           max_seconds=args.max_seconds, timeout=args.timeout,
+                                          allow_failed_calls=args.allow_failed_calls,
                                           progress=_progress_flag(args.progress) if args.progress == "bar" else False)
     except gen.GenerationSuiteInterrupted as exc:
         report = exc.report
@@ -205,7 +209,7 @@ def _generation_suite(args) -> int:
         paths.append(write_text_atomic(out / "report.json", json.dumps(report.to_dict(), indent=2) + "\n"))
         write_manifest(out, paths, complete=report.incomplete is None)
     findings = sum(r.result.verdict == "FINDING" for r in report.results)
-    verdict = "FAIL" if status in (1, 3) else ("INCOMPLETE" if status == 130 else
+    verdict = "FAIL" if status in (1, 3) else "ERROR" if status == 4 else ("INCOMPLETE" if status == 130 else
                                                ("INCONCLUSIVE" if report.inconclusive else "PASS"))
     skipped = f", {len(report.skipped)} skipped" if report.skipped else ""
     head = (f"spectr-audit generation: suite {report.suite!r}: {len(report.results)} of {report.planned} cases in "

@@ -212,9 +212,11 @@ model's own law (docs/generation.md).  The audit runs the engine under its batch
 (the target without speculation, teacher-forced), and tests the tokens' randomized PITs and
 surprisals, one Holm family at the false-alarm rate --alpha.  Verdicts: PASS (nothing rejected,
 at the power planned for --min-detectable-tv), FINDING, INCONCLUSIVE (nothing rejected, too few
-tokens for the planned power), ERROR (no job could be scored).  The first line printed is the
-verdict with the deciding test and its p-value; then how it was decided, the rejected tests and
-the decisive tokens.
+tokens for the planned power), ERROR (no job could be scored, or more engine calls failed than
+--allow-failed-calls allows: the gate fails whatever the tests say).  The first line printed is
+the verdict with the deciding test and its p-value (an ERROR's: how many calls failed, the first
+one's exception and where the tracebacks are); then how it was decided, the rejected tests, the
+decisive tokens and the failed calls.
 
 --engine SPEC is one of
   toy                      the correct speculative loop over a small toy model pair
@@ -236,9 +238,12 @@ _GENERATION_EPILOG = """examples:
 
 exit codes:
   0  PASS (and INCONCLUSIVE without --fail-on-inconclusive); a suite: every case as expected
-  1  FINDING or ERROR; a suite: a case not as expected
+  1  FINDING (whatever else failed); a suite: a case not as expected
   2  usage or input error (a message naming the argument; nothing audited)
   3  INCONCLUSIVE, with --fail-on-inconclusive
+  4  ERROR: no finding, but more engine calls failed than --allow-failed-calls allows (default
+     0), or none finished (the first failure's exception is printed; the tracebacks are in
+     report.json, failed_calls[].traceback)
   130  interrupted (Ctrl-C): what finished is written (--out, --store), marked incomplete"""
 
 
@@ -300,6 +305,9 @@ def _add_generation_parser(sub) -> None:
                        help="stop after this many seconds")
     audit.add_argument("--timeout", type=_positive_seconds, default=None, metavar="S",
                        help="per-call limit of generate(), the reference and the scorers (a call past it fails its job)")
+    audit.add_argument("--allow-failed-calls", type=_non_negative_int, default=None, metavar="N",
+                       help="how many jobs' engine calls (generate(), the reference, the scorers) may fail before the "
+                       "verdict is ERROR, exit 4 (default 0; a FINDING keeps exit 1)")
     audit.add_argument("--reference", action=argparse.BooleanOptionalAction, default=None,
                        help="audit with the engine's reference generator (speculation off): two-sample tests and the "
                        "numerics floor (default: a factory's when it gives one; not the toy's, whose scorer is exact)")

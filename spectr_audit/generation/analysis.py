@@ -379,6 +379,8 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
     pvalue, test = _decisive(pvalue, test, violations, after_eos, divergences)
     held, mdtv, z = _power(tokens, one, options, confidence)
     verdict = _verdict(stored, pvalue, options, greedy, has_reference, violations, mdtv)
+    if len(failures) > options.allow_failed_calls and verdict != "FINDING":
+        verdict = "ERROR"  # more engine calls failed than allowed: the gate fails whatever the tests say
     strata_rows = tuple(_stratum_row(t, tokens, options, prompts) for t in family if t.name.startswith("pit "))
     arm_tokens = {arm: int((tokens.arm == a).sum()) for a, arm in enumerate(ARMS) if arm in options.arms}
     return GenerationAuditResult(
@@ -392,7 +394,8 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
         after_eos=tuple({"job": j, "row": r, "position": p} for j, r, p in after_eos[:50]),
         failures=tuple(f"job {j} ({arm}): {m}" for j, arm, m in failures), seconds=outcome.seconds,
         num_bins=NUM_BINS, incomplete=outcome.interrupted, num_processes=outcome.num_processes, logit_tolerance=tolerance,
-        power_ordering=options.power_ordering)
+        power_ordering=options.power_ordering, failed_calls=tuple(outcome.failed_calls),
+        allowed_failed_calls=options.allow_failed_calls)
 
 def _mask(tokens: _Tokens, options: _Options, prompts: list, name: str) -> np.ndarray:
     stratum = name.split(" / ", 1)[1]

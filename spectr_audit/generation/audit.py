@@ -73,6 +73,7 @@ def audit_generation(
     max_tokens: Optional[int] = None,
     max_seconds: Optional[float] = None,
     timeout: Optional[float] = None,
+    allow_failed_calls: int = 0,
     store: Optional[str] = None,
     resume: bool = False,
     distributed: Any = "auto",
@@ -125,6 +126,11 @@ def audit_generation(
         Budgets: stop after this many engine tokens or seconds (the result says how far it got).
     timeout : float, optional
         Per-call limit of the generator, the reference and the scorers.
+    allow_failed_calls : int
+        How many jobs may fail (their generator, reference or scorer call raised, broke the contract or
+        ran past ``timeout``) before the verdict is ERROR whatever the tests say (a FINDING stands);
+        default 0: a failed engine call fails the audit.  Within the allowance the verdict is the
+        tests' and the failed calls are counted apart.
     store, resume : optional
         An SQLite file the finished jobs are written to; ``resume=True`` continues an interrupted
         audit (same configuration) to the same verdict.
@@ -168,7 +174,7 @@ def audit_generation(
         batch_size=batch_size, rounds=rounds, arms=arms, seed=seed, alpha=alpha, power=power,
         min_detectable_tv=min_detectable_tv, orderings=orderings, position_buckets=position_buckets,
         zero_mass_tol=zero_mass_tol, logit_tol=logit_tol, max_tokens=max_tokens, max_seconds=max_seconds,
-        timeout=timeout, eos_token_id=eos_token_id)
+        timeout=timeout, eos_token_id=eos_token_id, allow_failed_calls=allow_failed_calls)
     _check_flags(resume=resume, progress=progress)
     _check_run_arguments(store, distributed)
     return run_request(request, store=store, resume=resume, distributed=distributed, progress=progress)
@@ -191,7 +197,7 @@ def run_request(request: GenerationRequest, *, store: Optional[str] = None, resu
     seconds["tests"] = 0.0
     test_start = time.perf_counter()
     outcome = RunOutcome(schedule.consumed(), schedule.failed(), schedule.stop_reason, schedule.mixture_p(),
-                         seconds, schedule.interrupted, group.world_size)
+                         seconds, schedule.interrupted, group.world_size, schedule.failed_calls())
     result = _analyse(request, outcome)
     seconds["tests"] = time.perf_counter() - test_start
     if sink is not None:

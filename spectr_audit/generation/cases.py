@@ -21,7 +21,7 @@ __all__ = ["AUDIT_KEYS", "CASE_KEYS", "EXPECTED", "GenerationCase", "TOY_KEYS", 
 
 #: The audit's options a case may set.
 AUDIT_KEYS = ("max_new_tokens", "batch_size", "rounds", "arms", "seed", "alpha", "power", "min_detectable_tv",
-              "max_tokens", "max_seconds", "timeout", "greedy", "logit_tol")
+              "max_tokens", "max_seconds", "timeout", "greedy", "logit_tol", "allow_failed_calls")
 TOY_KEYS = ("vocab_size", "toy_seed", "draft_noise", "temperature", "top_k", "top_p", "eos_token_id")
 CASE_KEYS = ("name", "description", "engine", "expected", "options", "prompts", "reference",
              "requires") + TOY_KEYS + AUDIT_KEYS
@@ -107,7 +107,7 @@ def _check_case_value(key: str, value: Any, where: str) -> Any:
 
     if key in ("max_new_tokens", "batch_size", "rounds", "max_tokens"):
         return _integer(value, where, key, 1)
-    if key in ("seed", "toy_seed", "top_k", "eos_token_id"):
+    if key in ("seed", "toy_seed", "top_k", "eos_token_id", "allow_failed_calls"):
         return _integer(value, where, key, 0)
     if key == "vocab_size":
         return _integer(value, where, key, 2)

@@ -28,7 +28,8 @@ Suite format (a suite may hold ``[[case]]`` verifier cases, ``[[generation]]`` c
                                           # toy:SLIP, pass otherwise
     max_new_tokens = 16                   # the audit's options: max_new_tokens, batch_size, rounds, arms,
     rounds = 1                            # seed, alpha, power, min_detectable_tv, max_tokens, max_seconds,
-    min_detectable_tv = 0.2               # timeout, greedy, logit_tol
+    min_detectable_tv = 0.2               # timeout, greedy, logit_tol, allow_failed_calls (failed engine
+                                          # calls allowed before the verdict is ERROR; default 0)
     prompts = [[1, 2, 3], [4, 5]]         # default: the engine's own (the toy's built-in prompts)
     reference = true                      # audit with the engine's reference generator (default: a
                                           # factory's when it gives one; not the toy's)

@@ -38,6 +38,7 @@ class _Options:
     max_seconds: Optional[float]
     timeout: Optional[float]
     eos_token_id: Optional[int]
+    allow_failed_calls: int = 0
 
     @property
     def power_ordering(self) -> str:
@@ -49,6 +50,7 @@ class _Options:
         fields = dataclasses.asdict(self)
         fields.pop("max_seconds")
         fields.pop("timeout")
+        fields.pop("allow_failed_calls")  # how the result is judged, not which jobs run
         return {**{k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}, "prompts": prompts,
                 "reference": reference, "draft_scorer": draft, "per_row_max_new_tokens": per_row_max_new_tokens}
 
@@ -61,7 +63,7 @@ def _bucket_names(buckets: tuple) -> list:
 
 def _check_options(*, vocab_size, max_new_tokens, batch_size, rounds, arms, seed, alpha, power, min_detectable_tv,
                    orderings, position_buckets, zero_mass_tol, logit_tol, max_tokens, max_seconds, timeout,
-                   eos_token_id, has_draft_scorer: bool) -> _Options:
+                   eos_token_id, allow_failed_calls=0, has_draft_scorer: bool) -> _Options:
     """The options of :func:`~spectr_audit.generation.audit_generation`, checked (keyword arguments only): each bad
     one an ``InvalidArgument`` naming it."""
     def number(name, value, low, high, closed=True):
@@ -98,6 +100,7 @@ def _check_options(*, vocab_size, max_new_tokens, batch_size, rounds, arms, seed
         raise InvalidArgument(f"position_buckets: expected increasing positive integers, got {list(buckets)!r}")
     if max_tokens is not None:
         max_tokens = integer("max_tokens", max_tokens, 1)
+    allow_failed_calls = integer("allow_failed_calls", allow_failed_calls, 0)
     for name, value in (("max_seconds", max_seconds), ("timeout", timeout)):
         if value is not None:
             number(name, value, 0.0, math.inf, closed=False)
@@ -117,7 +120,8 @@ def _check_options(*, vocab_size, max_new_tokens, batch_size, rounds, arms, seed
                     arms=arms, seed=seed, alpha=alpha, power=power, min_detectable_tv=min_detectable_tv,
                     orderings=orderings, position_buckets=buckets, zero_mass_tol=zero_mass_tol, logit_tol=logit_tol,
                     max_tokens=max_tokens, max_seconds=None if max_seconds is None else float(max_seconds),
-                    timeout=None if timeout is None else float(timeout), eos_token_id=eos_token_id)
+                    timeout=None if timeout is None else float(timeout), eos_token_id=eos_token_id,
+                    allow_failed_calls=allow_failed_calls)
 
 
 def _check_flags(**flags) -> None:

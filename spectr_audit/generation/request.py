@@ -92,7 +92,8 @@ class GenerationRequest:
 @dataclasses.dataclass(frozen=True)
 class RunOutcome:
     """How the schedule ran: ``consumed`` ``(job, arm, record)`` in job order, ``failed`` ``(job, arm, message)``,
-    why it stopped, the e-process's p-value, the seconds spent, whether Ctrl-C ended it, the processes."""
+    why it stopped, the e-process's p-value, the seconds spent, whether Ctrl-C ended it, the processes, and
+    ``failed_calls``: each failed job's index, arm, exception line and traceback (dicts, in job order)."""
 
     consumed: list
     failed: list
@@ -101,3 +102,4 @@ class RunOutcome:
     seconds: dict
     interrupted: bool
     num_processes: int
+    failed_calls: list = dataclasses.field(default_factory=list)

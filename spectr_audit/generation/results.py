@@ -117,7 +117,8 @@ class GenerationAuditResult:
     generator, scorer : str
     verdict : str
         ``"PASS"`` (nothing rejected, at the planned power), ``"FINDING"``, ``"INCONCLUSIVE"``
-        (nothing rejected, power short of the plan), ``"ERROR"`` (no job could be scored).
+        (nothing rejected, power short of the plan), ``"ERROR"`` (no job could be scored, or more jobs failed
+        than :attr:`allowed_failed_calls`; a FINDING on the jobs that ran stands).
     pvalue : float
         Holm's familywise p-value over the deciding tests (0 on a decisive violation).
     test : str
@@ -160,6 +161,11 @@ class GenerationAuditResult:
         ``"planned"``, ``"e-process"``, ``"support"``, ``"max_tokens"``, ``"max_seconds"``, ``"interrupted"``.
     failures : tuple of str
         Jobs whose generator or scorer call failed (their arm's other jobs were kept).
+    failed_calls : tuple of dict
+        The same jobs in full: ``job``, ``arm``, ``error`` (the exception's type and the last line of its
+        message: the engine's own exception where it raised one) and ``traceback`` (the whole of it).
+    allowed_failed_calls : int
+        How many failed jobs the audit allowed (``allow_failed_calls``) before its verdict is ERROR.
     seconds : dict of str -> float
         Wall time of generation, reference generation, scoring and the tests.
     num_bins : int
@@ -213,6 +219,8 @@ class GenerationAuditResult:
     logit_tolerance: float = 0.0
     after_eos: tuple = ()
     power_ordering: str = "probability"
+    failed_calls: tuple = ()
+    allowed_failed_calls: int = 0
 
     @property
     def passed(self) -> bool:
@@ -225,12 +233,22 @@ class GenerationAuditResult:
         return self.verdict == "INCONCLUSIVE"
 
     @property
+    def num_failed_calls(self) -> int:
+        """Jobs whose generator, reference or scorer call failed."""
+        return len(self.failures)
+
+    @property
+    def num_calls(self) -> int:
+        """Jobs run: those scored and those whose call failed."""
+        return self.num_jobs + len(self.failures)
+
+    @property
     def tv_lower(self) -> float:
         """The best lower bound on the engine's mean per-token TV over the orders."""
         return max((h.lower for h in self.held_out_tv), default=0.0)
 
     def to_dict(self) -> dict:
-        """Plain JSON values: every field, the tests as dicts, and ``passed``."""
+        """Plain JSON values: every field, the tests as dicts, ``passed``, ``tv_lower`` and ``num_failed_calls``."""
         out = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
@@ -239,4 +257,5 @@ class GenerationAuditResult:
             out[field.name] = _plain(value)
         out["passed"] = self.passed
         out["tv_lower"] = self.tv_lower
+        out["num_failed_calls"] = self.num_failed_calls
         return out

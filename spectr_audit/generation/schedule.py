@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import traceback
 from typing import Any, Optional
 
 import numpy as np
@@ -26,6 +27,21 @@ from spectr_audit.generation.scoring import _run_job
 from spectr_audit.generation.store import SampleStore
 from spectr_audit.generation.statistical_tests import PITEProcess
 from spectr_audit.statistical.sharding import WorkerFailed
+
+
+def _exception_line(exc: BaseException) -> str:
+    """A failed call in one line: the engine's own exception (the cause the contract wrapped) where there is one,
+    its type and the last line of its message; else the contract's complaint.
+
+    >>> try:
+    ...     raise GenerationContractError("generator raised on job 2") from ValueError("bad shape\\nrow 3 of 4")
+    ... except GenerationContractError as exc:
+    ...     _exception_line(exc)
+    'ValueError: row 3 of 4'
+    """
+    root = exc.__cause__ if exc.__cause__ is not None else exc
+    lines = [line for line in str(root).strip().splitlines() if line.strip()]
+    return f"{type(root).__name__}: {lines[-1].strip()}" if lines else type(root).__name__
 
 
 class _Collective:
@@ -113,6 +129,7 @@ class _Schedule:
         self.options, self.greedy, self.stop_level = options, request.greedy, _stop_level(request)
         self.records: dict = {}  # job index -> records, every job consumed so far (in job order)
         self.failures: dict = {}  # job index -> (arm, message), every job that failed in this run
+        self.failure_details: dict = {}  # job index -> (exception's type and last line, traceback text)
         self.errors: dict = {}  # job index -> the exception this process raised on it (with shards)
         self.eprocesses = {o: PITEProcess() for o in options.orderings}
         self.max_log_e = 0.0
@@ -168,7 +185,7 @@ class _Schedule:
         try:
             return ("ok", _run_job(job, self.request))
         except GenerationContractError as exc:
-            return ("fail", str(exc))
+            return ("fail", str(exc), _exception_line(exc), "".join(traceback.format_exception(exc)))
         except KeyboardInterrupt:
             return ("interrupt",)
         except Exception as exc:  # with shards every process must reach the exchange, or the others hang
@@ -252,6 +269,7 @@ class _Schedule:
                     return "interrupted"
                 if outcome[0] == "fail":
                     self.failures[job.index] = (job.arm, outcome[1])
+                    self.failure_details[job.index] = outcome[2:]
                     if self.sink is not None:
                         self.sink.fail(job.index, job.arm, outcome[1])
                     continue
@@ -266,6 +284,13 @@ class _Schedule:
         """``(index, arm, records)`` of every consumed job, in job order."""
         arm_of = {job.index: job.arm for job in self.jobs}
         return [(index, arm_of[index], self.records[index]) for index in sorted(self.records)]
+
+    def failed_calls(self) -> list:
+        """Every job that failed in this run, in job order: a dict of its index, arm, the exception's type and last
+        line (the engine's own exception where it raised one), and the full traceback."""
+        return [{"job": index, "arm": arm, "error": self.failure_details.get(index, (message, ""))[0],
+                 "traceback": self.failure_details.get(index, (message, ""))[1]}
+                for index, (arm, message) in sorted(self.failures.items())]
 
     def failed(self) -> list:
         """``(index, arm, message)`` of every job that failed in this run, in job order."""

@@ -24,6 +24,7 @@ from spectr_audit.generation.cases import (  # noqa: F401 (re-exported)
     parse_generation_cases,
 )
 from spectr_audit.generation.verdict import verdict_line
+from spectr_audit.results import EXIT_ERROR
 
 __all__ = [
     "AUDIT_KEYS",
@@ -99,11 +100,12 @@ class GenerationSuiteReport:
         return self.incomplete is None and not self.unexpected
 
     def exit_status(self, fail_on_inconclusive: bool = False) -> int:
-        """130 incomplete, 1 a case not as expected, 3 only inconclusive ones with the flag, else 0."""
+        """130 incomplete, 1 a case not as expected (4 when every such case is an ERROR: its engine calls failed),
+        3 only inconclusive ones with the flag, else 0."""
         if self.incomplete is not None:
             return 130
         if self.unexpected:
-            return 1
+            return EXIT_ERROR if all(r.result.verdict == "ERROR" for r in self.unexpected) else 1
         return 3 if fail_on_inconclusive and self.inconclusive else 0
 
     def to_dict(self) -> dict:
@@ -173,7 +175,7 @@ def run_generation_cases(cases: Sequence[GenerationCase], *, suite: str = "suite
 
     ``store_dir``: a folder with one SQLite store per case (``<case>.sqlite``; ``resume=True``
     continues those that exist and starts the others).  ``overrides`` (``seed``, ``alpha``, ``max_tokens``, ``max_seconds``,
-    ``timeout``, ``progress``) replace every case's own.  ``on_start(case)`` and
+    ``timeout``, ``allow_failed_calls``, ``progress``) replace every case's own.  ``on_start(case)`` and
     ``on_result(case_result)`` are called around each case.  ``select``: shell-style patterns of
     the case names to run (default all).  A case whose ``requires`` lists a module that is not
     installed is skipped (the report's ``skipped``).

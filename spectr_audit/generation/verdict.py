@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 
 from spectr_audit import __version__
 from spectr_audit._files import write_text_atomic
+from spectr_audit.results import EXIT_ERROR, EXIT_INCONCLUSIVE
 
 __all__ = ["detail_lines", "failure_text", "result_json", "status_of", "verdict_line", "write_reports"]
 
@@ -34,6 +35,44 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
+#: Where the failed calls' tracebacks are, for the headline.
+TRACEBACKS_AT = "report.json, failed_calls[].traceback"
+
+
+def _failed_calls(result: Any) -> list:
+    return list(getattr(result, "failed_calls", ()) or ())
+
+
+def _num_failed(result: Any) -> int:
+    return len(getattr(result, "failures", ()) or ())
+
+
+def _first_failure(result: Any) -> str:
+    """The first failed call: its job and arm, the exception's type and last line."""
+    calls = _failed_calls(result)
+    if calls:
+        first = calls[0]
+        return f"job {first.get('job')} ({first.get('arm')}): {first.get('error')}"
+    failures = list(getattr(result, "failures", ()) or ())
+    lines = str(failures[0]).strip().splitlines() if failures else []
+    return lines[-1] if lines else "-"
+
+
+def _error_line(result: Any) -> str:
+    """The headline of an ERROR: what failed (how many calls of how many, the first one, where the tracebacks are)."""
+    failed, allowed = _num_failed(result), getattr(result, "allowed_failed_calls", 0)
+    calls = result.num_jobs + failed
+    head = f"ERROR: {result.generator} against {result.scorer}: "
+    if failed == 0:
+        return head + "no job could be scored (no engine call finished)"
+    if result.num_jobs == 0:
+        head += f"every engine call failed ({failed} of {_count(calls, 'job')}); "
+    else:
+        head += (f"{failed} of {_count(calls, 'engine call')} failed (allowed {allowed}; the "
+                 f"{_count(result.num_tokens, 'token')} of the other jobs not judged); ")
+    return head + f"first: {_first_failure(result)}; tracebacks: {TRACEBACKS_AT}"
+
+
 def verdict_line(result: Any, exit_code: Optional[int] = None) -> str:
     """The first line of every face: verdict, engine, deciding test and p-value, tokens, and power where it fell short.
 
@@ -44,7 +83,22 @@ def verdict_line(result: Any, exit_code: Optional[int] = None) -> str:
     ...              test="independence / within a batch", num_tokens=848, num_jobs=16, incomplete=False,
     ...              stop_reason="planned", min_detectable_tv=0.12, requested_tv=0.02), 1)
     "FINDING: shared-stream against toy target: test 'independence / within a batch', p = 0.00026 (alpha 0.001); 848 tokens in 16 jobs: exit 1"
+
+    An ERROR names what failed instead of a test:
+
+    >>> verdict_line(R(verdict="ERROR", generator="flaky", scorer="toy target", num_jobs=12, num_tokens=384,
+    ...                failures=("job 2 (single): generator raised ...",) * 6, allowed_failed_calls=0,
+    ...                failed_calls=({"job": 2, "arm": "single", "error": "RuntimeError: engine crashed"},),
+    ...                incomplete=False, stop_reason="planned"), 4)
+    'ERROR: flaky against toy target: 6 of 18 engine calls failed (allowed 0; the 384 tokens of the other jobs not judged); first: job 2 (single): RuntimeError: engine crashed; tracebacks: report.json, failed_calls[].traceback: exit 4'
     """
+    if result.verdict == "ERROR":
+        line = _error_line(result)
+        if getattr(result, "incomplete", False):
+            line = "ERROR (INCOMPLETE)" + line[len("ERROR"):]
+        if result.stop_reason not in ("planned", "e-process", "support"):
+            line += f"; stopped: {result.stop_reason}"
+        return line if exit_code is None else f"{line}: exit {exit_code}"
     verdict = result.verdict + (" (INCOMPLETE)" if getattr(result, "incomplete", False) else "")
     line = (f"{verdict}: {result.generator} against {result.scorer}: test {result.test!r}, p = {_p(result.pvalue)} "
             f"(alpha {result.alpha:g}); {_count(result.num_tokens, 'token')} in {_count(result.num_jobs, 'job')}")
@@ -66,9 +120,10 @@ def _fails(result: Any, fail_on_inconclusive: bool) -> bool:
 
 def detail_lines(result: Any, limit: int = 5) -> list:
     """The lines under the verdict line: how it was decided, the rejected tests, decisive tokens, failures."""
-    lines = [f"decided by: {result.decided_by} ({len(result.subtests)} tests, Holm; stop: {result.stop_reason}); "
-             f"TV lower bound {_num(result.tv_lower)}; min detectable TV {_num(result.min_detectable_tv)} "
-             f"(planned {_num(result.requested_tv)})"]
+    lines = [] if result.num_jobs == 0 else [  # with no job scored nothing was decided
+        f"decided by: {result.decided_by} ({len(result.subtests)} tests, Holm; stop: {result.stop_reason}); "
+        f"TV lower bound {_num(result.tv_lower)}; min detectable TV {_num(result.min_detectable_tv)} "
+        f"(planned {_num(result.requested_tv)})"]
     rejected = sorted((t for t in result.subtests if t.pvalue_adjusted is not None and t.pvalue_adjusted <= result.alpha),
                       key=lambda t: t.pvalue_adjusted)
     for test in rejected[:limit]:
@@ -86,6 +141,13 @@ def detail_lines(result: Any, limit: int = 5) -> list:
     for d in [d for d in result.divergences if not d.numerics][:limit]:
         lines.append(f"greedy divergence: prompt {d.prompt} at position {d.position} (arm {d.arm}): engine "
                      f"{d.engine_token}, reference {d.reference_token}, margin {_num(d.margin)}")
+    failed = _num_failed(result)
+    if failed:
+        allowed = getattr(result, "allowed_failed_calls", 0)
+        stand = ("within the allowance: the verdict is the tests'" if failed <= allowed else
+                 "more than allowed: the gate fails" + (" (the finding stands)" if result.verdict == "FINDING" else ""))
+        lines.append(f"failed calls: {failed} of {result.num_jobs + failed} (allowed {allowed}): {stand}; "
+                     f"tracebacks: {TRACEBACKS_AT}")
     for failure in list(result.failures)[:limit]:
         lines.append(f"failed job: {failure}")
     if result.verdict == "INCONCLUSIVE":
@@ -108,14 +170,17 @@ def failure_text(result: Any, fail_on_inconclusive: bool = False) -> Optional[st
 
 
 def status_of(result: Any, fail_on_inconclusive: bool = False) -> int:
-    """The exit code of one audit: 0 PASS (and INCONCLUSIVE without the flag), 1 FINDING or ERROR, 3 INCONCLUSIVE
-    with the flag, 130 incomplete (interrupted)."""
+    """The exit code of one audit: 0 PASS (and INCONCLUSIVE without the flag), 1 FINDING, 3 INCONCLUSIVE
+    with the flag, 4 ERROR (:data:`~spectr_audit.results.EXIT_ERROR`: no job could be scored, or more engine
+    calls failed than allowed), 130 incomplete (interrupted)."""
     if getattr(result, "incomplete", False):
         return 130
-    if result.verdict in ("FINDING", "ERROR"):
+    if result.verdict == "FINDING":
         return 1
+    if result.verdict == "ERROR":
+        return EXIT_ERROR
     if result.verdict == "INCONCLUSIVE" and fail_on_inconclusive:
-        return 3
+        return EXIT_INCONCLUSIVE
     return 0
 
 

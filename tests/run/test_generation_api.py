@@ -109,7 +109,7 @@ def test_verdict_line_and_exit_status():
                                            "exit 3")
     assert gen.status_of(result) == 0 and gen.status_of(result, True) == 3
     assert gen.status_of(SimpleNamespace(verdict="PASS", incomplete=True)) == 130
-    assert gen.status_of(SimpleNamespace(verdict="ERROR", incomplete=False)) == 1
+    assert gen.status_of(SimpleNamespace(verdict="ERROR", incomplete=False)) == 4
 
 
 # ---------------------------------------------------------------------------------------------
