@@ -23,10 +23,15 @@ from spectr_audit.run.options import AuditOptions
 from spectr_audit.run.runner import plan_jobs
 from spectr_audit.run.suite import Suite, case_selection
 
-__all__ = ["RunPlan", "plan_run", "TIMING_ROWS", "JOB_OVERHEAD_SECONDS", "SAMPLE_OVERHEAD_SECONDS"]
+__all__ = ["RunPlan", "plan_run", "TIMING_ROWS", "TIMING_MAX_PROBABILITIES", "JOB_OVERHEAD_SECONDS",
+           "SAMPLE_OVERHEAD_SECONDS"]
 
 #: Rows of the one batch each verifier is timed on.
 TIMING_ROWS = 4096
+#: The most draft and target probabilities one timing batch holds (rows x K x (L + 1) x V): fewer rows on a large
+#: vocabulary, so that planning a run never costs what the run itself would (a large V at 4,096 rows held
+#: gigabytes before the first audit).
+TIMING_MAX_PROBABILITIES = 2**22
 #: Seconds a job takes besides its samples and tuples (the probe, the bounds, the report), and seconds the
 #: statistical audit spends per sample besides drafting and verifying it (counting, partitions, tests): the
 #: estimate's constants, measured on a 2-core machine (the default suite's 242 built-in audits took 25 s of CPU;
@@ -121,7 +126,8 @@ def _selection(verifier: Any, num_drafts: Any, draft_len: Any) -> tuple[str, str
 def _seconds_per_row(verifier: Any, case: Any, seed: int) -> tuple[Optional[float], Optional[float]]:
     """Seconds per drafted and verified row, and per row of its exact law (``None`` where it has none), on one
     batch of ``case``; ``(None, None)`` when the verifier raises."""
-    rows = TIMING_ROWS
+    probabilities = case.num_drafts * (case.draft_len + 1) * case.draft_model.vocab_size
+    rows = max(1, min(TIMING_ROWS, TIMING_MAX_PROBABILITIES // probabilities))
     contexts = contexts_from(case.prefix, torch.zeros(rows, 0, dtype=torch.int64))
     generator = torch.Generator().manual_seed(seed)
     try:
