@@ -225,3 +225,26 @@ def test_supports_is_the_bounds_and_the_declared_values(declared, low, high, k):
                                 max_drafts=high, num_drafts=None if declared is None else sorted(declared))
     expected = low <= k and (high is None or k <= high) and (declared is None or k in declared)
     assert verifier.supports(k, 1) == expected
+
+
+def test_the_plan_does_not_time_a_case_the_memory_budget_refuses(tmp_path, monkeypatch, capsys):
+    """A case far over the budget (L = 10^6) is refused with the budget's message, and the plan never drafts a
+    batch of it (drafting two rows of it once held 22 GB before the refusal)."""
+    import spectr_audit.run.plan as plan
+
+    drafted = []
+
+    def no_drafting(*args, **kwargs):  # (the plan catches what a timing batch raises, so record the call)
+        drafted.append(args[3:5])
+        raise MemoryError("the plan drafted a timing batch of a case the memory budget refuses")
+
+    monkeypatch.setattr(plan, "draft", no_drafting)
+    suite = tmp_path / "huge.toml"
+    suite.write_text('[[case]]\nname = "c0"\ndraft = [0.6, 0.4]\ntarget = [0.3, 0.7]\nnum_drafts = 1\n'
+                     'draft_len = 1000000\n')
+    code = main(["run", "--suite", str(suite), "--out", str(tmp_path / "out"), "--verifier", "speculative",
+                 "--max-samples", "300"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "memory budget" in err and "L=1000000" in err and "Traceback" not in err
+    assert drafted == []

@@ -18,7 +18,7 @@ import torch
 from spectr_audit.drafting.harness import draft
 from spectr_audit.drafting.models import contexts_from
 from spectr_audit.run import guard
-from spectr_audit.run.budget import planned_work
+from spectr_audit.run.budget import MemoryBudgetExceeded, check_audit, planned_work
 from spectr_audit.run.options import AuditOptions
 from spectr_audit.run.runner import plan_jobs
 from spectr_audit.run.suite import Suite, case_selection
@@ -169,6 +169,10 @@ def plan_run(suite: Suite, verifiers: Optional[Iterable[Any]] = None, options: A
         if not timing or getattr(case, "tree", None) is not None:
             continue
         if id(verifier) not in timed:
+            try:  # a job the memory budget refuses is never run, so it is not timed either
+                check_audit(verifier, case.laws() if hasattr(case, "laws") else case, options)
+            except MemoryBudgetExceeded:
+                continue
             with guard.time_limited(verifier, guard.check_timeout(options.verifier_timeout)) as limited:
                 timed[id(verifier)] = _seconds_per_row(limited, case.laws() if hasattr(case, "laws") else case,
                                                        options.seed)
