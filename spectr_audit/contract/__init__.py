@@ -3,7 +3,8 @@
 The contract (:mod:`.verifier`), carried corrections (:mod:`.correction`), the one
 randomness seam (:mod:`.randomness`), draft trees (:mod:`.tree`), the tree-verifier
 contract (:mod:`.tree_verifier`), chains as trees (:mod:`.chain_trees`), the converters (:mod:`.convert`), sampling parameters
-(:mod:`.sampling`), verifiers that take logits (:mod:`.logits`) and verifiers called under a per-call time limit
+(:mod:`.sampling`), a whole request and its constraints (:mod:`.requests`), the law of each token under a request and
+the row's own history (:mod:`.history`), verifiers that take logits (:mod:`.logits`) and verifiers called under a per-call time limit
 (:mod:`.limited`).  It imports nothing of the audit.
 """
 
@@ -74,6 +75,15 @@ from .sampling import (
     process_logits,
     processing_order,
 )
+from .requests import (
+    Constraint,
+    ConstraintViolation,
+    JsonSchemaConstraint,
+    RegexConstraint,
+    Request,
+    TokenAutomaton,
+)
+from .history import HISTORY_ENGINES, RequestLaws, process_request, process_request_step
 from .logits import (
     FunctionLogitsVerifier,
     LogitsVerifier,
@@ -138,6 +148,16 @@ __all__ = [
     "logits_from_probs",
     "process_logits",
     "processing_order",
+    "Constraint",
+    "ConstraintViolation",
+    "JsonSchemaConstraint",
+    "RegexConstraint",
+    "Request",
+    "TokenAutomaton",
+    "HISTORY_ENGINES",
+    "RequestLaws",
+    "process_request",
+    "process_request_step",
     "FunctionLogitsVerifier",
     "LogitsVerifier",
     "as_logits_verifier",

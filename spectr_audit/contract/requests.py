@@ -1,0 +1,503 @@
+"""A whole request: the sampling parameters, the processors that read the row's own history, stopping, and a
+constraint.
+
+An engine's request carries more than temperature, top-k, top-p and min-p
+(:class:`~spectr_audit.contract.sampling.SamplingParams`): penalties that depend on what the row has emitted
+(repetition, presence, frequency), a logit bias, banned token sequences (bad words), a minimum length
+(``min_tokens``: the stop tokens are masked until the row has emitted that many), stop tokens, a length cap,
+a seed, how many log-probabilities to return, and a constraint (a grammar) that restricts each next token
+to what the emitted prefix allows.  :class:`Request` holds one row's request, validated;
+:func:`spectr_audit.contract.history.process_request` turns raw logits into the law an engine samples
+from under it, position by position (docs/sampling.md, "History-dependent processors").
+
+A :class:`Constraint` says which tokens may come next after an emitted prefix.  :class:`TokenAutomaton`
+is a finite automaton over token ids (exact, dependency-free: what the tests and the toy engine use);
+:class:`RegexConstraint` and :class:`JsonSchemaConstraint` compile a regular expression or a JSON schema
+over a vocabulary of strings with xgrammar, the grammar library vLLM and SGLang use by default.
+
+Examples
+--------
+>>> request = Request(temperature=0.0, repetition_penalty=1.3, min_tokens=2)
+>>> request.kind
+'greedy+penalties+min-tokens'
+>>> request.describe()
+{'temperature': 0.0, 'repetition_penalty': 1.3, 'min_tokens': 2}
+>>> Request(top_p=0.0)
+Traceback (most recent call last):
+...
+spectr_audit.errors.InvalidArgument: request.top_p: must lie in (0, 1]; got 0.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+from collections import OrderedDict
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from spectr_audit.contract.sampling import SamplingParams
+from spectr_audit.errors import InvalidArgument, SpectrAuditError
+
+__all__ = [
+    "Constraint",
+    "ConstraintViolation",
+    "JsonSchemaConstraint",
+    "RegexConstraint",
+    "Request",
+    "TokenAutomaton",
+]
+
+
+class ConstraintViolation(SpectrAuditError):
+    """A token the constraint does not allow after the prefix it follows."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+class Constraint:
+    """Which tokens may come next after an emitted prefix.
+
+    A subclass implements :meth:`start`, :meth:`allowed` and :meth:`advance`; states are immutable values.
+    :meth:`state_after` replays a prefix.
+    """
+
+    name: str = "constraint"
+
+    def start(self) -> Any:
+        """The state before any token is emitted."""
+        raise NotImplementedError
+
+    def allowed(self, state: Any, vocab_size: int) -> torch.Tensor:
+        """A bool ``[vocab_size]`` tensor: the tokens allowed next in ``state``."""
+        raise NotImplementedError
+
+    def advance(self, state: Any, token: int) -> Any:
+        """The state after ``token``; :class:`ConstraintViolation` when ``token`` is not allowed in ``state``."""
+        raise NotImplementedError
+
+    def state_after(self, prefix: Sequence[int]) -> Any:
+        """The state after the tokens of ``prefix`` (:class:`ConstraintViolation` at the first one not allowed)."""
+        state = self.start()
+        for token in prefix:
+            state = self.advance(state, int(token))
+        return state
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+
+class TokenAutomaton(Constraint):
+    """A deterministic finite automaton over token ids.
+
+    Parameters
+    ----------
+    transitions : mapping
+        ``{state: {token: next_state}}``; a token missing from a state's map is not allowed there.
+    start : hashable, default 0
+    accepting : iterable
+        States in which the row may end: there ``end_tokens`` are allowed as well.
+    end_tokens : iterable of int
+        The tokens that end a row (end of sequence, stop tokens); after one nothing is allowed.
+    name : str
+
+    Examples
+    --------
+    >>> digits = TokenAutomaton({0: {1: 1, 2: 1}, 1: {1: 1, 2: 1}}, accepting=[1], end_tokens=[0])
+    >>> digits.allowed(digits.start(), 4).tolist()
+    [False, True, True, False]
+    >>> digits.allowed(digits.state_after([2]), 4).tolist()
+    [True, True, True, False]
+    """
+
+    _END = ("<ended>",)
+
+    def __init__(self, transitions: Mapping, start: Any = 0, accepting: Sequence = (), end_tokens: Sequence[int] = (),
+                 name: str = "automaton"):
+        if not isinstance(transitions, Mapping):
+            raise InvalidArgument(f"transitions: expected a mapping {{state: {{token: next_state}}}}, got "
+                                  f"{type(transitions).__name__}")
+        table = {}
+        for state, moves in transitions.items():
+            if not isinstance(moves, Mapping):
+                raise InvalidArgument(f"transitions[{state!r}]: expected a mapping {{token: next_state}}, got "
+                                      f"{type(moves).__name__}")
+            for token in moves:
+                if not _is_int(token) or token < 0:
+                    raise InvalidArgument(f"transitions[{state!r}]: token ids must be integers >= 0, got {token!r}")
+            table[state] = {int(t): s for t, s in moves.items()}
+        for token in end_tokens:
+            if not _is_int(token) or token < 0:
+                raise InvalidArgument(f"end_tokens: token ids must be integers >= 0, got {token!r}")
+        self._table = table
+        self._start = start
+        self._accepting = frozenset(accepting)
+        self._end = tuple(int(t) for t in end_tokens)
+        self.name = str(name)
+
+    def start(self) -> Any:
+        return self._start
+
+    def _moves(self, state: Any) -> dict:
+        if state == self._END:
+            return {}
+        moves = dict(self._table.get(state, {}))
+        if state in self._accepting:
+            for token in self._end:
+                moves.setdefault(token, self._END)
+        return moves
+
+    def allowed(self, state: Any, vocab_size: int) -> torch.Tensor:
+        mask = torch.zeros(vocab_size, dtype=torch.bool)
+        for token in self._moves(state):
+            if token < vocab_size:
+                mask[token] = True
+        return mask
+
+    def advance(self, state: Any, token: int) -> Any:
+        moves = self._moves(state)
+        if token not in moves:
+            raise ConstraintViolation(f"{self.name}: token {token} is not allowed in state {state!r}")
+        return moves[token]
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": "automaton", "states": len(self._table)}
+
+
+class _GrammarConstraint(Constraint):
+    """A grammar compiled by xgrammar over a vocabulary of strings; the state is the emitted prefix."""
+
+    kind = "grammar"
+    _CACHE = 256
+
+    def __init__(self, vocab: Sequence, eos_token_id: Optional[int], name: str):
+        if isinstance(vocab, (str, bytes)) or not isinstance(vocab, Sequence) or len(vocab) < 2:
+            raise InvalidArgument(f"vocab: expected a list of at least 2 token strings, got {type(vocab).__name__}")
+        for i, piece in enumerate(vocab):
+            if not isinstance(piece, (str, bytes)):
+                raise InvalidArgument(f"vocab[{i}]: expected a string or bytes, got {type(piece).__name__}")
+        if eos_token_id is not None and (not _is_int(eos_token_id) or not 0 <= eos_token_id < len(vocab)):
+            raise InvalidArgument(f"eos_token_id: expected a token id in [0, {len(vocab)}), got {eos_token_id!r}")
+        try:
+            import xgrammar
+        except ImportError as exc:  # pragma: no cover - xgrammar comes with the engines' extras
+            raise InvalidArgument(f"{name}: grammar constraints need xgrammar (pip install xgrammar)") from exc
+        self._xgr = xgrammar
+        self._vocab_size = len(vocab)
+        self._eos = None if eos_token_id is None else int(eos_token_id)
+        self.name = name
+        info = xgrammar.TokenizerInfo(list(vocab), vocab_type=xgrammar.VocabType.RAW,
+                                      stop_token_ids=[] if self._eos is None else [self._eos])
+        self._compiler = xgrammar.GrammarCompiler(info)
+        self._masks: OrderedDict = OrderedDict()
+
+    def _compiled(self, compile_fn, source: str):
+        try:
+            return compile_fn()
+        except Exception as exc:  # xgrammar's own message says what it refused
+            raise InvalidArgument(f"{self.name}: xgrammar refused the {source}: {type(exc).__name__}: {exc}") from exc
+
+    def start(self) -> tuple:
+        return ()
+
+    def _matcher(self, prefix: tuple):
+        matcher = self._xgr.GrammarMatcher(self._grammar)
+        for i, token in enumerate(prefix):
+            if matcher.is_terminated() or not matcher.accept_token(int(token)):
+                raise ConstraintViolation(f"{self.name}: token {token} at position {i} is not allowed after "
+                                          f"{list(prefix[:i])}")
+        return matcher
+
+    def allowed(self, state: tuple, vocab_size: int) -> torch.Tensor:
+        state = tuple(state)
+        mask = self._masks.get(state)
+        if mask is None:
+            matcher = self._matcher(state)
+            if matcher.is_terminated():
+                mask = torch.zeros(self._vocab_size, dtype=torch.bool)
+            else:
+                bits = self._xgr.allocate_token_bitmask(1, self._vocab_size)
+                matcher.fill_next_token_bitmask(bits)
+                ids = torch.arange(self._vocab_size)
+                mask = ((bits[0, ids // 32] >> (ids % 32)) & 1).bool()
+            self._masks[state] = mask
+            if len(self._masks) > self._CACHE:
+                self._masks.popitem(last=False)
+        self._masks.move_to_end(state)
+        out = torch.zeros(vocab_size, dtype=torch.bool)
+        n = min(vocab_size, self._vocab_size)
+        out[:n] = mask[:n]
+        return out
+
+    def advance(self, state: tuple, token: int) -> tuple:
+        token = int(token)
+        if not (0 <= token < self._vocab_size) or not bool(self.allowed(state, self._vocab_size)[token]):
+            raise ConstraintViolation(f"{self.name}: token {token} is not allowed after {list(state)}")
+        return tuple(state) + (token,)
+
+
+class RegexConstraint(_GrammarConstraint):
+    """The emitted text matches a regular expression (xgrammar), over ``vocab`` (one string per token id).
+
+    The end-of-sequence token ``eos_token_id`` is allowed once the text matches in full.
+    """
+
+    def __init__(self, pattern: str, vocab: Sequence, eos_token_id: Optional[int] = None, name: str = "regex"):
+        if not isinstance(pattern, str) or not pattern:
+            raise InvalidArgument(f"pattern: expected a non-empty regular expression, got {pattern!r}")
+        super().__init__(vocab, eos_token_id, name)
+        self.pattern = pattern
+        self._grammar = self._compiled(lambda: self._compiler.compile_regex(pattern), "regular expression")
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": "regex", "pattern": self.pattern}
+
+
+class JsonSchemaConstraint(_GrammarConstraint):
+    """The emitted text is JSON valid under a schema (xgrammar), over ``vocab`` (one string per token id)."""
+
+    def __init__(self, schema: Any, vocab: Sequence, eos_token_id: Optional[int] = None, name: str = "json-schema"):
+        if isinstance(schema, Mapping):
+            schema = json.dumps(schema)
+        if not isinstance(schema, str) or not schema:
+            raise InvalidArgument(f"schema: expected a JSON schema (a dict or its JSON text), got {schema!r:.80}")
+        super().__init__(vocab, eos_token_id, name)
+        self.schema = schema
+        self._grammar = self._compiled(lambda: self._compiler.compile_json_schema(schema, any_whitespace=False),
+                                       "JSON schema")
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": "json-schema", "schema": self.schema}
+
+
+_DEFAULTS = {
+    "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+    "frequency_penalty": 0.0, "logit_bias": (), "bad_words": (), "min_tokens": 0, "stop_token_ids": (), "stop": (),
+    "max_tokens": None, "seed": None, "logprobs": None, "constraint": None,
+}
+
+
+def _token_ids(name: str, values: Any) -> tuple:
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, torch.Tensor)):
+        raise InvalidArgument(f"request.{name}: expected a list of token ids, got {type(values).__name__}")
+    if isinstance(values, torch.Tensor):
+        values = values.tolist()
+    out = []
+    for value in values:
+        if not _is_int(value) or value < 0:
+            raise InvalidArgument(f"request.{name}: token ids must be integers >= 0, got {value!r}")
+        out.append(int(value))
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class Request:
+    """One row's request.  The defaults change nothing (temperature 1, no filter, no processor).
+
+    Parameters
+    ----------
+    temperature, top_k, top_p, min_p
+        As :class:`~spectr_audit.contract.sampling.SamplingParams` (scalars).
+    repetition_penalty : float, default 1.0
+        ``> 0``; a token already in the history has its logit divided by it when positive, multiplied when
+        not (which tokens count as history is the engine's: docs/sampling.md).
+    presence_penalty, frequency_penalty : float, default 0.0
+        Subtracted once per token the row emitted (presence) and once per emission (frequency).
+    logit_bias : mapping of token id to float
+        Added to those tokens' logits.
+    bad_words : sequence of token-id sequences
+        A word ``w`` of ``n`` tokens bans its last token whenever the history ends with its first ``n - 1``.
+    min_tokens : int, default 0
+        The stop tokens (end of sequence and ``stop_token_ids``) are masked until the row has emitted this many.
+    stop_token_ids : sequence of int
+        Tokens that end the row (besides the end of sequence); the stop token itself is emitted.
+    stop : sequence of str
+        Stop strings: they need a detokenizer, which the token-level audit does not have (refused there).
+    max_tokens : int, optional
+        The row's own length cap.
+    seed : int, optional
+        The row's own seed: where an engine honours it, the row's output does not depend on its batch.
+    logprobs : int, optional
+        ``None``: none asked; ``0``: the emitted token's log-probability; ``n``: also the top ``n``.
+    constraint : Constraint, optional
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Any = ()
+    bad_words: Any = ()
+    min_tokens: int = 0
+    stop_token_ids: Any = ()
+    stop: Any = ()
+    max_tokens: Optional[int] = None
+    seed: Optional[int] = None
+    logprobs: Optional[int] = None
+    constraint: Optional[Constraint] = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self):
+        def real(name, ok, requirement):
+            value = getattr(self, name)
+            if not _is_real(value) or not ok(float(value)):
+                raise InvalidArgument(f"request.{name}: {requirement}; got {value!r}")
+            object.__setattr__(self, name, float(value))
+
+        def integer(name, low, optional=False):
+            value = getattr(self, name)
+            if optional and value is None:
+                return
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if not _is_int(value) or value < low:
+                raise InvalidArgument(f"request.{name}: must be an integer >= {low}"
+                                      f"{' or None' if optional else ''}; got {value!r}")
+            object.__setattr__(self, name, int(value))
+
+        real("temperature", lambda t: t >= 0, "must be finite and >= 0")
+        integer("top_k", 0)
+        real("top_p", lambda p: 0 < p <= 1, "must lie in (0, 1]")
+        real("min_p", lambda m: 0 <= m <= 1, "must lie in [0, 1]")
+        real("repetition_penalty", lambda r: r > 0, "must be finite and > 0")
+        real("presence_penalty", lambda _: True, "must be a finite number")
+        real("frequency_penalty", lambda _: True, "must be a finite number")
+        integer("min_tokens", 0)
+        integer("max_tokens", 1, optional=True)
+        if self.seed is not None:
+            if not _is_int(self.seed):
+                raise InvalidArgument(f"request.seed: must be an integer or None; got {self.seed!r}")
+            object.__setattr__(self, "seed", int(self.seed))
+        integer("logprobs", 0, optional=True)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidArgument(f"request.min_tokens: {self.min_tokens} is above max_tokens = {self.max_tokens}")
+        bias = self.logit_bias
+        if isinstance(bias, Mapping):
+            bias = list(bias.items())
+        if isinstance(bias, (str, bytes)) or not isinstance(bias, Sequence):
+            raise InvalidArgument(f"request.logit_bias: expected a mapping {{token id: bias}}, got "
+                                  f"{type(self.logit_bias).__name__}")
+        pairs = {}
+        for item in bias:
+            if not isinstance(item, Sequence) or len(item) != 2:
+                raise InvalidArgument(f"request.logit_bias: expected (token id, bias) pairs, got {item!r}")
+            token, value = item
+            if isinstance(token, str) and token.lstrip("-").isdigit():  # JSON object keys are strings
+                token = int(token)
+            if not _is_int(token) or token < 0:
+                raise InvalidArgument(f"request.logit_bias: token ids must be integers >= 0, got {token!r}")
+            if not _is_real(value):
+                raise InvalidArgument(f"request.logit_bias[{token}]: the bias must be a finite number, got {value!r}")
+            pairs[int(token)] = float(value)
+        object.__setattr__(self, "logit_bias", tuple(sorted(pairs.items())))
+        words = self.bad_words
+        if isinstance(words, (str, bytes)) or not isinstance(words, Sequence):
+            raise InvalidArgument(f"request.bad_words: expected a list of token-id lists, got {type(words).__name__}")
+        checked = []
+        for i, word in enumerate(words):
+            ids = _token_ids(f"bad_words[{i}]", word)
+            if not ids:
+                raise InvalidArgument(f"request.bad_words[{i}]: a bad word needs at least one token")
+            checked.append(ids)
+        object.__setattr__(self, "bad_words", tuple(checked))
+        object.__setattr__(self, "stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, Sequence) or any(not isinstance(s, str) or not s for s in stop):
+            raise InvalidArgument(f"request.stop: expected a list of non-empty strings, got {self.stop!r:.80}")
+        object.__setattr__(self, "stop", tuple(stop))
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise InvalidArgument(f"request.constraint: expected a Constraint (TokenAutomaton, RegexConstraint, "
+                                  f"JsonSchemaConstraint), got {type(self.constraint).__name__}")
+
+    # -- meaning -------------------------------------------------------------------------
+    @classmethod
+    def from_params(cls, params: SamplingParams, **fields) -> "Request":
+        """The request of scalar :class:`SamplingParams` ``params``, with ``fields`` besides."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidArgument(f"params: expected SamplingParams, got {type(params).__name__}")
+        if params.batch_size is not None:
+            raise InvalidArgument("params: per-row sampling parameters; build one Request per row")
+        values = {name: getattr(params, name) for name in ("temperature", "top_k", "top_p", "min_p")}
+        values.update(fields)
+        return cls(**values)
+
+    def sampling_params(self) -> SamplingParams:
+        """Temperature, top-k, top-p and min-p as :class:`SamplingParams`."""
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def history_dependent(self) -> bool:
+        """Whether the law at a position depends on the row's own history (penalties, bad words, min_tokens, a
+        constraint)."""
+        return self.penalised or bool(self.bad_words) or self.min_tokens > 0 or self.constraint is not None
+
+    @property
+    def kind(self) -> str:
+        """The stratum this request's tokens are counted in, fixed before any engine runs."""
+        parts = ["greedy" if self.greedy else "sampled"]
+        if self.penalised:
+            parts.append("penalties")
+        if self.logit_bias:
+            parts.append("bias")
+        if self.bad_words:
+            parts.append("bad-words")
+        if self.min_tokens:
+            parts.append("min-tokens")
+        if self.constraint is not None:
+            parts.append("constraint")
+        return "+".join(parts)
+
+    def stop_ids(self, eos_token_id: Optional[int]) -> tuple:
+        """The tokens that end the row: ``eos_token_id`` (when given) and ``stop_token_ids``."""
+        ids = tuple(self.stop_token_ids)
+        if eos_token_id is not None and eos_token_id not in ids:
+            ids = (int(eos_token_id),) + ids
+        return ids
+
+    def check_vocab(self, vocab_size: int, argument: str = "request") -> None:
+        """Raise :class:`InvalidArgument` when a token id of the request lies outside ``[0, vocab_size)``."""
+        fields = [("logit_bias", [t for t, _ in self.logit_bias]), ("stop_token_ids", list(self.stop_token_ids))]
+        fields += [(f"bad_words[{i}]", list(word)) for i, word in enumerate(self.bad_words)]
+        for name, ids in fields:
+            for token in ids:
+                if token >= vocab_size:
+                    raise InvalidArgument(f"{argument}.{name}: token id {token} outside [0, {vocab_size})")
+
+    def describe(self) -> dict:
+        """The non-default fields, JSON-ready."""
+        out = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "constraint":
+                if value is not None:
+                    out["constraint"] = value.describe()
+                continue
+            if value == _DEFAULTS[field.name]:
+                continue
+            if field.name == "logit_bias":
+                value = {str(t): b for t, b in value}
+            elif field.name == "bad_words":
+                value = [list(w) for w in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[field.name] = value
+        return out

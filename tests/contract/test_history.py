@@ -1,0 +1,170 @@
+"""process_request / process_request_step against the plain-Python oracle (tests/oracles/history.py), hand-derived
+cases, and bad input.
+
+The processed logits are compared exactly (both sides do the same IEEE operations in the same order); the laws,
+which go through exponentials computed differently, to 1e-12.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spectr_audit.contract.history import HISTORY_ENGINES, process_request, process_request_step
+from spectr_audit.contract.requests import Request, TokenAutomaton
+from spectr_audit.contract.sampling import SamplingParams, process_logits
+from spectr_audit.errors import InvalidArgument
+from tests.oracles import history as oracle
+
+INF = -math.inf
+
+
+@st.composite
+def cases(draw, engine=None):
+    engine = engine or draw(st.sampled_from(HISTORY_ENGINES))
+    vocab = draw(st.integers(2, 6))
+    length = draw(st.integers(0, 6))
+    # quarters: exact, and ties (which the greedy lowest-index rule settles) are common
+    value = st.one_of(st.integers(-12, 12).map(lambda v: v / 4), st.just(INF))
+    rows = [draw(st.lists(value, min_size=vocab, max_size=vocab)) for _ in range(length)]
+    rows = [r if any(v != INF for v in r) else [0.0] + r[1:] for r in rows]
+    token = st.integers(0, vocab - 1)
+    prompt = draw(st.lists(token, min_size=1, max_size=4))
+    continuation = draw(st.lists(token, min_size=length, max_size=length))
+    fields = {"temperature": draw(st.sampled_from([0.0, 0.5, 1.0, 1.7]))}
+    fields.update(draw(st.fixed_dictionaries({}, optional={
+        "repetition_penalty": st.sampled_from([0.5, 1.3, 2.0]),
+        "logit_bias": st.dictionaries(token, st.integers(-8, 8).map(lambda v: v / 4), max_size=2),
+        "min_tokens": st.integers(0, 4),
+        "stop_token_ids": st.lists(token, max_size=2, unique=True),
+    })))
+    if engine != "transformers":
+        fields.update(draw(st.fixed_dictionaries({}, optional={
+            "presence_penalty": st.sampled_from([-0.5, 0.25, 1.0]),
+            "frequency_penalty": st.sampled_from([-0.25, 0.5, 1.5])})))
+    if engine != "sglang":
+        fields.update(draw(st.fixed_dictionaries({}, optional={
+            "bad_words": st.lists(st.lists(token, min_size=1, max_size=3), max_size=3)})))
+    eos = draw(st.one_of(st.none(), token))
+    return engine, rows, prompt, continuation, fields, eos
+
+
+def _request(fields):
+    return Request(**fields)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases())
+def test_process_request_matches_the_oracle(case):
+    engine, rows, prompt, continuation, fields, eos = case
+    expected = oracle.laws(rows, prompt, continuation, fields, engine, eos)
+    logits = torch.tensor(rows, dtype=torch.float64).reshape(len(rows), -1) if rows else torch.zeros(0, 2)
+    if any(law is None for _, law in expected):
+        with pytest.raises(InvalidArgument, match="masks every token"):
+            process_request(logits, prompt, continuation, _request(fields), engine, eos_token_id=eos)
+        return
+    if not rows:
+        return
+    got = process_request(logits, prompt, continuation, _request(fields), engine, eos_token_id=eos)
+    assert got.processed_logits.tolist() == [x for x, _ in expected]
+    assert torch.allclose(got.probs, torch.tensor([law for _, law in expected], dtype=torch.float64), rtol=0,
+                          atol=1e-12)
+    assert torch.allclose(got.raw_logprobs, torch.log_softmax(logits, -1), rtol=0, atol=1e-12)
+    assert got.constraint_violation is None
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases())
+def test_one_step_is_one_row_of_the_whole_row(case):
+    engine, rows, prompt, continuation, fields, eos = case
+    if not rows or any(law is None for _, law in oracle.laws(rows, prompt, continuation, fields, engine, eos)):
+        return
+    logits = torch.tensor(rows, dtype=torch.float64)
+    whole = process_request(logits, prompt, continuation, _request(fields), engine, eos_token_id=eos)
+    for t in range(len(rows)):
+        step = process_request_step(logits[t], prompt, continuation[:t], _request(fields), engine, eos_token_id=eos)
+        assert torch.equal(step, whole.probs[t])
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), engine=st.sampled_from(HISTORY_ENGINES))
+def test_a_request_without_history_is_process_logits(data, engine):
+    vocab = data.draw(st.integers(2, 8))
+    length = data.draw(st.integers(1, 5))
+    logits = torch.tensor(data.draw(st.lists(st.lists(st.floats(-5, 5), min_size=vocab, max_size=vocab),
+                                             min_size=length, max_size=length)), dtype=torch.float64)
+    params = dict(temperature=data.draw(st.sampled_from([0.0, 0.3, 1.0, 2.0])), top_k=data.draw(st.integers(0, vocab)),
+                  top_p=data.draw(st.sampled_from([1.0, 0.9, 0.5])), min_p=data.draw(st.sampled_from([0.0, 0.1])))
+    continuation = data.draw(st.lists(st.integers(0, vocab - 1), min_size=length, max_size=length))
+    request = Request(**params, max_tokens=9, seed=3, logprobs=2)
+    got = process_request(logits, [0], continuation, request, engine, eos_token_id=1)
+    assert torch.equal(got.probs, process_logits(logits, SamplingParams(**params), engine))
+
+
+# Hand-derived: logits [1, -1, 2], prompt [0], emitted [2, 2] before the position; repetition 2, frequency 0.5,
+# presence 0.25.  vLLM: token 0 (prompt, > 0) 1 / 2; token 2 (emitted, > 0) 2 / 2 - 0.5 * 2 - 0.25.
+# SGLang: repetition on the output only, after the additive penalties: (2 - 1 - 0.25) / 2; token 0 untouched.
+HAND = [
+    ("vllm", dict(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25), None, [0.5, -1.0, -0.25]),
+    ("sglang", dict(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25), None, [1.0, -1.0, 0.375]),
+    ("transformers", dict(repetition_penalty=2.0), None, [0.5, -1.0, 1.0]),
+    ("vllm", dict(repetition_penalty=0.5), None, [2.0, -1.0, 4.0]),
+    # bias before the repetition penalty: token 1's -1 + 3 = 2 (not in the history) stays 2
+    ("vllm", dict(logit_bias={1: 3.0, 0: -2.0}, repetition_penalty=2.0), None, [-2.0, 2.0, 1.0]),
+    ("sglang", dict(logit_bias={2: 1.0}, repetition_penalty=2.0), None, [1.0, -1.0, 2.0]),
+    # min_tokens 3 with two tokens emitted: the stop tokens (eos 1 and stop id 0) masked
+    ("vllm", dict(min_tokens=3, stop_token_ids=[0]), 1, [INF, INF, 2.0]),
+    ("vllm", dict(min_tokens=2, stop_token_ids=[0]), 1, [1.0, -1.0, 2.0]),
+    ("transformers", dict(min_tokens=3), 1, [1.0, INF, 2.0]),
+    ("sglang", dict(min_tokens=3), 1, [1.0, INF, 2.0]),
+    # bad words: [2, 1] bans 1 after a 2; [0, 1] bans 1 only where the history ends with 0 (vLLM reads the output
+    # only, transformers the prompt too: prompt [0] then [2, 2] ends with 2 either way); [2, 2, 0] bans 0
+    ("vllm", dict(bad_words=[[2, 1], [0, 1], [2, 2, 0]]), None, [INF, INF, 2.0]),
+    ("transformers", dict(bad_words=[[0, 2, 2, 1]]), None, [1.0, INF, 2.0]),
+    ("vllm", dict(bad_words=[[0, 2, 2, 1]]), None, [1.0, -1.0, 2.0]),
+]
+
+
+@pytest.mark.parametrize("engine, fields, eos, expected", HAND)
+def test_hand_derived_processed_logits(engine, fields, eos, expected):
+    logits = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, -1.0, 2.0]], dtype=torch.float64)
+    laws = process_request(logits, [0], [2, 2, 2], Request(**fields), engine, eos_token_id=eos)
+    assert laws.processed_logits[2].tolist() == expected
+
+
+def test_a_constraint_masks_each_position_and_the_first_violation_is_named():
+    # allowed: 1 then 2 then anything of {0, 1}; eos 0 in the accepting state 2
+    automaton = TokenAutomaton({0: {1: 1}, 1: {2: 2}, 2: {1: 2}}, accepting=[2], end_tokens=[0])
+    logits = torch.zeros(4, 3, dtype=torch.float64)
+    good = process_request(logits, [0], [1, 2, 1, 0], Request(constraint=automaton), "vllm")
+    assert good.constraint_violation is None
+    assert good.probs.tolist() == [[0, 1, 0], [0, 0, 1], [0.5, 0.5, 0], [0.5, 0.5, 0]]
+    bad = process_request(logits, [0], [1, 1, 2, 0], Request(constraint=automaton), "vllm")
+    assert bad.constraint_violation == 1
+    assert bad.probs[2].tolist() == [1 / 3] * 3  # not applied after the violation
+
+
+BAD = [
+    (dict(order="llama"), "order"),
+    (dict(order="transformers", request=Request(presence_penalty=0.5)), "presence_penalty"),
+    (dict(order="sglang", request=Request(bad_words=[[1]])), "bad_words"),
+    (dict(logits=torch.zeros(3, 3)), "3 rows for a continuation of 2"),
+    (dict(logits=torch.tensor([[0.0, float("nan"), 0.0]] * 2)), "NaN"),
+    (dict(continuation=[0, 5]), "continuation"),
+    (dict(prompt=[7]), "prompt"),
+    (dict(request=Request(logit_bias={9: 1.0})), "request.logit_bias: token id 9"),
+    (dict(request=Request(bad_words=[[0], [1], [2]])), "masks every token"),
+    (dict(request="greedy"), "request"),
+]
+
+
+@pytest.mark.parametrize("change, message", BAD)
+def test_bad_input_is_named(change, message):
+    args = dict(logits=torch.zeros(2, 3), prompt=[0], continuation=[0, 1], request=Request(), order="vllm")
+    args.update(change)
+    with pytest.raises(InvalidArgument, match=message):
+        process_request(args["logits"], args["prompt"], args["continuation"], args["request"], args["order"])

@@ -1,0 +1,115 @@
+"""The history-dependent processors against each engine's own code, where it is installed.
+
+vLLM 0.32's ``apply_penalties`` (repetition over prompt and output, then frequency and presence over the
+output) and ``apply_bad_words`` (over the output); transformers' ``SequenceBiasLogitsProcessor``,
+``RepetitionPenaltyLogitsProcessor``, ``NoBadWordsLogitsProcessor`` and ``MinNewTokensLengthLogitsProcessor``
+chained in ``_get_logits_processor``'s order.  Each engine's function is applied to one position's logits
+with the row's history; process_request's processed logits at that position must agree.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from spectr_audit.contract.history import process_request
+from spectr_audit.contract.requests import Request
+from spectr_audit.errors import InvalidArgument
+
+
+@st.composite
+def histories(draw):
+    vocab = draw(st.integers(2, 8))
+    token = st.integers(0, vocab - 1)
+    prompt = draw(st.lists(token, min_size=1, max_size=5))
+    emitted = draw(st.lists(token, max_size=6))
+    logits = draw(st.lists(st.floats(-6, 6, allow_subnormal=False), min_size=vocab, max_size=vocab))
+    return vocab, prompt, emitted, logits
+
+
+def _rows(logits, emitted):
+    """Teacher-forced rows: zeros before the last position, ``logits`` at it."""
+    rows = torch.zeros(len(emitted) + 1, len(logits), dtype=torch.float64)
+    rows[-1] = torch.tensor(logits, dtype=torch.float64)
+    return rows
+
+
+def _ours(logits, prompt, emitted, request, order, eos=None):
+    try:
+        laws = process_request(_rows(logits, emitted), prompt, emitted + [0], request, order, eos_token_id=eos)
+    except InvalidArgument as exc:  # every token masked at some position: no law to compare
+        assume("masks every token" not in str(exc))
+        raise
+    return laws.processed_logits[-1]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=histories(), rep=st.sampled_from([1.0, 0.7, 1.5]), freq=st.sampled_from([0.0, 0.4, -0.3]),
+       pres=st.sampled_from([0.0, 0.6, -0.2]))
+def test_vllm_apply_penalties(history, rep, freq, pres):
+    pytest.importorskip("vllm")
+    from vllm.model_executor.layers.utils import apply_penalties
+
+    vocab, prompt, emitted, logits = history
+    pad = lambda ids: torch.tensor([ids if ids else [vocab]], dtype=torch.int64)  # noqa: E731 (vLLM pads with V)
+    engine = apply_penalties(torch.tensor([logits], dtype=torch.float64), pad(prompt), pad(emitted),
+                             torch.tensor([pres], dtype=torch.float64), torch.tensor([freq], dtype=torch.float64),
+                             torch.tensor([rep], dtype=torch.float64))[0]
+    request = Request(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres)
+    assert torch.allclose(_ours(logits, prompt, emitted, request, "vllm"), engine, rtol=0, atol=1e-12)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=histories(), data=st.data())
+def test_vllm_apply_bad_words(history, data):
+    pytest.importorskip("vllm")
+    from vllm.v1.sample.ops.bad_words import apply_bad_words
+
+    vocab, prompt, emitted, logits = history
+    words = data.draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3), min_size=1, max_size=3))
+    engine = torch.tensor([logits], dtype=torch.float64)
+    apply_bad_words(engine, {0: [list(w) for w in words]}, [list(emitted)])
+    ours = _ours(logits, prompt, emitted, Request(bad_words=words), "vllm")
+    assert torch.equal(ours, engine[0])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=histories(), data=st.data())
+def test_transformers_processors_in_generate_order(history, data):
+    pytest.importorskip("transformers")
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        MinNewTokensLengthLogitsProcessor,
+        NoBadWordsLogitsProcessor,
+        RepetitionPenaltyLogitsProcessor,
+        SequenceBiasLogitsProcessor,
+    )
+
+    vocab, prompt, emitted, logits = history
+    token = st.integers(0, vocab - 1)
+    rep = data.draw(st.sampled_from([1.0, 0.8, 1.4]))
+    bias = data.draw(st.dictionaries(token, st.floats(-3, 3, allow_subnormal=False), max_size=2))
+    words = data.draw(st.lists(st.lists(token, min_size=1, max_size=3), max_size=2))
+    min_tokens = data.draw(st.integers(0, 4))
+    eos = data.draw(token)
+    chain = []
+    if bias:
+        chain.append(SequenceBiasLogitsProcessor(sequence_bias=[[[t], b] for t, b in bias.items()]))
+    if rep != 1.0:
+        chain.append(RepetitionPenaltyLogitsProcessor(penalty=rep))
+    if words:
+        chain.append(NoBadWordsLogitsProcessor(bad_words_ids=[list(w) for w in words]))
+    if min_tokens:
+        chain.append(MinNewTokensLengthLogitsProcessor(prompt_length_to_skip=len(prompt), min_new_tokens=min_tokens,
+                                                       eos_token_id=eos))
+    input_ids = torch.tensor([prompt + emitted], dtype=torch.int64)
+    engine = LogitsProcessorList(chain)(input_ids, torch.tensor([logits], dtype=torch.float64))[0]
+    request = Request(repetition_penalty=rep, logit_bias=bias, bad_words=words, min_tokens=min_tokens)
+    ours = _ours(logits, prompt, emitted, request, "transformers", eos=eos)
+    # transformers holds the sequence bias in float32: agreement to float32's precision, -inf where masked
+    engine = engine.double()
+    assert torch.equal(ours == -float("inf"), engine == -float("inf"))
+    finite = ours != -float("inf")
+    assert torch.allclose(ours[finite], engine[finite], rtol=1e-6, atol=1e-6)

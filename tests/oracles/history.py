@@ -1,0 +1,104 @@
+"""A slow, obviously-correct oracle of the history-dependent processors: plain Python, one position at a time.
+
+:func:`processed` restates docs/sampling.md's "History-dependent processors" for one position (lists of
+floats, ``list.count``, membership tests); :func:`laws` runs it over a row, teacher-forced, and hands each
+position to :func:`tests.oracles.sampling.process_engine` for temperature and the filters.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tests.oracles import sampling as sampling_oracle
+
+INF = -math.inf
+
+
+def _banned(words, history):
+    out = []
+    for word in words:
+        prefix = list(word[:-1])
+        if len(prefix) <= len(history) and (not prefix or list(history[len(history) - len(prefix):]) == prefix):
+            out.append(word[-1])
+    return out
+
+
+def _repeat(value, penalty):
+    return value / penalty if value > 0 else value * penalty
+
+
+def processed(logits, prompt, emitted, request, engine, eos_token_id=None, allowed=None):
+    """One position's logits after the processors: ``request`` a dict of Request fields, ``allowed`` the
+    constraint's set of allowed tokens (``None``: no constraint)."""
+    x = [float(v) for v in logits]
+    vocab = range(len(x))
+    rep = request.get("repetition_penalty", 1.0)
+    freq = request.get("frequency_penalty", 0.0)
+    pres = request.get("presence_penalty", 0.0)
+    bias = dict(request.get("logit_bias", {}))
+    stops = list(request.get("stop_token_ids", ()))
+    if eos_token_id is not None:
+        stops.append(eos_token_id)
+    under_min = len(emitted) < request.get("min_tokens", 0)
+    words = request.get("bad_words", ())
+
+    def mask(tokens):
+        for t in tokens:
+            x[t] = INF
+
+    if engine == "vllm":
+        mask(_banned(words, emitted))
+        if under_min:
+            mask(stops)
+        for t in vocab:
+            x[t] = x[t] + bias.get(t, 0.0)
+        if rep != 1.0:
+            for t in vocab:
+                if t in prompt or t in emitted:
+                    x[t] = _repeat(x[t], rep)
+        for t in vocab:
+            x[t] = x[t] - freq * emitted.count(t)
+        for t in vocab:
+            x[t] = x[t] - pres * (1.0 if t in emitted else 0.0)
+        if allowed is not None:
+            mask([t for t in vocab if t not in allowed])
+    elif engine == "transformers":
+        for t in vocab:
+            x[t] = x[t] + bias.get(t, 0.0)
+        if rep != 1.0:
+            for t in vocab:
+                if t in prompt or t in emitted:
+                    x[t] = _repeat(x[t], rep)
+        mask(_banned(words, list(prompt) + list(emitted)))
+        if under_min:
+            mask(stops)
+        if allowed is not None:
+            mask([t for t in vocab if t not in allowed])
+    else:  # sglang
+        for t in vocab:
+            x[t] = x[t] - freq * emitted.count(t)
+        if under_min:
+            mask(stops)
+        for t in vocab:
+            x[t] = x[t] - pres * (1.0 if t in emitted else 0.0)
+        if rep != 1.0:
+            for t in vocab:
+                if t in emitted:
+                    x[t] = _repeat(x[t], rep)
+        if allowed is not None:
+            mask([t for t in vocab if t not in allowed])
+        for t in vocab:
+            x[t] = x[t] + bias.get(t, 0.0)
+    return x
+
+
+def laws(rows, prompt, continuation, request, engine, eos_token_id=None, allowed_sets=None):
+    """Per position ``(processed logits, law)``; ``allowed_sets[t]`` the constraint's allowed set at ``t``."""
+    out = []
+    for t, row in enumerate(rows):
+        allowed = None if allowed_sets is None else allowed_sets[t]
+        x = processed(row, prompt, list(continuation[:t]), request, engine, eos_token_id, allowed)
+        params = {k: request[k] for k in ("temperature", "top_k", "top_p", "min_p") if k in request}
+        law = None if all(v == INF for v in x) else sampling_oracle.process_engine(x, engine, **params)
+        out.append((x, law))
+    return out
