@@ -13,6 +13,7 @@ from scipy import stats
 from spectr_audit.generation.designs import ARMS
 from spectr_audit.generation.family import FamilyPlan
 from spectr_audit.generation.options import _bucket_names, _Options
+from spectr_audit.generation.records import STOP_CODES
 from spectr_audit.generation.request import GenerationRequest, RunOutcome
 from spectr_audit.generation.results import Divergence, GenerationAuditResult, StratumRow, ZeroMassToken
 from spectr_audit.generation.statistical_tests import (
@@ -110,13 +111,14 @@ def _two_sample_strata(tokens: _Tokens, reference: _Tokens, options: _Options) -
 
 
 def family_plan(tokens: _Tokens, reference: Optional[_Tokens], agreement_tests: list, eprocess: list,
-                options: _Options, prompts: list, greedy: bool, has_reference: bool) -> FamilyPlan:
+                options: _Options, prompts: list, greedy: bool, has_reference: bool,
+                request_checks: tuple = ()) -> FamilyPlan:
     """The tests of these tokens: the strata they fill, the agreement tests and e-process that have data, (with
     a reference's tokens, not greedy) the two-sample strata both sources fill, and the decisive checks."""
     return FamilyPlan(options.orderings, tuple(name for name, mask in _strata(tokens, options, prompts) if mask.any()),
                       tuple(t.name for t in agreement_tests), bool(eprocess),
                       _two_sample_strata(tokens, reference, options) if reference is not None and not greedy else (),
-                      FamilyPlan.decisive_checks(options.eos_token_id, greedy and has_reference))
+                      FamilyPlan.decisive_checks(options.eos_token_id, greedy and has_reference, request_checks))
 
 
 def largest_family(options: _Options, num_prompts: int, has_reference: bool) -> FamilyPlan:
@@ -290,6 +292,50 @@ def _decisive_checks(tokens: _Tokens, stored: list, options: _Options, violation
     return checks
 
 
+_REQUEST_CHECK_DETAIL = {
+    "logprobs": lambda request: (f"continuations whose returned log-probabilities (the emitted token's and the "
+                                 f"top-n) depart from the scorer's by more than {request.logprob_tolerance:g} "
+                                 f"(any one is a finding)"),
+    "stopping": lambda request: ("continuations that break a stopping rule: tokens after a stop token, a stop "
+                                 "token before min_tokens, more than max_tokens, a finish reason or usage count "
+                                 "that disagrees with the tokens (any one is a finding)"),
+    "constraint": lambda request: "continuations with a token the request's constraint does not allow (any one "
+                                  "is a finding)",
+}
+
+
+def _request_findings(stored: list, request: GenerationRequest) -> tuple:
+    """The whole-request checks' findings (dicts: job, row, check, position, what) and the determinism line."""
+    findings, checked, differing, rows = [], 0, 0, []
+    for index, _, rec in stored:
+        checks = rec.engine.checks
+        if checks is None:
+            continue
+        for r in range(checks.stop_code.size):
+            error = float(checks.logprob_error[r])
+            if not math.isnan(error) and error > request.logprob_tolerance:
+                findings.append({"job": index, "row": r, "check": "logprobs",
+                                 "position": int(checks.logprob_position[r]),
+                                 "what": f"a returned log-probability departs from the scorer's by {error:.4g}"})
+            if int(checks.stop_code[r]):
+                findings.append({"job": index, "row": r, "check": "stopping", "position": int(checks.stop_position[r]),
+                                 "what": STOP_CODES[int(checks.stop_code[r])]})
+            if int(checks.constraint_position[r]) >= 0:
+                findings.append({"job": index, "row": r, "check": "constraint",
+                                 "position": int(checks.constraint_position[r]),
+                                 "what": "a token the constraint does not allow"})
+            if int(checks.determinism[r]) >= 0:
+                checked += 1
+                if int(checks.determinism[r]):
+                    differing += 1
+                    rows.append({"job": index, "row": r})
+    determinism = None
+    if request.requests and request.generator.seeded and any(r.seed is not None for r in request.requests):
+        determinism = {"checked": checked, "differing": differing, "rows": rows[:50],
+                       "passed": differing == 0 and checked > 0}
+    return findings, determinism
+
+
 def _decisive(pvalue: float, test: str, violations: list, after_eos: list, divergences: list) -> tuple:
     """``(pvalue, test)``: the family's decision, unless a decisive violation overrules it."""
     if violations:
@@ -346,7 +392,7 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
     eprocess = _eprocess_tests(eprocess_p, tokens)
     with_reference = has_reference and reference is not None and reference.size
     plan = family_plan(tokens, reference if with_reference else None, agreement_tests, eprocess, options, prompts,
-                       greedy, has_reference)
+                       greedy, has_reference, request.request_checks())
     # the family's size fixes the level each test's minimum detectable TV is quoted at (its Bonferroni share)
     level = options.alpha / plan.size
     one = _one_sample(tokens, options, prompts, level)
@@ -377,6 +423,14 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
     family, pvalue, test = _decide(family, deciding, options.alpha)
     family += _decisive_checks(tokens, stored, options, violations, after_eos, divergences, greedy and has_reference)
     pvalue, test = _decisive(pvalue, test, violations, after_eos, divergences)
+    findings, determinism = _request_findings(stored, request)
+    for name in request.request_checks():
+        found = [f for f in findings if f["check"] == name]
+        family.append(TestResult(name, float(len(found)), 0.0 if found else 1.0, None,
+                                 int(sum(rec.engine.lengths.size for _, _, rec in stored)),
+                                 pvalue_adjusted=0.0 if found else 1.0, detail=_REQUEST_CHECK_DETAIL[name](request)))
+        if found and pvalue > 0.0:
+            pvalue, test = 0.0, name
     held, mdtv, z = _power(tokens, one, options, confidence)
     verdict = _verdict(stored, pvalue, options, greedy, has_reference, violations, mdtv)
     if len(failures) > options.allow_failed_calls and verdict != "FINDING":
@@ -395,7 +449,9 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
         failures=tuple(f"job {j} ({arm}): {m}" for j, arm, m in failures), seconds=outcome.seconds,
         num_bins=NUM_BINS, incomplete=outcome.interrupted, num_processes=outcome.num_processes, logit_tolerance=tolerance,
         power_ordering=options.power_ordering, failed_calls=tuple(outcome.failed_calls),
-        allowed_failed_calls=options.allow_failed_calls)
+        allowed_failed_calls=options.allow_failed_calls,
+        requests=tuple(dict(r.describe(), kind=r.kind) for r in request.requests),
+        request_findings=tuple(findings[:50]), determinism=determinism)
 
 def _mask(tokens: _Tokens, options: _Options, prompts: list, name: str) -> np.ndarray:
     stratum = name.split(" / ", 1)[1]

@@ -81,6 +81,8 @@ def audit_generation(
     eos_token_id: Optional[int] = None,
     per_row_max_new_tokens: Optional[bool] = None,
     name: Optional[str] = None,
+    requests: Any = None,
+    logprob_tolerance: float = 0.1,
 ) -> GenerationAuditResult:
     """Audit a generation engine's emitted tokens against the target model's law, every token.
 
@@ -148,6 +150,17 @@ def audit_generation(
         Whether ``generate`` takes one limit per row (default: the generator's attribute).
     name : str, optional
 
+    requests : Request or list of Request, optional
+        The whole request of each row (:class:`~spectr_audit.contract.requests.Request`: sampling parameters,
+        penalties, logit bias, bad words, min_tokens, stop tokens, max_tokens, seed, logprobs, a constraint),
+        given to the rows in turn so that every batch mixes them.  The generator takes them as ``requests=``
+        when it declares ``accepts_requests`` (otherwise only one request may be given, the one it runs); the
+        scorer must return :class:`~spectr_audit.generation.contract.ScoredLogits`, and each row's laws are its
+        logits under its own request and history.  Adds the decisive checks ``logprobs`` (where asked),
+        ``stopping`` and ``constraint`` (where a request has one), and a determinism line where the generator
+        declares ``seeded`` (docs/generation.md, "Whole requests").
+    logprob_tolerance : float
+        The largest gap between a returned log-probability and the scorer's that is not a finding.
     Returns
     -------
     GenerationAuditResult
@@ -170,7 +183,8 @@ def audit_generation(
     """
     request = GenerationRequest.build(
         generate, score, prompts, vocab_size=vocab_size, reference=reference, draft_score=draft_score, greedy=greedy,
-        per_row_max_new_tokens=per_row_max_new_tokens, name=name, max_new_tokens=max_new_tokens,
+        per_row_max_new_tokens=per_row_max_new_tokens, name=name, requests=requests,
+        logprob_tolerance=logprob_tolerance, max_new_tokens=max_new_tokens,
         batch_size=batch_size, rounds=rounds, arms=arms, seed=seed, alpha=alpha, power=power,
         min_detectable_tv=min_detectable_tv, orderings=orderings, position_buckets=position_buckets,
         zero_mass_tol=zero_mass_tol, logit_tol=logit_tol, max_tokens=max_tokens, max_seconds=max_seconds,

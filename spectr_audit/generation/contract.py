@@ -24,6 +24,7 @@ and what the audit concludes from it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
@@ -65,11 +66,26 @@ class GenerationOutput:
         Draft tokens the engine accepted, per continuation (its own counter).
     target_calls : list of int, optional
         Target forward passes (verification steps), per continuation.
+    logprobs : list of list of float, optional
+        Per continuation, the log-probability the engine reports for each emitted token.
+    top_logprobs : list of list of dict, optional
+        Per continuation and position, ``{token id: log-probability}`` of the engine's top-n list.
+    finish_reasons : list of str, optional
+        Per continuation, why it ended: ``"stop"`` (an end-of-sequence or stop token) or ``"length"``.
+    completion_tokens : list of int, optional
+        Per continuation, the usage count the engine reports.
+    logprobs_mode : str
+        ``"raw"`` (the log-softmax of the raw logits) or ``"processed"`` (of the law the engine samples from).
     """
 
     continuations: list
     accepted: Optional[list] = None
     target_calls: Optional[list] = None
+    logprobs: Optional[list] = None
+    top_logprobs: Optional[list] = None
+    finish_reasons: Optional[list] = None
+    completion_tokens: Optional[list] = None
+    logprobs_mode: str = "raw"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +154,8 @@ class Generator:
     """
 
     def __init__(self, fn: Any, name: Optional[str] = None, per_row_max_new_tokens: Optional[bool] = None,
-                 component: str = "generator", argument: Optional[str] = None):
+                 component: str = "generator", argument: Optional[str] = None, accepts_requests: Optional[bool] = None,
+                 seeded: Optional[bool] = None):
         method = getattr(fn, "generate", None)
         self._fn = method if callable(method) else fn
         if not callable(self._fn):
@@ -147,10 +164,17 @@ class Generator:
         self.name = name or getattr(fn, "name", None) or getattr(fn, "__name__", None) or type(fn).__name__
         self.per_row_max_new_tokens = bool(per_row_max_new_tokens if per_row_max_new_tokens is not None
                                            else getattr(fn, "per_row_max_new_tokens", False))
+        self.accepts_requests = bool(accepts_requests if accepts_requests is not None
+                                     else getattr(fn, "accepts_requests", False))
+        self.seeded = bool(seeded if seeded is not None else getattr(fn, "seeded", False))
         self.component = component
 
-    def __call__(self, prompts: list, max_new_tokens, seed: int, *, vocab_size: int, case: str) -> GenerationOutput:
-        raw = _call(self.component, case, self._fn, prompts, max_new_tokens, seed)
+    def __call__(self, prompts: list, max_new_tokens, seed: int, *, vocab_size: int, case: str,
+                 requests: Optional[list] = None) -> GenerationOutput:
+        if requests is not None and self.accepts_requests:
+            raw = _call(self.component, case, lambda: self._fn(prompts, max_new_tokens, seed, requests=requests))
+        else:
+            raw = _call(self.component, case, self._fn, prompts, max_new_tokens, seed)
         output = raw if isinstance(raw, GenerationOutput) else GenerationOutput(raw)
         continuations = output.continuations
         if isinstance(continuations, (torch.Tensor, np.ndarray)):
@@ -194,7 +218,65 @@ class Generator:
                 raise GenerationContractError(f"{self.component} on {case}: {field} must be non-negative integers, "
                                               f"got {list(values)!r:.80}")
             counters[field] = [int(v) for v in values]
-        return GenerationOutput(checked, **counters)
+        extra = (_request_fields(self.component, case, output, checked, requests)
+                 if requests is not None and self.accepts_requests else {})
+        return GenerationOutput(checked, **counters, **extra)
+
+
+def _per_row(component: str, case: str, field: str, values: Any, rows: list) -> Optional[list]:
+    if values is None:
+        return None
+    if isinstance(values, (torch.Tensor, np.ndarray)):
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != len(rows):
+        got = len(values) if isinstance(values, Sequence) else type(values).__name__
+        raise GenerationContractError(f"{component} on {case}: {field} has {got} entries for {len(rows)} rows")
+    return list(values)
+
+
+def _request_fields(component: str, case: str, output: GenerationOutput, rows: list, requests: list) -> dict:
+    """The whole-request fields of ``output``, checked against the rows and what each row's request asked."""
+    logprobs = _per_row(component, case, "logprobs", output.logprobs, rows)
+    top = _per_row(component, case, "top_logprobs", output.top_logprobs, rows)
+    finish = _per_row(component, case, "finish_reasons", output.finish_reasons, rows)
+    usage = _per_row(component, case, "completion_tokens", output.completion_tokens, rows)
+    if output.logprobs_mode not in ("raw", "processed"):
+        raise GenerationContractError(f"{component} on {case}: logprobs_mode must be 'raw' or 'processed', got "
+                                      f"{output.logprobs_mode!r}")
+    for i, (row, request) in enumerate(zip(rows, requests)):
+        if request.logprobs is not None and (logprobs is None or logprobs[i] is None):
+            raise GenerationContractError(f"{component} on {case}, row {i}: the request asked for logprobs and the "
+                                          f"engine returned none (field logprobs)")
+        if request.logprobs and (top is None or top[i] is None):
+            raise GenerationContractError(f"{component} on {case}, row {i}: the request asked for the top "
+                                          f"{request.logprobs} logprobs and the engine returned none (field "
+                                          f"top_logprobs)")
+        if finish is None or finish[i] is None:
+            raise GenerationContractError(f"{component} on {case}, row {i}: no finish reason (field finish_reasons)")
+        if not isinstance(finish[i], str):
+            raise GenerationContractError(f"{component} on {case}, row {i}: finish_reasons must be strings, got "
+                                          f"{finish[i]!r}")
+        if logprobs is not None and logprobs[i] is not None:
+            values = logprobs[i]
+            if isinstance(values, (torch.Tensor, np.ndarray)):
+                values = values.tolist()
+            if not isinstance(values, Sequence) or len(values) != len(row):
+                raise GenerationContractError(f"{component} on {case}, row {i}: logprobs must hold one value per "
+                                              f"emitted token ({len(row)})")
+            if any(isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) for v in values):
+                raise GenerationContractError(f"{component} on {case}, row {i}: logprobs must be numbers, not NaN")
+            logprobs[i] = [float(v) for v in values]
+        if top is not None and top[i] is not None:
+            if not isinstance(top[i], Sequence) or len(top[i]) != len(row) or any(
+                    not isinstance(d, dict) for d in top[i]):
+                raise GenerationContractError(f"{component} on {case}, row {i}: top_logprobs must hold one "
+                                              f"{{token: logprob}} dict per emitted token ({len(row)})")
+        if usage is not None and usage[i] is not None and (
+                isinstance(usage[i], bool) or not isinstance(usage[i], numbers.Integral) or usage[i] < 0):
+            raise GenerationContractError(f"{component} on {case}, row {i}: completion_tokens must be an integer "
+                                          f">= 0, got {usage[i]!r}")
+    return dict(logprobs=logprobs, top_logprobs=top, finish_reasons=finish, completion_tokens=usage,
+                logprobs_mode=output.logprobs_mode)
 
 
 class ScorerOutput(NamedTuple):
@@ -318,12 +400,18 @@ def _row_params(params: SamplingParams, row: int, batch: int) -> SamplingParams:
 
 
 def as_generator(obj: Any, name: Optional[str] = None, component: str = "generator",
-                 per_row_max_new_tokens: Optional[bool] = None, argument: Optional[str] = None) -> Generator:
-    """A :class:`Generator` from a callable or an object with ``generate`` (a :class:`Generator` as it is)."""
+                 per_row_max_new_tokens: Optional[bool] = None, argument: Optional[str] = None,
+                 accepts_requests: Optional[bool] = None, seeded: Optional[bool] = None) -> Generator:
+    """A :class:`Generator` from a callable or an object with ``generate`` (a :class:`Generator` as it is).
+
+    ``accepts_requests``: the generator takes ``requests=`` (one :class:`~spectr_audit.contract.requests.Request`
+    per row) and returns the whole-request fields of :class:`GenerationOutput`; ``seeded``: it honours each
+    request's seed whatever the batch.  Both default to the attributes of the same names on ``obj``.
+    """
     if isinstance(obj, Generator):
         return obj
     return Generator(obj, name=name, per_row_max_new_tokens=per_row_max_new_tokens, component=component,
-                     argument=argument)
+                     argument=argument, accepts_requests=accepts_requests, seeded=seeded)
 
 
 def as_scorer(obj: Any, vocab_size: int, name: Optional[str] = None, component: str = "scorer",

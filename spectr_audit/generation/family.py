@@ -75,10 +75,12 @@ class FamilyPlan:
         return cls(tuple(orderings), strata, AGREEMENT_TESTS, True, ("all",) + arm_strata if has_reference else ())
 
     @staticmethod
-    def decisive_checks(eos_token_id, greedy_against_reference: bool) -> tuple:
-        """The decisive checks the analysis runs: support; end-of-sequence with an id; greedy against a reference."""
+    def decisive_checks(eos_token_id, greedy_against_reference: bool, request_checks: Sequence[str] = ()) -> tuple:
+        """The decisive checks the analysis runs: support; end-of-sequence with an id; greedy against a reference;
+        and with requests their checks (logprobs where any request asks for them, stopping, constraint where any
+        request carries one)."""
         return (("support",) + (("end-of-sequence",) if eos_token_id is not None else ())
-                + (("greedy",) if greedy_against_reference else ()))
+                + (("greedy",) if greedy_against_reference else ()) + tuple(request_checks))
 
     def members(self) -> tuple:
         """The Holm family's tests, in the order the analysis builds them."""

@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["Divergences", "JobRecord", "SourceRecord", "TokenColumns"]
+__all__ = ["Divergences", "JobRecord", "RequestChecks", "STOP_CODES", "SourceRecord", "TokenColumns"]
 
 #: Stored names of the per-token columns (field, stored name).
 _TOKEN_NAMES = (("row", "tok_row"), ("position", "tok_pos"), ("token", "tok_token"), ("mass", "tok_mass"),
@@ -36,6 +36,19 @@ _DIVERGENCE_NAMES = (("row", "div_row"), ("position", "div_pos"), ("margin", "di
                      ("engine_token", "div_engine"), ("reference_token", "div_reference"))
 #: The reference's stored names are the engine's with this prefix.
 _REFERENCE = "ref_"
+#: Stored names of the whole-request checks of each continuation (field, stored name); absent from a store of an
+#: audit without requests.
+_CHECK_NAMES = (("logprob_error", "req_logprob_err"), ("logprob_position", "req_logprob_pos"),
+                ("stop_code", "req_stop_code"), ("stop_position", "req_stop_pos"),
+                ("constraint_position", "req_constraint_pos"), ("determinism", "req_determinism"))
+#: What ``RequestChecks.stop_code`` says (0: nothing wrong).
+STOP_CODES = {
+    1: "tokens emitted after a stop token",
+    2: "a stop token before min_tokens",
+    3: "more tokens than the request's max_tokens",
+    4: "the finish reason disagrees with the tokens",
+    5: "the usage count disagrees with the tokens",
+}
 
 
 @dataclasses.dataclass
@@ -81,6 +94,26 @@ class SourceRecord:
     first_collision: np.ndarray
     emitted: np.ndarray
     tokens: TokenColumns
+    checks: Optional[RequestChecks] = None
+
+
+@dataclasses.dataclass
+class RequestChecks:
+    """Per continuation, what the whole-request checks found.
+
+    ``logprob_error``: the largest gap between a log-probability the engine returned (the emitted token's or one
+    of its top-n list) and the scorer's (NaN: none returned); ``logprob_position``: where (-1: none);
+    ``stop_code`` (a key of :data:`STOP_CODES`, 0: none) and ``stop_position``; ``constraint_position``: the first
+    emitted token the constraint did not allow (-1: none); ``determinism``: the same request and seed rerun in
+    another batch gave the same tokens (0), other tokens (1), or was not rerun (-1).
+    """
+
+    logprob_error: np.ndarray
+    logprob_position: np.ndarray
+    stop_code: np.ndarray
+    stop_position: np.ndarray
+    constraint_position: np.ndarray
+    determinism: np.ndarray
 
 
 @dataclasses.dataclass
@@ -136,6 +169,8 @@ def _source_arrays(source: SourceRecord, prefix: str) -> dict:
     out.update({prefix + _PIT_PREFIX + order: values for order, values in source.tokens.pit.items()})
     if source.tokens.accept is not None:
         out[prefix + _ACCEPT] = source.tokens.accept
+    if source.checks is not None:
+        out.update({prefix + stored: getattr(source.checks, field) for field, stored in _CHECK_NAMES})
     return out
 
 
@@ -148,4 +183,6 @@ def _source_from(arrays: dict, prefix: str) -> SourceRecord:
     continuation = {field: arrays.get(prefix + stored) for field, stored in _CONTINUATION_NAMES}
     if continuation["after_eos"] is None:  # a store written before the end-of-sequence check
         continuation["after_eos"] = np.zeros(0, dtype=np.int64)
-    return SourceRecord(emitted=arrays[_EMITTED[prefix]], tokens=tokens, **continuation)
+    checks = (RequestChecks(*(arrays[prefix + stored] for _, stored in _CHECK_NAMES))
+              if prefix + _CHECK_NAMES[0][1] in arrays else None)
+    return SourceRecord(emitted=arrays[_EMITTED[prefix]], tokens=tokens, checks=checks, **continuation)

@@ -11,8 +11,10 @@ run ended.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Optional, Sequence
 
+from spectr_audit.contract.requests import Request
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.contract import Generator, Scorer, as_generator, as_scorer, check_prompts
 from spectr_audit.generation.designs import plan_jobs
@@ -44,12 +46,33 @@ class GenerationRequest:
     draft_scorer: Optional[Scorer]
     jobs: tuple
     greedy: Optional[bool]
+    requests: tuple = ()
+    logprob_tolerance: float = 0.1
+
+    @property
+    def has_requests(self) -> bool:
+        return bool(self.requests)
+
+    def row_requests(self, job) -> Optional[list]:
+        """The request of each row of ``job`` (None without requests): the audit's requests in turn, counted over
+        the rows of every job in schedule order, so that each batch mixes them and each request meets every arm."""
+        if not self.requests:
+            return None
+        start = sum(len(j.prompts) for j in self.jobs if j.index < job.index)
+        return [self.requests[(start + i) % len(self.requests)] for i in range(len(job.prompts))]
+
+    def request_checks(self) -> tuple:
+        """The whole-request checks the audit runs, known before any engine call."""
+        if not self.requests:
+            return ()
+        return ((("logprobs",) if any(r.logprobs is not None for r in self.requests) else ()) + ("stopping",)
+                + (("constraint",) if any(r.constraint is not None for r in self.requests) else ()))
 
     @classmethod
     def build(cls, generate: Any, score: Any, prompts: Sequence[Sequence[int]], *, vocab_size: int,
               reference: Any = None, draft_score: Any = None, greedy: Optional[bool] = None,
               per_row_max_new_tokens: Optional[bool] = None, name: Optional[str] = None,
-              **options: Any) -> "GenerationRequest":
+              requests: Any = None, logprob_tolerance: float = 0.1, **options: Any) -> "GenerationRequest":
         """Check and wrap everything; ``options`` are :func:`~spectr_audit.generation.audit_generation`'s
         (``max_new_tokens`` ... ``eos_token_id``), all of them given."""
         checked = _check_options(vocab_size=vocab_size, has_draft_scorer=draft_score is not None, **options)
@@ -69,7 +92,12 @@ class GenerationRequest:
         jobs = plan_jobs(prompts, arms=checked.arms, batch_size=checked.batch_size, rounds=checked.rounds,
                          max_new_tokens=checked.max_new_tokens, seed=checked.seed,
                          per_row_max_new_tokens=generator.per_row_max_new_tokens)
-        return cls(checked, prompts, generator, scorer, reference_gen, draft_scorer, tuple(jobs), greedy)
+        checked_requests = _check_requests(requests, checked.vocab_size, generator, reference_gen)
+        if (isinstance(logprob_tolerance, bool) or not isinstance(logprob_tolerance, (int, float))
+                or not math.isfinite(logprob_tolerance) or logprob_tolerance <= 0):
+            raise InvalidArgument(f"logprob_tolerance: expected a finite number > 0, got {logprob_tolerance!r}")
+        return cls(checked, prompts, generator, scorer, reference_gen, draft_scorer, tuple(jobs), greedy,
+                   checked_requests, float(logprob_tolerance))
 
     @property
     def has_reference(self) -> bool:
@@ -85,8 +113,42 @@ class GenerationRequest:
 
     def config(self) -> dict:
         """What a stored audit must match to be resumed."""
-        return self.options.config(self.prompts, self.has_reference, self.draft_scorer is not None,
-                                   self.generator.per_row_max_new_tokens)
+        config = self.options.config(self.prompts, self.has_reference, self.draft_scorer is not None,
+                                     self.generator.per_row_max_new_tokens)
+        if self.requests:
+            config["requests"] = [r.describe() for r in self.requests]
+            config["logprob_tolerance"] = self.logprob_tolerance
+        return config
+
+
+def _check_requests(requests: Any, vocab_size: int, generator: Generator, reference: Optional[Generator]) -> tuple:
+    """The audit's requests, checked before any engine call (each bad one named ``requests[i].field``)."""
+    if requests is None:
+        return ()
+    if isinstance(requests, Request):
+        requests = [requests]
+    if isinstance(requests, (str, bytes)) or not isinstance(requests, Sequence) or not requests:
+        raise InvalidArgument(f"requests: expected a Request or a non-empty list of Requests, got "
+                              f"{type(requests).__name__}")
+    out = []
+    for i, request in enumerate(requests):
+        if not isinstance(request, Request):
+            raise InvalidArgument(f"requests[{i}]: expected a Request, got {type(request).__name__}")
+        request.check_vocab(vocab_size, f"requests[{i}]")
+        if request.stop:
+            raise InvalidArgument(f"requests[{i}].stop: stop strings need a detokenizer, which the token-level "
+                                  f"audit does not have; give the stop tokens as stop_token_ids")
+        out.append(request)
+    for component, wrapped in (("generator", generator), ("reference", reference)):
+        if wrapped is None or wrapped.accepts_requests:
+            continue
+        if len({repr(r.describe()) for r in out}) > 1:
+            raise InvalidArgument(f"requests: the {component} does not take per-row requests (it does not declare "
+                                  f"accepts_requests); give the one request it runs")
+        if component == "generator" and any(r.logprobs is not None for r in out):
+            raise InvalidArgument("requests: logprobs asked of a generator that does not take requests (it does not "
+                                  "declare accepts_requests), so it cannot be asked for them")
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,9 @@ def _plain(value):
     return value
 
 
+_REQUEST_FIELDS = ("requests", "request_findings", "determinism")
+
+
 @dataclasses.dataclass(frozen=True)
 class ZeroMassToken:
     """An emitted token the scorer gives no mass: decisive unless within the numerics tolerance.
@@ -166,6 +169,15 @@ class GenerationAuditResult:
         message: the engine's own exception where it raised one) and ``traceback`` (the whole of it).
     allowed_failed_calls : int
         How many failed jobs the audit allowed (``allow_failed_calls``) before its verdict is ERROR.
+    requests : tuple of dict
+        The audit's requests (each one's non-default fields and its ``kind``), given in turn to the rows; empty
+        without requests (and then absent from :meth:`to_dict`, as are the next two).
+    request_findings : tuple of dict
+        The whole-request checks' findings (``job``, ``row``, ``check``, ``position``, ``what``), the first 50.
+    determinism : dict, optional
+        Where the generator declares it honours seeds and a request carries one: rows rerun in another batch
+        composition (``checked``), how many gave other tokens (``differing``), which (``rows``), and ``passed``.
+        Its own line: not part of the fidelity verdict.
     seconds : dict of str -> float
         Wall time of generation, reference generation, scoring and the tests.
     num_bins : int
@@ -221,6 +233,9 @@ class GenerationAuditResult:
     power_ordering: str = "probability"
     failed_calls: tuple = ()
     allowed_failed_calls: int = 0
+    requests: tuple = ()
+    request_findings: tuple = ()
+    determinism: Optional[dict] = None
 
     @property
     def passed(self) -> bool:
@@ -252,6 +267,8 @@ class GenerationAuditResult:
         out = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if field.name in _REQUEST_FIELDS and not self.requests:
+                continue  # an audit without requests says nothing of them
             if field.name == "subtests":
                 value = [t.to_dict() for t in value]
             out[field.name] = _plain(value)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Optional
 
@@ -11,12 +12,14 @@ import numpy as np
 import torch
 
 from spectr_audit._deadline import call_limit
+from spectr_audit.contract.history import HISTORY_ENGINES, process_request
 from spectr_audit.contract.sampling import SamplingParams, process_logits
+from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.contract import GenerationContractError
 from spectr_audit.generation.designs import Job
 from spectr_audit.generation.options import _Options
 from spectr_audit.generation.pit import token_stats
-from spectr_audit.generation.records import Divergences, JobRecord, SourceRecord, TokenColumns
+from spectr_audit.generation.records import Divergences, JobRecord, RequestChecks, SourceRecord, TokenColumns
 from spectr_audit.generation.request import GenerationRequest
 from spectr_audit.statistical.sharding import chunk_generator
 
@@ -48,13 +51,145 @@ def _margins(logits: torch.Tensor, laws: torch.Tensor, tokens: torch.Tensor, row
     return out
 
 
+def _first_stop(continuation: list, stops: tuple) -> int:
+    """The position of the first stop token (-1: none)."""
+    return next((t for t, token in enumerate(continuation) if token in stops), -1)
+
+
+def _apply_requests(job: Job, prompts: list, continuations: list, requests: list, logits, order, options,
+                    component: str, row_params: Optional[list] = None) -> tuple:
+    """Each row's laws under its own request and history: ``(laws, processed logits, params, violations)``."""
+    if logits is None:
+        raise GenerationContractError(f"{component} on {job.case}: with requests the scorer must return raw logits "
+                                      f"(ScoredLogits), so that each row's request is applied over its own history")
+    if not isinstance(order, str) or order not in HISTORY_ENGINES:
+        raise GenerationContractError(f"{component} on {job.case}: with requests ScoredLogits.order must be one of "
+                                      f"{HISTORY_ENGINES}, got {order!r}")
+    laws, processed, violations = [], [], []
+    for i, params in enumerate(row_params or ()):
+        if not params.is_neutral():
+            raise GenerationContractError(f"{component} on {job.case}, row {i}: with requests the sampling parameters "
+                                          f"come from each row's request; ScoredLogits.params must be the neutral "
+                                          f"default, got {params.describe()}")
+    for i, (prompt, row, request) in enumerate(zip(prompts, continuations, requests)):
+        try:
+            out = process_request(logits[i].double(), prompt, row, request, order, eos_token_id=options.eos_token_id)
+        except InvalidArgument as exc:
+            raise GenerationContractError(f"{component} on {job.case}, row {i}: {exc}") from exc
+        laws.append(out.probs)
+        processed.append(out.processed_logits)
+        violations.append((out, -1 if out.constraint_violation is None else out.constraint_violation))
+    return laws, processed, [r.sampling_params() for r in requests], violations
+
+
+def _logprob_gap(output, i: int, row: list, law_logprobs: torch.Tensor) -> tuple:
+    """``(largest gap, position)`` between the engine's returned log-probabilities of row ``i`` and the scorer's."""
+    worst, where = np.nan, -1
+    returned = None if output.logprobs is None else output.logprobs[i]
+    top = None if output.top_logprobs is None else output.top_logprobs[i]
+    if returned is None and top is None:
+        return worst, where
+    worst = 0.0
+    for t, token in enumerate(row):
+        pairs = []
+        if returned is not None:
+            pairs.append((token, returned[t]))
+        if top is not None:
+            pairs += [(int(k), float(v)) for k, v in top[t].items()]
+        for k, value in pairs:
+            expected = float(law_logprobs[t, k]) if 0 <= k < law_logprobs.shape[1] else -math.inf
+            gap = 0.0 if value == expected else abs(value - expected)
+            if not gap <= worst:
+                worst, where = (gap if not math.isnan(gap) else math.inf), t
+        if top is not None and top[t]:
+            # the listed tokens must be the most likely ones: none unlisted may beat the least listed by the tolerance
+            listed = {int(k) for k in top[t]}
+            least = min(float(law_logprobs[t, k]) for k in listed if 0 <= k < law_logprobs.shape[1]) \
+                if any(0 <= k < law_logprobs.shape[1] for k in listed) else -math.inf
+            others = [float(law_logprobs[t, v]) for v in range(law_logprobs.shape[1]) if v not in listed]
+            beaten = max(others, default=-math.inf) - least
+            if beaten > worst:
+                worst, where = beaten, t
+    return worst, where
+
+
+def _stopping(row: list, request, stops: tuple, limit: int, finish, usage) -> tuple:
+    """``(code, position)`` of the first stopping rule row breaks (a key of records.STOP_CODES; 0: none)."""
+    first = _first_stop(row, stops)
+    cap = limit if request.max_tokens is None else min(limit, request.max_tokens)
+    if first >= 0 and first < len(row) - 1:
+        return 1, first + 1
+    if first >= 0 and first < request.min_tokens:
+        return 2, first
+    if request.max_tokens is not None and len(row) > request.max_tokens:
+        return 3, request.max_tokens
+    if finish is not None:
+        expected = "stop" if first >= 0 else ("length" if len(row) >= cap else None)
+        if finish != expected:
+            return 4, len(row)
+    if usage is not None and int(usage) != len(row):
+        return 5, len(row)
+    return 0, -1
+
+
+def _request_checks(prompts: list, continuations: list, requests: list, laws_out: list, output, limits,
+                    options, determinism) -> RequestChecks:
+    n = len(continuations)
+    err, err_pos = np.full(n, np.nan), np.full(n, -1, dtype=np.int64)
+    code, code_pos = np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+    constraint = np.full(n, -1, dtype=np.int64)
+    for i, (row, request) in enumerate(zip(continuations, requests)):
+        out, violation = laws_out[i]
+        constraint[i] = violation
+        stops = request.stop_ids(options.eos_token_id)
+        first = _first_stop(row, stops)
+        scored = row if first < 0 else row[:first + 1]
+        mode = getattr(output, "logprobs_mode", "raw")
+        table = out.raw_logprobs if mode == "raw" else out.processed_logprobs
+        if output.logprobs is not None or output.top_logprobs is not None:
+            err[i], err_pos[i] = _logprob_gap(_Truncated(output, i, len(scored)), i, scored, table)
+        finish = None if output.finish_reasons is None else output.finish_reasons[i]
+        usage = None if output.completion_tokens is None else output.completion_tokens[i]
+        limit = limits[i] if isinstance(limits, (list, tuple)) else limits
+        code[i], code_pos[i] = _stopping(row, request, stops, limit, finish, usage)
+    det = np.full(n, -1, dtype=np.int64) if determinism is None else np.asarray(determinism, dtype=np.int64)
+    return RequestChecks(err, err_pos, code, code_pos, constraint, det)
+
+
+class _Truncated:
+    """One row's returned log-probabilities cut to the scored (truncated) tokens."""
+
+    def __init__(self, output, i: int, length: int):
+        self.logprobs = None if output.logprobs is None or output.logprobs[i] is None else {
+            i: output.logprobs[i][:length]}
+        self.top_logprobs = None if output.top_logprobs is None or output.top_logprobs[i] is None else {
+            i: output.top_logprobs[i][:length]}
+
+
 def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_scorer, options: _Options,
-                  is_reference: bool) -> tuple:
+                  is_reference: bool, requests: Optional[list] = None, output=None, limits=None,
+                  determinism=None) -> tuple:
     """Score one set of continuations: ``(record, logits)``, the per-token statistics and per-continuation facts,
-    and the scorer's logits (None from a law scorer; kept in memory for the greedy margins, never stored)."""
+    and the scorer's logits (None from a law scorer; kept in memory for the greedy margins, never stored).
+
+    With ``requests`` (one per row), each row is cut after its first stop token (the law tested is that of the
+    truncated sequence), its laws are the scorer's logits under its own request and history, and the engine's
+    returned log-probabilities, stopping and constraint are checked (``output``: the engine's GenerationOutput).
+    """
+    full = continuations
+    if requests is not None:
+        continuations = [row if _first_stop(row, r.stop_ids(options.eos_token_id)) < 0
+                         else row[:_first_stop(row, r.stop_ids(options.eos_token_id)) + 1]
+                         for row, r in zip(full, requests)]
     with call_limit(options.timeout, f"{scorer.component} did not return within {options.timeout} s on {job.case}",
                     GenerationContractError):
         laws, logits, row_params, order = scorer(prompts, continuations, case=job.case)
+    checks = None
+    if requests is not None:
+        laws, logits, row_params, laws_out = _apply_requests(job, prompts, continuations, requests, logits, order,
+                                                             options, scorer.component, row_params)
+        if output is not None:
+            checks = _request_checks(prompts, full, requests, laws_out, output, limits, options, determinism)
     draft = None
     if draft_scorer is not None:
         with call_limit(options.timeout, f"{draft_scorer.component} did not return within {options.timeout} s on "
@@ -67,13 +202,13 @@ def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_sc
     facts = dict(
         lengths=np.array(lengths, dtype=np.int64),
         # an end-of-sequence token before a continuation's last token: the engine went on past it
-        after_eos=np.array([c.index(eos) if eos is not None and eos in c[:-1] else -1 for c in continuations],
+        after_eos=np.array([c.index(eos) if eos is not None and eos in c[:-1] else -1 for c in full],
                            dtype=np.int64),
         first_token=np.array([c[0] if c else -1 for c in continuations], dtype=np.int64),
         first_collision=np.array([float((law[0] ** 2).sum()) if len(law) else np.nan for law in laws]),
         emitted=np.array([t for c in continuations for t in c] or [], dtype=np.int64))
     if not rows.size:
-        return SourceRecord(tokens=TokenColumns.empty(options.orderings), **facts), logits
+        return SourceRecord(tokens=TokenColumns.empty(options.orderings), checks=checks, **facts), logits
     all_laws = torch.cat([law for law in laws if len(law)])
     tokens = torch.tensor([t for c in continuations for t in c], dtype=torch.int64)
     generator = chunk_generator(options.seed, _PIT_STREAM, 2 * job.index + is_reference)
@@ -90,7 +225,7 @@ def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_sc
                            surprisal=stat.surprisal.numpy(), entropy=stat.entropy.numpy(),
                            variance=stat.surprisal_var.numpy(), margin=margin,
                            pit={order: stat.pit[order].numpy() for order in options.orderings}, accept=accept)
-    return SourceRecord(tokens=columns, **facts), logits
+    return SourceRecord(tokens=columns, checks=checks, **facts), logits
 
 
 def _divergences(engine: list, reference: list, logits: Optional[list]) -> Divergences:
@@ -114,33 +249,52 @@ def _divergences(engine: list, reference: list, logits: Optional[list]) -> Diver
                        np.array(reference_tokens, dtype=np.int64))
 
 
+def _determinism(job: Job, request: GenerationRequest, prompts: list, limit, requests: Optional[list],
+                 output) -> Optional[list]:
+    """Where the generator honours seeds: the job's rows rerun in reverse order (another batch composition), and
+    per row 0 (the seeded row's tokens are the same), 1 (they differ) or -1 (the row carries no seed)."""
+    if requests is None or not request.generator.seeded or not any(r.seed is not None for r in requests):
+        return None
+    order = list(range(len(prompts)))[::-1]
+    limits = [limit[i] for i in order] if isinstance(limit, list) else limit
+    again = request.generator([prompts[i] for i in order], limits, job.seed + 1, vocab_size=request.options.vocab_size,
+                              case=job.case + " (rerun in reverse order)", requests=[requests[i] for i in order])
+    rerun = {i: again.continuations[k] for k, i in enumerate(order)}
+    return [-1 if r.seed is None else int(rerun[i] != output.continuations[i]) for i, r in enumerate(requests)]
+
+
 def _run_job(job: Job, request: GenerationRequest) -> JobRecord:
     """Run one job: the generator (and the reference) on its prompts, the scorers on what they emitted; its record."""
     options, generator, scorer, reference = request.options, request.generator, request.scorer, request.reference
     draft_scorer = request.draft_scorer
     limit = list(job.limits) if isinstance(job.max_new_tokens, tuple) else job.max_new_tokens
     prompts = [list(p) for p in job.prompts]
+    requests = request.row_requests(job)
     timings = {}
     start = time.perf_counter()
     with call_limit(options.timeout, f"generator did not return within {options.timeout} s on {job.case}",
                     GenerationContractError):
-        output = generator(prompts, limit, job.seed, vocab_size=options.vocab_size, case=job.case)
+        output = generator(prompts, limit, job.seed, vocab_size=options.vocab_size, case=job.case, requests=requests)
+        determinism = _determinism(job, request, prompts, limit, requests, output)
     timings["generation"] = time.perf_counter() - start
     accepted = np.array(output.accepted if output.accepted is not None else [-1] * len(prompts), dtype=np.int64)
     calls = np.array(output.target_calls if output.target_calls is not None else [-1] * len(prompts), dtype=np.int64)
     start = time.perf_counter()
-    engine, logits = _score_tokens(job, prompts, output.continuations, scorer, draft_scorer, options, False)
+    engine, logits = _score_tokens(job, prompts, output.continuations, scorer, draft_scorer, options, False,
+                                   requests, output, limit, determinism)
     timings["scoring"] = time.perf_counter() - start
     scored_reference, divergences = None, None
     if reference is not None:
         start = time.perf_counter()
         with call_limit(options.timeout, f"reference did not return within {options.timeout} s on {job.case}",
                         GenerationContractError):
-            ref = reference(prompts, limit, job.seed, vocab_size=options.vocab_size, case=job.case)
+            ref = reference(prompts, limit, job.seed, vocab_size=options.vocab_size, case=job.case,
+                            requests=requests)
         timings["reference"] = time.perf_counter() - start
         start = time.perf_counter()
         # with the draft scorer too: the ratio order needs the draft's law at the reference's positions
-        scored_reference, _ = _score_tokens(job, prompts, ref.continuations, scorer, draft_scorer, options, True)
+        scored_reference, _ = _score_tokens(job, prompts, ref.continuations, scorer, draft_scorer, options, True,
+                                            requests)
         divergences = _divergences(output.continuations, ref.continuations, logits)
         timings["scoring"] += time.perf_counter() - start
     seconds = np.array([timings.get(k, 0.0) for k in ("generation", "reference", "scoring")])
