@@ -24,7 +24,7 @@ import torch
 from spectr_audit.contract.history import process_request_step
 from spectr_audit.contract.requests import ConstraintViolation, Request, TokenAutomaton
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.generation.contract import GenerationOutput, ScoredLogits
+from spectr_audit.generation.contract import GenerationOutput
 from spectr_audit.generation.library.toy import SpecEngine, ToyPair, _row_seed
 
 __all__ = [
@@ -446,20 +446,6 @@ REQUEST_SLIPS = {s.name: s for s in (
 )}
 
 
-def _logits_scorer(pair: ToyPair):
-    def score(prompts, continuations):
-        out = []
-        for prompt, row in zip(prompts, continuations):
-            state, rows = pair.target.start(prompt), []
-            for token in row:
-                rows.append(pair.target.logits(state))
-                state = pair.target.step(state, token)
-            out.append(torch.stack(rows) if rows else torch.zeros(0, pair.target.vocab_size, dtype=torch.float64))
-        return ScoredLogits(out, order="vllm")
-
-    return score
-
-
 def _audit(engine_cls: type, mix: str, rounds: int, seed: int, vocab_size: int, draft_len: int,
            max_new_tokens: int, **kwargs):
     from spectr_audit.generation.audit import audit_generation
@@ -470,7 +456,7 @@ def _audit(engine_cls: type, mix: str, rounds: int, seed: int, vocab_size: int, 
     options = dict(vocab_size=vocab_size, max_new_tokens=max_new_tokens, rounds=rounds, seed=seed, eos_token_id=0,
                    requests=feature_requests(mix, vocab_size), progress=False, batch_size=4)
     options.update(kwargs)
-    return audit_generation(engine, _logits_scorer(pair), prompts, **options)
+    return audit_generation(engine, pair.logits_scorer(), prompts, **options)
 
 
 def audit_request_slip(name: str, rounds: int = 1, seed: int = 0, *, correct: bool = False, vocab_size: int = 12,
