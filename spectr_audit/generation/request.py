@@ -55,11 +55,20 @@ class GenerationRequest:
 
     def row_requests(self, job) -> Optional[list]:
         """The request of each row of ``job`` (None without requests): the audit's requests in turn, counted over
-        the rows of every job in schedule order, so that each batch mixes them and each request meets every arm."""
+        the rows of every job in schedule order, so that each batch mixes them and each request meets every arm;
+        a seeded request's row gets a seed of its own, derived from the request's seed and the row's place."""
         if not self.requests:
             return None
         start = sum(len(j.prompts) for j in self.jobs if j.index < job.index)
-        return [self.requests[(start + i) % len(self.requests)] for i in range(len(job.prompts))]
+        out = []
+        for i in range(len(job.prompts)):
+            request = self.requests[(start + i) % len(self.requests)]
+            if request.seed is not None:
+                # a seed of the row's own, from the request's and the row's place in the schedule: repeated
+                # requests stay independent draws (the independence tests assume them), reruns reproducible
+                request = dataclasses.replace(request, seed=(request.seed * 1_000_003 + start + i) % (1 << 31))
+            out.append(request)
+        return out
 
     def request_checks(self) -> tuple:
         """The whole-request checks the audit runs, known before any engine call."""
