@@ -117,6 +117,21 @@ def render_generation_junit(result: Any) -> str:
             else:
                 ET.SubElement(element, "system-out").text = (f"the minimum detectable TV reached, {reached}, is "
                                                             f"within the {requested} requested")
+    det = d.get("determinism")
+    if isinstance(det, dict) and verdict != "ERROR":
+        # its own test case: the engine promised seeds; apart from the fidelity verdict
+        element = case("determinism")
+        _property(element.find("properties"), "checked", det.get("checked"))
+        _property(element.find("properties"), "differing", det.get("differing"))
+        if det.get("differing"):
+            failure = ET.SubElement(element, "failure", type="Determinism", message=(
+                f"{det.get('differing')} of {det.get('checked')} seeded rows gave other tokens when rerun in "
+                "another batch order (not part of the fidelity verdict)")[:500])
+            failure.text = "rows: " + ", ".join(f"job {r.get('job')} row {r.get('row')}" for r in det.get("rows") or ())
+            counts["failures"] += 1
+        else:
+            ET.SubElement(element, "system-out").text = (
+                f"{det.get('checked')} seeded rows rerun in another batch order gave the same tokens")
     failures = d.get("failures") or []
     if failures and verdict != "ERROR":
         ET.SubElement(suite, "system-err").text = "failed jobs (their arm's other jobs were kept):\n" + "\n".join(

@@ -70,6 +70,7 @@ def render_generation_markdown(result: Any) -> str:
     lines += _md_greedy(d)
     lines += _md_zero_mass(d)
     lines += _md_after_eos(d)
+    lines += _md_requests(d)
     agreement = _agreement_rows(d)
     if agreement:
         lines += ["", "## Repeated requests", "",
@@ -171,6 +172,37 @@ def _md_after_eos(d: dict) -> list[str]:
     if _after_eos_checked(d):
         return out + ["None: no continuation went on after the end-of-sequence token."]
     return out + ["Not checked: the audit was given no end-of-sequence token."]
+
+
+def _md_requests(d: dict) -> list[str]:
+    """The whole requests: each one, the findings of their checks, and the determinism line (absent without)."""
+    requests = _list(d.get("requests"))
+    if not requests:
+        return []
+    out = ["", "## Whole requests", "", "Each row carried one of these requests, in turn (every batch mixes them):", ""]
+    out += _md_table(("request", "kind", "fields"),
+                     [(i, r.get("kind"), ", ".join(f"{k}={v}" for k, v in r.items() if k != "kind") or "defaults")
+                      for i, r in enumerate(requests)])
+    findings = _list(d.get("request_findings"))
+    out += [""]
+    if findings:
+        out += ["Findings of the request checks (each one decisive):", ""] + _md_table(
+            ("check", "job", "row", "position", "what"),
+            [(f.get("check"), f.get("job"), f.get("row"), f.get("position"), f.get("what")) for f in findings])
+    else:
+        out += ["No finding of the request checks (logprobs, stopping, constraint)."]
+    det = d.get("determinism")
+    if isinstance(det, dict):
+        if det.get("differing"):
+            line = (f"Determinism (not part of the verdict): {det.get('differing')} of {det.get('checked')} seeded rows "
+                    f"gave other tokens when rerun in another batch order.")
+        elif det.get("checked"):
+            line = (f"Determinism (not part of the verdict): all {det.get('checked')} seeded rows gave the same tokens "
+                    f"when rerun in another batch order.")
+        else:
+            line = "Determinism: no seeded row was rerun."
+        out += ["", line]
+    return out
 
 
 # Its public home is spectr_audit.reports.generation, which re-exports it: reprs, pickles and help

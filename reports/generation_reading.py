@@ -20,7 +20,17 @@ KIND = "generation-audit"
 SCHEMA_VERSION = 1
 
 #: The decisive checks: any one violation is a finding (p = 0 by construction), no power involved.
-_CHECKS = ("support", "end-of-sequence", "greedy")
+_CHECKS = ("support", "end-of-sequence", "greedy", "logprobs", "stopping", "constraint")
+
+#: The whole-request checks: what a finding says, and what held.
+_REQUEST_CHECK_WORDS = {
+    "logprobs": ("returned log-probabilities that depart from the scorer's beyond the tolerance",
+                 "returned a log-probability departing from the scorer's beyond the tolerance"),
+    "stopping": ("broke a stopping rule (tokens after a stop token, min_tokens, max_tokens, finish reason or usage)",
+                 "broke a stopping rule"),
+    "constraint": ("emitted a token the request's constraint does not allow",
+                   "emitted a token the request's constraint does not allow"),
+}
 
 _DECIDED_BY = {
     "one-sample": "one-sample: the engine's tokens against the scorer's law",
@@ -126,6 +136,12 @@ def _check_text(d: dict, test: dict) -> str:
             return (f"FINDING: {count} of {test.get('num_samples', '?')} continuation(s) went on after the "
                     "end-of-sequence token (any one is a finding)")
         return f"held: none of {test.get('num_samples', '?')} continuations went on after the end-of-sequence token"
+    if name in _REQUEST_CHECK_WORDS:
+        what, held = _REQUEST_CHECK_WORDS[name]
+        if count:
+            return (f"FINDING: {count} of {test.get('num_samples', '?')} continuation(s) {what} (any one is a "
+                    f"finding)")
+        return f"held: none of {test.get('num_samples', '?')} continuations {held}"
     # greedy: num_samples counts the divergences, near-ties included
     total = test.get("num_samples") or 0
     if count:

@@ -152,3 +152,18 @@ def test_an_engine_that_returns_less_than_asked_is_a_contract_error(field, chang
     with pytest.raises(GenerationContractError, match=message):
         Short_gen = __import__("spectr_audit.generation.contract", fromlist=["as_generator"]).as_generator(Short())
         Short_gen([[1]], 4, 0, vocab_size=10, case="test", requests=[Request(logprobs=0, temperature=0.0)])
+
+
+def test_reports_name_the_request_checks_and_the_determinism_line():
+    from spectr_audit.reports.generation import render_generation_junit, render_generation_markdown
+
+    broken = _audit(engines.WrongFinishReason())
+    junit = render_generation_junit(broken)
+    assert 'message="FINDING: stopping: FINDING:' in junit and "broke a stopping rule" in junit
+    assert "## Whole requests" in render_generation_markdown(broken)
+    seeds = _audit(engines.SeedIgnored())
+    junit = render_generation_junit(seeds)
+    assert 'type="Determinism"' in junit
+    assert "seeded rows gave other tokens" in render_generation_markdown(seeds)
+    correct = render_generation_markdown(_audit(engines.RequestSampler()))
+    assert "No finding of the request checks" in correct and "gave the same tokens" in correct
