@@ -61,6 +61,12 @@ class GenerationRequest:
         start = sum(len(j.prompts) for j in self.jobs if j.index < job.index)
         return [self.requests[(start + i) % len(self.requests)] for i in range(len(job.prompts))]
 
+    def request_kinds(self) -> tuple:
+        """The strata of the requests, fixed before any engine call: each distinct ``Request.kind`` in the order
+        first given, where the requests are of more than one kind (one kind is the stratum ``all``)."""
+        kinds = tuple(dict.fromkeys(r.kind for r in self.requests))
+        return kinds if len(kinds) > 1 else ()
+
     def request_checks(self) -> tuple:
         """The whole-request checks the audit runs, known before any engine call."""
         if not self.requests:
