@@ -62,11 +62,6 @@ def test_the_plan_is_the_family_built_with_requests(monkeypatch, requests, round
         assert filled  # enough tokens: some kind's stratum is tested
 
 
-def test_one_kind_of_request_is_not_a_stratum(monkeypatch):
-    plan, _ = _audit(monkeypatch, engines.RequestSampler(), [Request(temperature=0.5)], 1)
-    assert not any(s.startswith("request ") for s in plan.strata)
-
-
 def test_the_largest_family_counts_the_request_strata():
     base = FamilyPlan.largest(("probability",), ("single",), (), 1, False)
     more = FamilyPlan.largest(("probability",), ("single",), (), 1, False, KINDS)
