@@ -58,6 +58,8 @@ PUBLIC = {
     "spectr_audit.run.plan": ("plan_run", "RunPlan"),
     "spectr_audit.generation": ("audit_generation",),
     "spectr_audit.generation.library": ("ToyPair", "correct_engine", "slip_engine"),
+    "spectr_audit.generation.library.request_slips": ("RequestSpecEngine", "REQUEST_SLIPS", "audit_request_slip",
+                                                      "audit_every_feature"),
     "spectr_audit.engines.workers": ("RowParallelVerifier",),
     "spectr_audit.engine_adapters.factories": ("checkpoint_pair",),
     "spectr_audit.engine_adapters.hf": ("TransformersGenerator", "TransformersScorer", "load_causal_lm"),
