@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 
 from spectr_audit.contract.requests import Request
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.generation.contract import Generator, Scorer, ScoredLogits, as_generator, as_scorer, check_prompts
+from spectr_audit.generation.contract import Generator, ScoredLogits, Scorer, as_generator, as_scorer, check_prompts
 from spectr_audit.generation.designs import plan_jobs
 from spectr_audit.generation.options import _check_options, _Options
 

@@ -92,8 +92,8 @@ class Counting(engines.RequestSampler):
 
 @pytest.mark.parametrize("requests, message", [
     ([Request(temperature=0.5), Request(repetition_penalty=1.2)],
-     r"score: with requests the scorer must return raw logits \(ScoredLogits\), got list: requests\[1\] "
-     r"\(sampled\+penalties\) depends on each row's history"),
+     (r"score: with requests the scorer must return raw logits \(ScoredLogits\), got list: requests\[1\] "
+      r"\(sampled\+penalties\) depends on each row's history")),
     ([Request(temperature=0.5)], r"score: with requests the scorer must return raw logits .*applies each row's"),
 ])
 def test_a_laws_scorer_is_refused_before_any_engine_call(requests, message):
@@ -113,8 +113,8 @@ BAD = [
     (dict(requests=[Request(), Request(), Request(logit_bias={12: 1.0})]),
      r"requests\[2\].logit_bias: token id 12 outside \[0, 10\)"),
     (dict(requests=[Request(stop_token_ids=[10])]), r"requests\[0\].stop_token_ids: token id 10 outside \[0, 10\)"),
-    (dict(requests=[Request(logprobs=11)]), r"requests\[0\].logprobs: 11 top log-probabilities asked of a "
-                                            r"vocabulary of 10"),
+    (dict(requests=[Request(logprobs=11)]), (r"requests\[0\].logprobs: 11 top log-probabilities asked of a "
+                                             r"vocabulary of 10")),
     (dict(requests=[Request(), Request(stop=["\n"])]), r"requests\[1\].stop: stop strings need a detokenizer"),
     (dict(requests=Request(), logprob_tolerance=float("nan")), "logprob_tolerance: expected a finite number > 0"),
     (dict(requests=Request(), logprob_tolerance=True), "logprob_tolerance: expected a finite number > 0"),
