@@ -58,6 +58,7 @@ PUBLIC = {
     "spectr_audit.run.plan": ("plan_run", "RunPlan"),
     "spectr_audit.generation": ("audit_generation",),
     "spectr_audit.generation.library": ("ToyPair", "correct_engine", "slip_engine"),
+    "spectr_audit.engine_adapters.requests": ("transformers_generate_kwargs", "vllm_sampling_fields"),
     "spectr_audit.generation.library.request_slips": ("RequestSpecEngine", "REQUEST_SLIPS", "audit_request_slip",
                                                       "audit_every_feature"),
     "spectr_audit.engines.workers": ("RowParallelVerifier",),

@@ -21,7 +21,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 from spectr_audit.contract.sampling import SamplingParams
-from spectr_audit.generation.contract import ScoredLogits
+from spectr_audit.engine_adapters.requests import transformers_generate_kwargs
+from spectr_audit.generation.contract import GenerationOutput, ScoredLogits
 
 __all__ = ["TransformersGenerator", "TransformersScorer", "load_causal_lm"]
 
@@ -121,9 +122,15 @@ class TransformersGenerator:
             kwargs["prompt_lookup_num_tokens"] = int(self.prompt_lookup_num_tokens)
         return kwargs
 
+    #: ``generate`` takes ``requests=`` (whole requests, one per row) and honours each request's seed.
+    accepts_requests = True
+    seeded = True
+
     @torch.inference_mode()
-    def generate(self, prompts, max_new_tokens, seed):
+    def generate(self, prompts, max_new_tokens, seed, requests=None):
         limits = list(max_new_tokens) if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * len(prompts)
+        if requests is not None:
+            return self._generate_requests(prompts, limits, seed, requests)
         out = []
         for row, (prompt, limit) in enumerate(zip(prompts, limits)):
             torch.manual_seed((int(seed) * 1_000_003 + row) % (1 << 62))
@@ -131,3 +138,31 @@ class TransformersGenerator:
             result = self.model.generate(ids, attention_mask=torch.ones_like(ids), **self._kwargs(limit))
             out.append(result[0, ids.shape[1]:].tolist()[:limit])
         return out
+
+    def _generate_requests(self, prompts, limits, seed, requests) -> GenerationOutput:
+        """Each row under its own request: the raw logprobs of its tokens (``output_logits``), the top-n where
+        asked, its finish reason and usage; a row with a seed is drawn from that seed alone."""
+        rows, logprobs, tops, finishes = [], [], [], []
+        eos = self.model.generation_config.eos_token_id
+        eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+        for row, (prompt, limit, request) in enumerate(zip(prompts, limits, requests)):
+            kwargs = self._kwargs(limit)
+            for key in ("do_sample", "temperature", "top_k", "top_p"):
+                kwargs.pop(key, None)
+            kwargs.update(transformers_generate_kwargs(request, limit, eos))
+            torch.manual_seed(request.seed if request.seed is not None else (int(seed) * 1_000_003 + row) % (1 << 62))
+            ids = torch.tensor([list(prompt)], dtype=torch.int64)
+            result = self.model.generate(ids, attention_mask=torch.ones_like(ids), return_dict_in_generate=True,
+                                         output_logits=True, **kwargs)
+            tokens = result.sequences[0, ids.shape[1]:].tolist()[:kwargs["max_new_tokens"]]
+            raw = [torch.log_softmax(step[0].double(), -1) for step in result.logits][:len(tokens)]
+            rows.append(tokens)
+            logprobs.append([float(lp[t]) for lp, t in zip(raw, tokens)] if request.logprobs is not None else None)
+            if request.logprobs:
+                tops.append([{int(i): float(v) for i, v in zip(*reversed(lp.topk(request.logprobs)))} for lp in raw])
+            else:
+                tops.append(None)
+            stops = request.stop_ids(eos)
+            finishes.append("stop" if tokens and tokens[-1] in stops else "length")
+        return GenerationOutput(rows, logprobs=logprobs, top_logprobs=tops, finish_reasons=finishes,
+                                completion_tokens=[len(r) for r in rows])

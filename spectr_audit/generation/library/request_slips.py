@@ -24,6 +24,7 @@ import torch
 from spectr_audit.contract.history import process_request_step
 from spectr_audit.contract.requests import ConstraintViolation, Request, TokenAutomaton
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.generation.audit import audit_generation
 from spectr_audit.generation.contract import GenerationOutput
 from spectr_audit.generation.library.toy import SpecEngine, ToyPair, _row_seed
 
@@ -448,8 +449,6 @@ REQUEST_SLIPS = {s.name: s for s in (
 
 def _audit(engine_cls: type, mix: str, rounds: int, seed: int, vocab_size: int, draft_len: int,
            max_new_tokens: int, **kwargs):
-    from spectr_audit.generation.audit import audit_generation
-
     pair = request_pair(vocab_size, seed=0)
     engine = engine_cls(pair, draft_len=draft_len)
     prompts = [[1 + (i % (vocab_size - 1)), 2 + (3 * i) % (vocab_size - 2)] for i in range(6)]
