@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -47,16 +47,21 @@ class _Tokens:
     var: np.ndarray
     margin: np.ndarray
     accept: Optional[np.ndarray]
+    #: With requests of more than one kind: each token's request kind (an index into ``kind_names``).
+    kind: Optional[np.ndarray] = None
+    kind_names: tuple = ()
 
     @property
     def size(self) -> int:
         return int(self.token.size)
 
 
-def _collect(jobs: dict, stored: list, options: _Options, reference: bool) -> _Tokens:
-    """The engine's tokens over every job (the reference's with ``reference=True``)."""
+def _collect(jobs: dict, stored: list, options: _Options, reference: bool,
+             row_kinds: Optional[tuple] = None) -> _Tokens:
+    """The engine's tokens over every job (the reference's with ``reference=True``); with ``row_kinds``
+    (``(kind names, {job index: kind index per row})``) each token's request kind."""
     columns = {k: [] for k in ("arm", "job", "row", "prompt", "position", "token", "mass", "surprisal", "entropy",
-                               "var", "margin", "accept")}
+                               "var", "margin", "accept", "kind")}
     pits = {o: [] for o in options.orderings}
     for index, _, rec in stored:
         job = jobs[index]
@@ -68,6 +73,8 @@ def _collect(jobs: dict, stored: list, options: _Options, reference: bool) -> _T
         columns["job"].append(np.full(rows.size, index))
         columns["row"].append(rows)
         columns["prompt"].append(np.asarray(job.prompt_ids)[rows])
+        if row_kinds is not None:
+            columns["kind"].append(np.asarray(row_kinds[1][index], dtype=np.int64)[rows])
         columns["position"].append(tokens.position.astype(np.int64))
         for name, values in (("token", tokens.token), ("mass", tokens.mass), ("surprisal", tokens.surprisal),
                              ("entropy", tokens.entropy), ("var", tokens.variance), ("margin", tokens.margin)):
@@ -85,7 +92,8 @@ def _collect(jobs: dict, stored: list, options: _Options, reference: bool) -> _T
     return _Tokens(pit={o: cat(v) for o, v in pits.items()},
                    **{name: cat(columns[name], np.int64 if name in integers else np.float64)
                       for name in (*integers, "mass", "surprisal", "entropy", "var", "margin")},
-                   accept=accept)
+                   accept=accept, kind=cat(columns["kind"], np.int64) if row_kinds is not None else None,
+                   kind_names=tuple(row_kinds[0]) if row_kinds is not None else ())
 
 
 def _strata(tokens: _Tokens, options: _Options, prompts: list) -> list:
@@ -100,6 +108,9 @@ def _strata(tokens: _Tokens, options: _Options, prompts: list) -> list:
     if len(prompts) > 1:
         for p in range(len(prompts)):
             out.append((f"prompt {p}", tokens.prompt == p))
+    if tokens.kind is not None:
+        for k, kind in enumerate(tokens.kind_names):
+            out.append((f"request {kind}", tokens.kind == k))
     return [(name, mask) for name, mask in out if int(mask.sum()) >= MIN_STRATUM_TOKENS or name == "all"]
 
 
@@ -121,9 +132,11 @@ def family_plan(tokens: _Tokens, reference: Optional[_Tokens], agreement_tests: 
                       FamilyPlan.decisive_checks(options.eos_token_id, greedy and has_reference, request_checks))
 
 
-def largest_family(options: _Options, num_prompts: int, has_reference: bool) -> FamilyPlan:
+def largest_family(options: _Options, num_prompts: int, has_reference: bool,
+                   request_kinds: Sequence[str] = ()) -> FamilyPlan:
     """The largest Holm family the analysis can build (every stratum filled), known before any job runs."""
-    return FamilyPlan.largest(options.orderings, options.arms, options.position_buckets, num_prompts, has_reference)
+    return FamilyPlan.largest(options.orderings, options.arms, options.position_buckets, num_prompts, has_reference,
+                              request_kinds)
 
 
 def _one_sample(tokens: _Tokens, options: _Options, prompts: list, level: float, label: str = "") -> list:
@@ -383,10 +396,13 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
     jobs, stored, failures = request.jobs_by_index(), outcome.consumed, outcome.failed
     options, prompts, names, has_reference = request.options, request.prompts, request.names, request.has_reference
     greedy, eprocess_p = request.greedy, outcome.eprocess_p
-    tokens = _collect(jobs, stored, options, reference=False)
+    kinds = request.request_kinds()
+    row_kinds = (kinds, {j.index: [kinds.index(r.kind) for r in request.row_requests(j)] for j in request.jobs}) \
+        if kinds else None
+    tokens = _collect(jobs, stored, options, reference=False, row_kinds=row_kinds)
     if greedy is None:  # detected: every scored law one-hot (on every job, whichever ran first)
         greedy = bool(tokens.size) and bool(np.all((tokens.var <= 1e-12) & (tokens.entropy <= 1e-12)))
-    reference = _collect(jobs, stored, options, reference=True) if has_reference else None
+    reference = _collect(jobs, stored, options, reference=True, row_kinds=row_kinds) if has_reference else None
     confidence = 1.0 - options.alpha
     agreement_tests, agreement = _agreement(jobs, stored)
     eprocess = _eprocess_tests(eprocess_p, tokens)

@@ -271,6 +271,11 @@ def _request_fields(component: str, case: str, output: GenerationOutput, rows: l
                     not isinstance(d, dict) for d in top[i]):
                 raise GenerationContractError(f"{component} on {case}, row {i}: top_logprobs must hold one "
                                               f"{{token: logprob}} dict per emitted token ({len(row)})")
+            short = next((t for t, d in enumerate(top[i]) if len(d) < (request.logprobs or 0)), None)
+            if short is not None:
+                raise GenerationContractError(f"{component} on {case}, row {i}: top_logprobs at position {short} "
+                                              f"holds {len(top[i][short])} entries; the request asked for the top "
+                                              f"{request.logprobs}")
         if usage is not None and usage[i] is not None and (
                 isinstance(usage[i], bool) or not isinstance(usage[i], numbers.Integral) or usage[i] < 0):
             raise GenerationContractError(f"{component} on {case}, row {i}: completion_tokens must be an integer "

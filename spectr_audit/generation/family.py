@@ -46,7 +46,8 @@ class FamilyPlan:
     orderings : tuple of str
         The PIT orders.
     strata : tuple of str
-        The strata the one-sample tests run on (``all``, ``arm single``, ``positions 0-15``, ``prompt 2``).
+        The strata the one-sample tests run on (``all``, ``arm single``, ``positions 0-15``, ``prompt 2``,
+        with requests of several kinds ``request sampled+penalties``).
     agreement : tuple of str
         The agreement tests (some of :data:`AGREEMENT_TESTS`).
     eprocess : bool
@@ -66,12 +67,13 @@ class FamilyPlan:
 
     @classmethod
     def largest(cls, orderings: Sequence[str], arms: Sequence[str], position_buckets: Sequence[int],
-                num_prompts: int, has_reference: bool) -> "FamilyPlan":
+                num_prompts: int, has_reference: bool, request_kinds: Sequence[str] = ()) -> "FamilyPlan":
         """The largest family the analysis can build: every stratum filled, every agreement test, the
         e-process, and with a reference the two-sample tests of all tokens and of every arm."""
         arm_strata = tuple(f"arm {arm}" for arm in ARMS if arm in arms)
         strata = (("all",) + arm_strata + tuple(_bucket_names(tuple(position_buckets)))
-                  + (tuple(f"prompt {p}" for p in range(num_prompts)) if num_prompts > 1 else ()))
+                  + (tuple(f"prompt {p}" for p in range(num_prompts)) if num_prompts > 1 else ())
+                  + tuple(f"request {kind}" for kind in request_kinds))
         return cls(tuple(orderings), strata, AGREEMENT_TESTS, True, ("all",) + arm_strata if has_reference else ())
 
     @staticmethod

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 
 from spectr_audit.contract.requests import Request
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.generation.contract import Generator, Scorer, as_generator, as_scorer, check_prompts
+from spectr_audit.generation.contract import Generator, ScoredLogits, Scorer, as_generator, as_scorer, check_prompts
 from spectr_audit.generation.designs import plan_jobs
 from spectr_audit.generation.options import _check_options, _Options
 
@@ -70,6 +70,12 @@ class GenerationRequest:
             out.append(request)
         return out
 
+    def request_kinds(self) -> tuple:
+        """The strata of the requests, fixed before any engine call: each distinct ``Request.kind`` in the order
+        first given, where the requests are of more than one kind (one kind is the stratum ``all``)."""
+        kinds = tuple(dict.fromkeys(r.kind for r in self.requests))
+        return kinds if len(kinds) > 1 else ()
+
     def request_checks(self) -> tuple:
         """The whole-request checks the audit runs, known before any engine call."""
         if not self.requests:
@@ -105,6 +111,8 @@ class GenerationRequest:
         if (isinstance(logprob_tolerance, bool) or not isinstance(logprob_tolerance, (int, float))
                 or not math.isfinite(logprob_tolerance) or logprob_tolerance <= 0):
             raise InvalidArgument(f"logprob_tolerance: expected a finite number > 0, got {logprob_tolerance!r}")
+        if checked_requests:
+            _probe_scorer(scorer, prompts, checked_requests)
         return cls(checked, prompts, generator, scorer, reference_gen, draft_scorer, tuple(jobs), greedy,
                    checked_requests, float(logprob_tolerance))
 
@@ -144,6 +152,9 @@ def _check_requests(requests: Any, vocab_size: int, generator: Generator, refere
         if not isinstance(request, Request):
             raise InvalidArgument(f"requests[{i}]: expected a Request, got {type(request).__name__}")
         request.check_vocab(vocab_size, f"requests[{i}]")
+        if request.logprobs is not None and request.logprobs > vocab_size:
+            raise InvalidArgument(f"requests[{i}].logprobs: {request.logprobs} top log-probabilities asked of a "
+                                  f"vocabulary of {vocab_size}")
         if request.stop:
             raise InvalidArgument(f"requests[{i}].stop: stop strings need a detokenizer, which the token-level "
                                   f"audit does not have; give the stop tokens as stop_token_ids")
@@ -174,3 +185,21 @@ class RunOutcome:
     interrupted: bool
     num_processes: int
     failed_calls: list = dataclasses.field(default_factory=list)
+
+
+def _probe_scorer(scorer: Scorer, prompts: list, requests: tuple) -> None:
+    """With requests the scorer must return raw logits (each row's request is applied over its own history):
+    asked once, before any engine call, for the first prompt and a one-token continuation.  A scorer that fails
+    here is left to fail on the first job, where the audit reports its own error."""
+    try:
+        raw = scorer._fn([list(prompts[0])], [[0]])
+    except Exception:  # noqa: BLE001 - the scorer's own failure is reported on the first job
+        return
+    if isinstance(raw, ScoredLogits):
+        return
+    dependent = next((i for i, r in enumerate(requests) if r.history_dependent), None)
+    why = (f"requests[{dependent}] ({requests[dependent].kind}) depends on each row's history, which a law of the "
+           f"next token cannot carry" if dependent is not None else
+           "the audit applies each row's request to the raw logits itself")
+    raise InvalidArgument(f"score: with requests the scorer must return raw logits (ScoredLogits), got "
+                          f"{type(raw).__name__}: {why}")
