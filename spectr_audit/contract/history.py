@@ -54,7 +54,7 @@ from spectr_audit.contract.requests import ConstraintViolation, Request
 from spectr_audit.contract.sampling import ProcessingOrder, process_logits
 from spectr_audit.errors import InvalidArgument
 
-__all__ = ["HISTORY_ENGINES", "LLAMA_CPP_SAMPLING", "RequestLaws", "process_request", "process_request_step"]
+__all__ = ["HISTORY_ENGINES", "LLAMA_CPP_PENALTY_LAST_N", "LLAMA_CPP_SAMPLING", "RequestLaws", "process_request", "process_request_step"]
 
 #: The engines whose order of the history-dependent processors :func:`process_request` follows.
 HISTORY_ENGINES = ("vllm", "transformers", "sglang", "llama.cpp")
