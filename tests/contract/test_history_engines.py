@@ -3,7 +3,8 @@
 vLLM 0.32's ``apply_penalties`` (repetition over prompt and output, then frequency and presence over the
 output) and ``apply_bad_words`` (over the output); transformers' ``SequenceBiasLogitsProcessor``,
 ``RepetitionPenaltyLogitsProcessor``, ``NoBadWordsLogitsProcessor`` and ``MinNewTokensLengthLogitsProcessor``
-chained in ``_get_logits_processor``'s order.  Each engine's function is applied to one position's logits
+chained in ``_get_logits_processor``'s order; SGLang 0.5.23's four penalizers under their orchestrator.  Each
+engine's function is applied to one position's logits
 with the row's history; process_request's processed logits at that position must agree.
 """
 
@@ -113,3 +114,62 @@ def test_transformers_processors_in_generate_order(history, data):
     assert torch.equal(ours == -float("inf"), engine == -float("inf"))
     finite = ours != -float("inf")
     assert torch.allclose(ours[finite], engine[finite], rtol=1e-6, atol=1e-6)
+
+
+class _Batch:
+    """The part of SGLang's ``ScheduleBatch`` its penalizers read: the requests and the device."""
+
+    def __init__(self, reqs):
+        self.reqs, self.device = reqs, "cpu"
+
+
+def _sglang_request(rep, freq, pres, min_tokens, stop_ids, eos):
+    from types import SimpleNamespace
+
+    params = SimpleNamespace(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres,
+                             min_new_tokens=min_tokens, stop_token_ids=set(stop_ids))
+    tokenizer = SimpleNamespace(additional_stop_token_ids=None, eos_token_id=None)
+    return SimpleNamespace(sampling_params=params, eos_token_ids=set() if eos is None else {eos}, tokenizer=tokenizer)
+
+
+# the monkeypatch sets the same eager function at every example: nothing to reset between them
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(history=histories(), rep=st.sampled_from([1.0, 0.7, 1.5]), freq=st.sampled_from([0.0, 0.5, -0.3]),
+       pres=st.sampled_from([0.0, 0.25, -1.0]), data=st.data())
+def test_sglang_penalizers(history, rep, freq, pres, data, monkeypatch):
+    """SGLang 0.5.23's four penalizers, fed the output tokens one by one as its scheduler does
+    (``cumulate_output_tokens``) and applied as its speculative and overlap paths do: the additive penalties
+    first, the repetition scaling after (``BatchedPenalizerOrchestrator.apply(logits, repeat=1)``).  Float32 on
+    SGLang's side: compared to 1e-5."""
+    pytest.importorskip("sglang.srt.sampling.penaltylib")
+    from sglang.srt.sampling.penaltylib import repetition_penalty as sglang_repetition
+    from sglang.srt.sampling.penaltylib.frequency_penalty import BatchedFrequencyPenalizer
+    from sglang.srt.sampling.penaltylib.min_new_tokens import BatchedMinNewTokensPenalizer
+    from sglang.srt.sampling.penaltylib.orchestrator import BatchedPenalizerOrchestrator
+    from sglang.srt.sampling.penaltylib.presence_penalty import BatchedPresencePenalizer
+
+    # the scaling rule is torch.compile'd; run its own Python body eagerly (no C++ toolchain needed on CPU)
+    eager = getattr(sglang_repetition.apply_scaling_penalties, "_torchdynamo_orig_callable", None)
+    if eager is not None:
+        monkeypatch.setattr(sglang_repetition, "apply_scaling_penalties", eager)
+    vocab, prompt, emitted, logits = history
+    min_tokens = data.draw(st.integers(0, 4))
+    stop_ids = data.draw(st.lists(st.integers(0, vocab - 1), max_size=2, unique=True))
+    eos = data.draw(st.one_of(st.none(), st.integers(0, vocab - 1)))
+    batch = _Batch([_sglang_request(rep, freq, pres, min_tokens, stop_ids, eos)])
+    orchestrator = BatchedPenalizerOrchestrator(
+        vocab, batch, {BatchedFrequencyPenalizer, BatchedMinNewTokensPenalizer, BatchedPresencePenalizer,
+                       sglang_repetition.BatchedRepetitionPenalizer})
+    for token in emitted:
+        orchestrator.cumulate_output_tokens(torch.tensor([token]))
+    theirs = torch.tensor([logits], dtype=torch.float32)
+    if orchestrator.is_required:
+        orchestrator.apply(theirs, repeat=1)
+    request = Request(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres, min_tokens=min_tokens,
+                      stop_token_ids=stop_ids)
+    ours = _ours(logits, prompt, emitted, request, "sglang", eos)
+    theirs = theirs[0].double()
+    assert torch.equal(torch.isinf(theirs), torch.isinf(ours))
+    finite = ~torch.isinf(ours)
+    assert torch.allclose(theirs[finite], ours[finite], rtol=1e-5, atol=1e-5)
