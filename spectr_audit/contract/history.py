@@ -13,7 +13,8 @@ cites each line):
 ============  =====================================================================================
 engine        before temperature, in order
 ============  =====================================================================================
-vllm          bad words (over the emitted tokens only), min_tokens (stop tokens masked), logit bias,
+vllm          the grammar mask, bad words (over the emitted tokens only), min_tokens (stop tokens
+              masked; for a request with a constraint, put back when nothing else is left), logit bias,
               repetition penalty (tokens of the prompt or the output), frequency and presence
               penalties (output only)
 transformers  logit bias (``sequence_bias``), repetition penalty (prompt and output), bad words
@@ -183,11 +184,16 @@ class _History:
         out_seen = self.counts > 0
         under_min = len(self.emitted) < r.min_tokens
         if self.order == "vllm":
+            if mask is not None:  # the grammar's bitmask comes before the sampler
+                x = x.masked_fill(~mask, inf)
             if r.bad_words:
                 for token in _bans(r.bad_words, self.emitted):
                     x[token] = inf
             if under_min and self.stop_ids:
+                before = x[self.stop_ids]
                 x[self.stop_ids] = inf
+                if r.constraint is not None and bool((x == inf).all()):
+                    x[self.stop_ids] = before  # a structured request: the stop tokens come back rather than nothing
             if r.logit_bias:
                 x = x + self.bias
             if r.repetition_penalty != 1.0:
@@ -196,8 +202,6 @@ class _History:
                 x = x - r.frequency_penalty * self.counts
             if r.presence_penalty:
                 x = x - r.presence_penalty * out_seen.double()
-            if mask is not None:
-                x = x.masked_fill(~mask, inf)
         elif self.order == "transformers":
             if r.logit_bias:
                 x = x + self.bias

@@ -153,6 +153,24 @@ def test_hand_derived_processed_logits(engine, fields, eos, expected):
     assert laws.processed_logits[2].tolist() == expected
 
 
+def test_vllm_puts_the_stop_tokens_back_when_a_constraint_leaves_nothing_else():
+    # the automaton allows only eos 2 at its start; min_tokens 2 masks it.  vLLM's MinTokensLogitsProcessor restores
+    # a structured request's stop tokens when the row would be -inf everywhere (then the bias applies to them);
+    # transformers and SGLang have no such rule: nothing is left to draw
+    automaton = TokenAutomaton({0: {}}, accepting=[0], end_tokens=[2])
+    logits = torch.tensor([[1.0, 2.0, 0.5]], dtype=torch.float64)
+    request = Request(temperature=0.0, min_tokens=2, constraint=automaton, logit_bias={2: 0.25})
+    laws = process_request(logits, [0], [2], request, "vllm", eos_token_id=2)
+    assert laws.processed_logits[0].tolist() == [INF, INF, 0.75]
+    assert laws.probs[0].tolist() == [0.0, 0.0, 1.0]
+    # without the constraint nothing is restored: min_tokens masks eos and the others stay
+    plain = process_request(logits, [0], [1], Request(temperature=0.0, min_tokens=2), "vllm", eos_token_id=2)
+    assert plain.processed_logits[0].tolist() == [1.0, 2.0, INF]
+    for engine in ("transformers", "sglang"):
+        with pytest.raises(InvalidArgument, match="masks every token"):
+            process_request(logits, [0], [2], request, engine, eos_token_id=2)
+
+
 def test_llama_cpp_penalties_read_the_last_64_emitted_tokens():
     # 66 emitted tokens: token 1 first and 65 times token 2 after it; at the last position the window of 64 holds
     # only 2s (64 of them), so token 1 (emitted at position 0, outside the window) is untouched

@@ -4,8 +4,8 @@ vLLM 0.32's ``apply_penalties`` (repetition over prompt and output, then frequen
 output) and ``apply_bad_words`` (over the output); transformers' ``SequenceBiasLogitsProcessor``,
 ``RepetitionPenaltyLogitsProcessor``, ``NoBadWordsLogitsProcessor`` and ``MinNewTokensLengthLogitsProcessor``
 chained in ``_get_logits_processor``'s order; SGLang 0.5.23's four penalizers under their orchestrator.  Each
-engine's function is applied to one position's logits
-with the row's history; process_request's processed logits at that position must agree.
+engine's function is applied to one position's logits with the row's history; process_request's processed logits
+at that position must agree.
 """
 
 from __future__ import annotations
@@ -173,3 +173,58 @@ def test_sglang_penalizers(history, rep, freq, pres, data, monkeypatch):
     assert torch.equal(torch.isinf(theirs), torch.isinf(ours))
     finite = ~torch.isinf(ours)
     assert torch.allclose(theirs[finite], ours[finite], rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=histories(), data=st.data())
+def test_vllm_grammar_mask_min_tokens_and_logit_bias(history, data):
+    """vLLM 0.32: the grammar's bitmask (``gpu_model_runner.py:4335``, before the sampler), then its own
+    ``MinTokensLogitsProcessor`` (which puts a structured request's stop tokens back when nothing else is left)
+    and ``LogitBiasLogitsProcessor`` in ``BUILTIN_LOGITS_PROCESSORS``' order."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor, MinTokensLogitsProcessor
+    from vllm.v1.sample.logits_processor.interface import BatchUpdate
+
+    from spectr_audit.contract.requests import TokenAutomaton
+
+    vocab, prompt, _, logits = history
+    token = st.integers(0, vocab - 1)
+    stop_ids = data.draw(st.lists(token, max_size=2, unique=True))
+    eos = data.draw(st.one_of(st.none(), token))
+    stop_list = sorted(set(stop_ids) | ({eos} if eos is not None else set()))
+    # often only stop tokens allowed: where vLLM puts them back
+    only_stops = st.sets(st.sampled_from(stop_list), min_size=1) if stop_list else st.nothing()
+    allowed = sorted(data.draw(st.one_of(st.sets(token, min_size=1, max_size=vocab), only_stops)))
+    constrained = data.draw(st.booleans())
+    emitted = data.draw(st.lists(st.sampled_from(allowed), max_size=5))
+    min_tokens = data.draw(st.integers(0, 6))
+    bias = data.draw(st.dictionaries(token, st.integers(-8, 8).map(lambda v: v / 4), max_size=3))
+    automaton = TokenAutomaton({0: {t: 0 for t in allowed}}) if constrained else None
+
+    stops = set(stop_ids) | ({eos} if eos is not None else set())
+    params = SimpleNamespace(min_tokens=min_tokens, all_stop_token_ids=stops, logit_bias=bias or None,
+                             structured_outputs=object() if constrained else None)
+    update = BatchUpdate(batch_size=1, removed=[], added=[(0, params, list(prompt), list(emitted))], moved=[])
+    min_proc = MinTokensLogitsProcessor(None, torch.device("cpu"), False)
+    bias_proc = LogitBiasLogitsProcessor(None, torch.device("cpu"), False)
+    min_proc.update_state(update)
+    bias_proc.update_state(update)
+    theirs = torch.tensor([logits], dtype=torch.float32)
+    if constrained:
+        keep = torch.zeros(vocab, dtype=torch.bool)
+        keep[allowed] = True
+        theirs = theirs.masked_fill(~keep, float("-inf"))
+    theirs = bias_proc.apply(min_proc.apply(theirs))[0].double()
+
+    request = Request(min_tokens=min_tokens, stop_token_ids=stop_ids, logit_bias=bias, constraint=automaton)
+    rows = _rows(logits, emitted)
+    if bool(torch.isinf(theirs).all()):  # vLLM is left with nothing to draw: so is the reference
+        with pytest.raises(InvalidArgument, match="masks every token"):
+            process_request(rows, prompt, emitted + [0], request, "vllm", eos_token_id=eos)
+        return
+    ours = process_request(rows, prompt, emitted + [0], request, "vllm", eos_token_id=eos).processed_logits[-1]
+    assert torch.equal(torch.isinf(theirs), torch.isinf(ours))
+    finite = ~torch.isinf(ours)
+    assert torch.allclose(theirs[finite], ours[finite], rtol=1e-6, atol=1e-6)

@@ -51,9 +51,15 @@ def processed(logits, prompt, emitted, request, engine, eos_token_id=None, allow
             x[t] = INF
 
     if engine == "vllm":
+        if allowed is not None:
+            mask([t for t in vocab if t not in allowed])
         mask(_banned(words, emitted))
         if under_min:
+            kept = {t: x[t] for t in stops}
             mask(stops)
+            if request.get("constraint") is not None and all(v == INF for v in x):
+                for t, v in kept.items():
+                    x[t] = v
         for t in vocab:
             x[t] = x[t] + bias.get(t, 0.0)
         if rep != 1.0:
@@ -64,8 +70,6 @@ def processed(logits, prompt, emitted, request, engine, eos_token_id=None, allow
             x[t] = x[t] - freq * emitted.count(t)
         for t in vocab:
             x[t] = x[t] - pres * (1.0 if t in emitted else 0.0)
-        if allowed is not None:
-            mask([t for t in vocab if t not in allowed])
     elif engine == "transformers":
         for t in vocab:
             x[t] = x[t] + bias.get(t, 0.0)
