@@ -13,19 +13,25 @@ cites each line):
 ============  =====================================================================================
 engine        before temperature, in order
 ============  =====================================================================================
-vllm          bad words (over the emitted tokens only), min_tokens (stop tokens masked), logit bias,
+vllm          the grammar mask, bad words (over the emitted tokens only), min_tokens (stop tokens
+              masked; for a request with a constraint, put back when nothing else is left), logit bias,
               repetition penalty (tokens of the prompt or the output), frequency and presence
               penalties (output only)
 transformers  logit bias (``sequence_bias``), repetition penalty (prompt and output), bad words
               (over prompt and output), ``min_new_tokens``; no presence or frequency penalty
 sglang        frequency and presence penalties and ``min_new_tokens`` (additive), repetition penalty
               (output tokens only), the grammar mask, logit bias; no bad words
+llama.cpp     logit bias, then repetition, frequency and presence penalties over the last 64 emitted
+              tokens (one pass: ``x / r`` or ``x * r``, minus ``count * f + [count > 0] * c``), the
+              grammar mask; no bad words, no ``min_tokens``; then top-k, top-p, min-p and temperature
+              *last* (:data:`LLAMA_CPP_SAMPLING`), greedy only at temperature 0
 ============  =====================================================================================
 
 The repetition penalty divides a logit above 0 by the penalty and multiplies the others (vLLM's
 ``logits > 0``; transformers' and SGLang's ``score < 0`` agree, since 0 is unchanged either way).  A
 constraint masks what its state disallows before temperature in every engine.  A request without any
-history-dependent field gives exactly ``process_logits(logits, request.sampling_params(), order)``.
+history-dependent field gives exactly ``process_logits(logits, request.sampling_params(), order)`` (for
+``"llama.cpp"``, ``order`` :data:`LLAMA_CPP_SAMPLING`).
 
 Examples
 --------
@@ -46,13 +52,30 @@ from typing import Any, Optional, Sequence
 import torch
 
 from spectr_audit.contract.requests import ConstraintViolation, Request
-from spectr_audit.contract.sampling import process_logits
+from spectr_audit.contract.sampling import ProcessingOrder, process_logits
 from spectr_audit.errors import InvalidArgument
 
-__all__ = ["HISTORY_ENGINES", "RequestLaws", "process_request", "process_request_step"]
+__all__ = ["HISTORY_ENGINES", "LLAMA_CPP_PENALTY_LAST_N", "LLAMA_CPP_SAMPLING", "RequestLaws", "process_request", "process_request_step"]
 
 #: The engines whose order of the history-dependent processors :func:`process_request` follows.
-HISTORY_ENGINES = ("vllm", "transformers", "sglang")
+HISTORY_ENGINES = ("vllm", "transformers", "sglang", "llama.cpp")
+
+#: llama-cpp-python's sampler chain after the penalties and the grammar (``Llama._init_sampler``): top-k (exactly
+#: k, by rank), typical (off), top-p (keeps the token whose mass ahead is below p, over the renormalised
+#: survivors), min-p, then temperature, then the draw; temperature 0 is llama.cpp's greedy sampler (the first
+#: maximum).  Tokens tied at the top-k boundary are ordered by llama.cpp's sort, which does not specify them.
+LLAMA_CPP_SAMPLING = ProcessingOrder(
+    "llama.cpp", ("top_k", "top_p", "min_p", "temperature"), top_k_ties="rank",
+    description="llama-cpp-python Llama._init_sampler: penalties, grammar, top-k, typical, top-p, min-p, temp, dist",
+)
+
+#: How many of the last accepted tokens llama.cpp's penalties read (``Llama(last_n_tokens_size=64)``); its
+#: sampler accepts the sampled tokens only, so the window holds emitted tokens, never the prompt.
+LLAMA_CPP_PENALTY_LAST_N = 64
+
+
+def _sampling_order(order: str):
+    return LLAMA_CPP_SAMPLING if order == "llama.cpp" else order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +115,10 @@ def _check_order(order: Any, request: Request) -> str:
                               "presence or frequency penalty")
     if order == "sglang" and request.bad_words:
         raise InvalidArgument("request.bad_words: SGLang's sampling parameters have no bad words")
+    if order == "llama.cpp" and request.bad_words:
+        raise InvalidArgument("request.bad_words: llama.cpp's sampler chain has no bad words")
+    if order == "llama.cpp" and request.min_tokens:
+        raise InvalidArgument("request.min_tokens: llama.cpp's sampler chain has no minimum length")
     return order
 
 
@@ -157,11 +184,16 @@ class _History:
         out_seen = self.counts > 0
         under_min = len(self.emitted) < r.min_tokens
         if self.order == "vllm":
+            if mask is not None:  # the grammar's bitmask comes before the sampler
+                x = x.masked_fill(~mask, inf)
             if r.bad_words:
                 for token in _bans(r.bad_words, self.emitted):
                     x[token] = inf
             if under_min and self.stop_ids:
+                before = x[self.stop_ids]
                 x[self.stop_ids] = inf
+                if r.constraint is not None and bool((x == inf).all()):
+                    x[self.stop_ids] = before  # a structured request: the stop tokens come back rather than nothing
             if r.logit_bias:
                 x = x + self.bias
             if r.repetition_penalty != 1.0:
@@ -170,8 +202,6 @@ class _History:
                 x = x - r.frequency_penalty * self.counts
             if r.presence_penalty:
                 x = x - r.presence_penalty * out_seen.double()
-            if mask is not None:
-                x = x.masked_fill(~mask, inf)
         elif self.order == "transformers":
             if r.logit_bias:
                 x = x + self.bias
@@ -182,6 +212,18 @@ class _History:
                     x[token] = inf
             if under_min and self.stop_ids:
                 x[self.stop_ids] = inf
+            if mask is not None:
+                x = x.masked_fill(~mask, inf)
+        elif self.order == "llama.cpp":
+            if r.logit_bias:
+                x = x + self.bias
+            if r.repetition_penalty != 1.0 or r.frequency_penalty or r.presence_penalty:
+                window = torch.zeros(self.vocab_size, dtype=torch.float64)
+                for token in self.emitted[-LLAMA_CPP_PENALTY_LAST_N:]:
+                    window[token] += 1
+                seen = window > 0
+                x = _repetition(x, seen, r.repetition_penalty)
+                x = x - (r.frequency_penalty * window + r.presence_penalty * seen.double())
             if mask is not None:
                 x = x.masked_fill(~mask, inf)
         else:  # sglang
@@ -204,7 +246,7 @@ def _law(x: torch.Tensor, request: Request, order: str, where: str) -> torch.Ten
     if bool((x == -math.inf).all()):
         raise InvalidArgument(f"{where}: the request masks every token (its constraint, min_tokens and bad words "
                               f"leave nothing to draw)")
-    return process_logits(x.unsqueeze(0), request.sampling_params(), order)[0]
+    return process_logits(x.unsqueeze(0), request.sampling_params(), _sampling_order(order))[0]
 
 
 def process_request(logits: torch.Tensor, prompt: Sequence[int], continuation: Sequence[int], request: Request,

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from spectr_audit._deadline import call_limit
-from spectr_audit.contract.history import HISTORY_ENGINES, process_request
+from spectr_audit.contract.history import HISTORY_ENGINES, LLAMA_CPP_SAMPLING, process_request
 from spectr_audit.contract.sampling import SamplingParams, process_logits
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.contract import GenerationContractError
@@ -217,7 +217,7 @@ def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_sc
     stat = token_stats(all_laws, tokens, uniforms, draft_laws, options.orderings)
     zero = (stat.mass <= options.zero_mass_tol).nonzero().squeeze(1)
     margin = (_margins(torch.cat([x for x in logits if len(x)]).double(), all_laws, tokens, zero,
-                       row_params, order, rows)
+                       row_params, LLAMA_CPP_SAMPLING if order == "llama.cpp" else order, rows)
               if logits is not None and zero.numel() else np.full(tokens.shape[0], np.nan))
     # a single-draft speculative sampler accepts a drafted token here with probability 1 - TV(p, q)
     accept = None if draft_laws is None else (1.0 - 0.5 * (draft_laws - all_laws).abs().sum(1)).numpy()

@@ -14,7 +14,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spectr_audit.contract.history import HISTORY_ENGINES, process_request, process_request_step
+from spectr_audit.contract.history import (
+    HISTORY_ENGINES,
+    LLAMA_CPP_SAMPLING,
+    process_request,
+    process_request_step,
+)
 from spectr_audit.contract.requests import Request, TokenAutomaton
 from spectr_audit.contract.sampling import SamplingParams, process_logits
 from spectr_audit.errors import InvalidArgument
@@ -39,14 +44,19 @@ def cases(draw, engine=None):
     fields.update(draw(st.fixed_dictionaries({}, optional={
         "repetition_penalty": st.sampled_from([0.5, 1.3, 2.0]),
         "logit_bias": st.dictionaries(token, st.integers(-8, 8).map(lambda v: v / 4), max_size=2),
-        "min_tokens": st.integers(0, 4),
         "stop_token_ids": st.lists(token, max_size=2, unique=True),
     })))
+    if engine != "llama.cpp":
+        fields.update(draw(st.fixed_dictionaries({}, optional={"min_tokens": st.integers(0, 4)})))
+    if engine == "llama.cpp" and "temperature" in fields and fields["temperature"] > 0:
+        fields.update(draw(st.fixed_dictionaries({}, optional={
+            "top_k": st.integers(0, vocab), "top_p": st.sampled_from([1.0, 0.9, 0.5]),
+            "min_p": st.sampled_from([0.0, 0.3])})))
     if engine != "transformers":
         fields.update(draw(st.fixed_dictionaries({}, optional={
             "presence_penalty": st.sampled_from([-0.5, 0.25, 1.0]),
             "frequency_penalty": st.sampled_from([-0.25, 0.5, 1.5])})))
-    if engine != "sglang":
+    if engine not in ("sglang", "llama.cpp"):
         fields.update(draw(st.fixed_dictionaries({}, optional={
             "bad_words": st.lists(st.lists(token, min_size=1, max_size=3), max_size=3)})))
     eos = draw(st.one_of(st.none(), token))
@@ -102,7 +112,8 @@ def test_a_request_without_history_is_process_logits(data, engine):
     continuation = data.draw(st.lists(st.integers(0, vocab - 1), min_size=length, max_size=length))
     request = Request(**params, max_tokens=9, seed=3, logprobs=2)
     got = process_request(logits, [0], continuation, request, engine, eos_token_id=1)
-    assert torch.equal(got.probs, process_logits(logits, SamplingParams(**params), engine))
+    order = LLAMA_CPP_SAMPLING if engine == "llama.cpp" else engine
+    assert torch.equal(got.probs, process_logits(logits, SamplingParams(**params), order))
 
 
 # Hand-derived: logits [1, -1, 2], prompt [0], emitted [2, 2] before the position; repetition 2, frequency 0.5,
@@ -126,6 +137,12 @@ HAND = [
     ("vllm", dict(bad_words=[[2, 1], [0, 1], [2, 2, 0]]), None, [INF, INF, 2.0]),
     ("transformers", dict(bad_words=[[0, 2, 2, 1]]), None, [1.0, INF, 2.0]),
     ("vllm", dict(bad_words=[[0, 2, 2, 1]]), None, [1.0, -1.0, 2.0]),
+    # llama.cpp: bias first, then one pass over the emitted tokens (the prompt's 0 untouched): token 2 (count 2,
+    # > 0) 2 / 2 - (0.5 * 2 + 0.25); a bias of -3 on token 2 makes it -1 * 2 - 1.25 = -3.25
+    ("llama.cpp", dict(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25), None,
+     [1.0, -1.0, -0.25]),
+    ("llama.cpp", dict(logit_bias={2: -3.0, 1: 1.0}, repetition_penalty=2.0, frequency_penalty=0.5,
+                       presence_penalty=0.25), None, [1.0, 0.0, -3.25]),
 ]
 
 
@@ -134,6 +151,47 @@ def test_hand_derived_processed_logits(engine, fields, eos, expected):
     logits = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, -1.0, 2.0]], dtype=torch.float64)
     laws = process_request(logits, [0], [2, 2, 2], Request(**fields), engine, eos_token_id=eos)
     assert laws.processed_logits[2].tolist() == expected
+
+
+def test_vllm_puts_the_stop_tokens_back_when_a_constraint_leaves_nothing_else():
+    # the automaton allows only eos 2 at its start; min_tokens 2 masks it.  vLLM's MinTokensLogitsProcessor restores
+    # a structured request's stop tokens when the row would be -inf everywhere (then the bias applies to them);
+    # transformers and SGLang have no such rule: nothing is left to draw
+    automaton = TokenAutomaton({0: {}}, accepting=[0], end_tokens=[2])
+    logits = torch.tensor([[1.0, 2.0, 0.5]], dtype=torch.float64)
+    request = Request(temperature=0.0, min_tokens=2, constraint=automaton, logit_bias={2: 0.25})
+    laws = process_request(logits, [0], [2], request, "vllm", eos_token_id=2)
+    assert laws.processed_logits[0].tolist() == [INF, INF, 0.75]
+    assert laws.probs[0].tolist() == [0.0, 0.0, 1.0]
+    # without the constraint nothing is restored: min_tokens masks eos and the others stay
+    plain = process_request(logits, [0], [1], Request(temperature=0.0, min_tokens=2), "vllm", eos_token_id=2)
+    assert plain.processed_logits[0].tolist() == [1.0, 2.0, INF]
+    for engine in ("transformers", "sglang"):
+        with pytest.raises(InvalidArgument, match="masks every token"):
+            process_request(logits, [0], [2], request, engine, eos_token_id=2)
+
+
+def test_llama_cpp_penalties_read_the_last_64_emitted_tokens():
+    # 66 emitted tokens: token 1 first and 65 times token 2 after it; at the last position the window of 64 holds
+    # only 2s (64 of them), so token 1 (emitted at position 0, outside the window) is untouched
+    continuation = [1] + [2] * 65
+    logits = torch.tensor([[1.0, 1.0, 1.0]] * len(continuation), dtype=torch.float64)
+    request = Request(temperature=0.0, repetition_penalty=2.0, frequency_penalty=0.01, presence_penalty=0.5)
+    laws = process_request(logits, [0], continuation, request, "llama.cpp")
+    assert laws.processed_logits[-1].tolist() == [1.0, 1.0, 0.5 - (0.01 * 64 + 0.5)]
+    # at position 64 the window is continuation[0:64]: token 1 once, token 2 63 times
+    assert laws.processed_logits[64].tolist() == [1.0, 0.5 - (0.01 + 0.5), 0.5 - (0.01 * 63 + 0.5)]
+
+
+def test_llama_cpp_applies_temperature_after_the_filters():
+    # logits log(0.5), log(0.3), log(0.2); top-p 0.6 on the unscaled law keeps tokens 0 and 1 (mass ahead 0, 0.5);
+    # after temperature 0.5 the law of the two is 0.25 : 0.09 (vLLM, temperature first, would keep token 0 alone:
+    # the scaled law 25/38, 9/38, 4/38 has 25/38 > 0.6 ahead of token 1)
+    logits = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.2)]], dtype=torch.float64)
+    request = Request(temperature=0.5, top_p=0.6)
+    got = process_request(logits, [0], [0], request, "llama.cpp").probs[0]
+    assert torch.allclose(got, torch.tensor([25 / 34, 9 / 34, 0.0], dtype=torch.float64), rtol=0, atol=1e-12)
+    assert process_request(logits, [0], [0], request, "vllm").probs[0].tolist() == [1.0, 0.0, 0.0]
 
 
 def test_a_constraint_masks_each_position_and_the_first_violation_is_named():
@@ -152,6 +210,8 @@ BAD = [
     (dict(order="llama"), "order"),
     (dict(order="transformers", request=Request(presence_penalty=0.5)), "presence_penalty"),
     (dict(order="sglang", request=Request(bad_words=[[1]])), "bad_words"),
+    (dict(order="llama.cpp", request=Request(bad_words=[[1]])), "bad_words"),
+    (dict(order="llama.cpp", request=Request(min_tokens=1)), "min_tokens"),
     (dict(logits=torch.zeros(3, 3)), "3 rows for a continuation of 2"),
     (dict(logits=torch.tensor([[0.0, float("nan"), 0.0]] * 2)), "NaN"),
     (dict(continuation=[0, 5]), "continuation"),

@@ -3,8 +3,9 @@
 vLLM 0.32's ``apply_penalties`` (repetition over prompt and output, then frequency and presence over the
 output) and ``apply_bad_words`` (over the output); transformers' ``SequenceBiasLogitsProcessor``,
 ``RepetitionPenaltyLogitsProcessor``, ``NoBadWordsLogitsProcessor`` and ``MinNewTokensLengthLogitsProcessor``
-chained in ``_get_logits_processor``'s order.  Each engine's function is applied to one position's logits
-with the row's history; process_request's processed logits at that position must agree.
+chained in ``_get_logits_processor``'s order; SGLang 0.5.23's four penalizers under their orchestrator.  Each
+engine's function is applied to one position's logits with the row's history; process_request's processed logits
+at that position must agree.
 """
 
 from __future__ import annotations
@@ -113,3 +114,117 @@ def test_transformers_processors_in_generate_order(history, data):
     assert torch.equal(ours == -float("inf"), engine == -float("inf"))
     finite = ours != -float("inf")
     assert torch.allclose(ours[finite], engine[finite], rtol=1e-6, atol=1e-6)
+
+
+class _Batch:
+    """The part of SGLang's ``ScheduleBatch`` its penalizers read: the requests and the device."""
+
+    def __init__(self, reqs):
+        self.reqs, self.device = reqs, "cpu"
+
+
+def _sglang_request(rep, freq, pres, min_tokens, stop_ids, eos):
+    from types import SimpleNamespace
+
+    params = SimpleNamespace(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres,
+                             min_new_tokens=min_tokens, stop_token_ids=set(stop_ids))
+    tokenizer = SimpleNamespace(additional_stop_token_ids=None, eos_token_id=None)
+    return SimpleNamespace(sampling_params=params, eos_token_ids=set() if eos is None else {eos}, tokenizer=tokenizer)
+
+
+# the monkeypatch sets the same eager function at every example: nothing to reset between them
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(history=histories(), rep=st.sampled_from([1.0, 0.7, 1.5]), freq=st.sampled_from([0.0, 0.5, -0.3]),
+       pres=st.sampled_from([0.0, 0.25, -1.0]), data=st.data())
+def test_sglang_penalizers(history, rep, freq, pres, data, monkeypatch):
+    """SGLang 0.5.23's four penalizers, fed the output tokens one by one as its scheduler does
+    (``cumulate_output_tokens``) and applied as its speculative and overlap paths do: the additive penalties
+    first, the repetition scaling after (``BatchedPenalizerOrchestrator.apply(logits, repeat=1)``).  Float32 on
+    SGLang's side: compared to 1e-5."""
+    pytest.importorskip("sglang.srt.sampling.penaltylib")
+    from sglang.srt.sampling.penaltylib import repetition_penalty as sglang_repetition
+    from sglang.srt.sampling.penaltylib.frequency_penalty import BatchedFrequencyPenalizer
+    from sglang.srt.sampling.penaltylib.min_new_tokens import BatchedMinNewTokensPenalizer
+    from sglang.srt.sampling.penaltylib.orchestrator import BatchedPenalizerOrchestrator
+    from sglang.srt.sampling.penaltylib.presence_penalty import BatchedPresencePenalizer
+
+    # the scaling rule is torch.compile'd; run its own Python body eagerly (no C++ toolchain needed on CPU)
+    eager = getattr(sglang_repetition.apply_scaling_penalties, "_torchdynamo_orig_callable", None)
+    if eager is not None:
+        monkeypatch.setattr(sglang_repetition, "apply_scaling_penalties", eager)
+    vocab, prompt, emitted, logits = history
+    min_tokens = data.draw(st.integers(0, 4))
+    stop_ids = data.draw(st.lists(st.integers(0, vocab - 1), max_size=2, unique=True))
+    eos = data.draw(st.one_of(st.none(), st.integers(0, vocab - 1)))
+    batch = _Batch([_sglang_request(rep, freq, pres, min_tokens, stop_ids, eos)])
+    orchestrator = BatchedPenalizerOrchestrator(
+        vocab, batch, {BatchedFrequencyPenalizer, BatchedMinNewTokensPenalizer, BatchedPresencePenalizer,
+                       sglang_repetition.BatchedRepetitionPenalizer})
+    for token in emitted:
+        orchestrator.cumulate_output_tokens(torch.tensor([token]))
+    theirs = torch.tensor([logits], dtype=torch.float32)
+    if orchestrator.is_required:
+        orchestrator.apply(theirs, repeat=1)
+    request = Request(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres, min_tokens=min_tokens,
+                      stop_token_ids=stop_ids)
+    ours = _ours(logits, prompt, emitted, request, "sglang", eos)
+    theirs = theirs[0].double()
+    assert torch.equal(torch.isinf(theirs), torch.isinf(ours))
+    finite = ~torch.isinf(ours)
+    assert torch.allclose(theirs[finite], ours[finite], rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=histories(), data=st.data())
+def test_vllm_grammar_mask_min_tokens_and_logit_bias(history, data):
+    """vLLM 0.32: the grammar's bitmask (``gpu_model_runner.py:4335``, before the sampler), then its own
+    ``MinTokensLogitsProcessor`` (which puts a structured request's stop tokens back when nothing else is left)
+    and ``LogitBiasLogitsProcessor`` in ``BUILTIN_LOGITS_PROCESSORS``' order."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor, MinTokensLogitsProcessor
+    from vllm.v1.sample.logits_processor.interface import BatchUpdate
+
+    from spectr_audit.contract.requests import TokenAutomaton
+
+    vocab, prompt, _, logits = history
+    token = st.integers(0, vocab - 1)
+    stop_ids = data.draw(st.lists(token, max_size=2, unique=True))
+    eos = data.draw(st.one_of(st.none(), token))
+    stop_list = sorted(set(stop_ids) | ({eos} if eos is not None else set()))
+    # often only stop tokens allowed: where vLLM puts them back
+    only_stops = st.sets(st.sampled_from(stop_list), min_size=1) if stop_list else st.nothing()
+    allowed = sorted(data.draw(st.one_of(st.sets(token, min_size=1, max_size=vocab), only_stops)))
+    constrained = data.draw(st.booleans())
+    emitted = data.draw(st.lists(st.sampled_from(allowed), max_size=5))
+    min_tokens = data.draw(st.integers(0, 6))
+    bias = data.draw(st.dictionaries(token, st.integers(-8, 8).map(lambda v: v / 4), max_size=3))
+    automaton = TokenAutomaton({0: {t: 0 for t in allowed}}) if constrained else None
+
+    stops = set(stop_ids) | ({eos} if eos is not None else set())
+    params = SimpleNamespace(min_tokens=min_tokens, all_stop_token_ids=stops, logit_bias=bias or None,
+                             structured_outputs=object() if constrained else None)
+    update = BatchUpdate(batch_size=1, removed=[], added=[(0, params, list(prompt), list(emitted))], moved=[])
+    min_proc = MinTokensLogitsProcessor(None, torch.device("cpu"), False)
+    bias_proc = LogitBiasLogitsProcessor(None, torch.device("cpu"), False)
+    min_proc.update_state(update)
+    bias_proc.update_state(update)
+    theirs = torch.tensor([logits], dtype=torch.float32)
+    if constrained:
+        keep = torch.zeros(vocab, dtype=torch.bool)
+        keep[allowed] = True
+        theirs = theirs.masked_fill(~keep, float("-inf"))
+    theirs = bias_proc.apply(min_proc.apply(theirs))[0].double()
+
+    request = Request(min_tokens=min_tokens, stop_token_ids=stop_ids, logit_bias=bias, constraint=automaton)
+    rows = _rows(logits, emitted)
+    if bool(torch.isinf(theirs).all()):  # vLLM is left with nothing to draw: so is the reference
+        with pytest.raises(InvalidArgument, match="masks every token"):
+            process_request(rows, prompt, emitted + [0], request, "vllm", eos_token_id=eos)
+        return
+    ours = process_request(rows, prompt, emitted + [0], request, "vllm", eos_token_id=eos).processed_logits[-1]
+    assert torch.equal(torch.isinf(theirs), torch.isinf(ours))
+    finite = ~torch.isinf(ours)
+    assert torch.allclose(theirs[finite], ours[finite], rtol=1e-6, atol=1e-6)

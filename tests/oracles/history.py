@@ -13,6 +13,10 @@ from tests.oracles import sampling as sampling_oracle
 
 INF = -math.inf
 
+#: llama-cpp-python's chain after the penalties (restated, not imported): the filters on the unscaled logits,
+#: temperature last, top-k exactly k, greedy only at temperature 0.
+LLAMA_CPP = dict(steps=("top_k", "top_p", "min_p", "temperature"), top_k_ties="rank")
+
 
 def _banned(words, history):
     out = []
@@ -47,9 +51,15 @@ def processed(logits, prompt, emitted, request, engine, eos_token_id=None, allow
             x[t] = INF
 
     if engine == "vllm":
+        if allowed is not None:
+            mask([t for t in vocab if t not in allowed])
         mask(_banned(words, emitted))
         if under_min:
+            kept = {t: x[t] for t in stops}
             mask(stops)
+            if request.get("constraint") is not None and all(v == INF for v in x):
+                for t, v in kept.items():
+                    x[t] = v
         for t in vocab:
             x[t] = x[t] + bias.get(t, 0.0)
         if rep != 1.0:
@@ -60,8 +70,6 @@ def processed(logits, prompt, emitted, request, engine, eos_token_id=None, allow
             x[t] = x[t] - freq * emitted.count(t)
         for t in vocab:
             x[t] = x[t] - pres * (1.0 if t in emitted else 0.0)
-        if allowed is not None:
-            mask([t for t in vocab if t not in allowed])
     elif engine == "transformers":
         for t in vocab:
             x[t] = x[t] + bias.get(t, 0.0)
@@ -72,6 +80,16 @@ def processed(logits, prompt, emitted, request, engine, eos_token_id=None, allow
         mask(_banned(words, list(prompt) + list(emitted)))
         if under_min:
             mask(stops)
+        if allowed is not None:
+            mask([t for t in vocab if t not in allowed])
+    elif engine == "llama.cpp":
+        for t in vocab:
+            x[t] = x[t] + bias.get(t, 0.0)
+        window = list(emitted)[-64:]
+        for t in vocab:
+            count = window.count(t)
+            if count > 0:
+                x[t] = _repeat(x[t], rep) - (freq * count + pres * 1.0)
         if allowed is not None:
             mask([t for t in vocab if t not in allowed])
     else:  # sglang
@@ -99,6 +117,11 @@ def laws(rows, prompt, continuation, request, engine, eos_token_id=None, allowed
         allowed = None if allowed_sets is None else allowed_sets[t]
         x = processed(row, prompt, list(continuation[:t]), request, engine, eos_token_id, allowed)
         params = {k: request[k] for k in ("temperature", "top_k", "top_p", "min_p") if k in request}
-        law = None if all(v == INF for v in x) else sampling_oracle.process_engine(x, engine, **params)
+        if all(v == INF for v in x):
+            law = None
+        elif engine == "llama.cpp":
+            law = sampling_oracle.process(x, **params, **LLAMA_CPP)
+        else:
+            law = sampling_oracle.process_engine(x, engine, **params)
         out.append((x, law))
     return out
