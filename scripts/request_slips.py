@@ -53,6 +53,10 @@ def false_alarms(seeds: int, alphas: list) -> list:
     start = time.process_time()
     for s in range(seeds):
         results.append(audit_every_feature(rounds=1, seed=s))
+        r = results[-1]
+        print(json.dumps({"seed": s, "pvalue": r.pvalue, "test": r.test, "findings": len(r.request_findings),
+                          "determinism_differing": (r.determinism or {}).get("differing")}), file=sys.stderr,
+              flush=True)
     seconds = (time.process_time() - start) / seeds
     for alpha in alphas:
         findings = sum(r.pvalue <= alpha or bool(r.request_findings) for r in results)

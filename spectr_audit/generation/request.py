@@ -55,14 +55,20 @@ class GenerationRequest:
 
     def row_requests(self, job) -> Optional[list]:
         """The request of each row of ``job`` (None without requests): the audit's requests in turn, counted over
-        the rows of every job in schedule order, so that each batch mixes them and each request meets every arm;
-        a seeded request's row gets a seed of its own, derived from the request's seed and the row's place."""
+        the rows of every job in schedule order, so that each batch mixes them; in the single and repeated arms,
+        whose repeated prompts the independence tests pair, by the prompt (a pair shares one request).  A seeded
+        request's row gets a seed of its own, derived from the request's seed and the row's place."""
         if not self.requests:
             return None
         start = sum(len(j.prompts) for j in self.jobs if j.index < job.index)
         out = []
         for i in range(len(job.prompts)):
-            request = self.requests[(start + i) % len(self.requests)]
+            if job.arm in ("single", "repeated"):
+                # the independence tests pair repeated prompts (within a batch, across calls): a prompt there
+                # always carries the same request, so a pair shares one law
+                request = self.requests[job.prompt_ids[i] % len(self.requests)]
+            else:
+                request = self.requests[(start + i) % len(self.requests)]
             if request.seed is not None:
                 # a seed of the row's own, from the request's and the row's place in the schedule: repeated
                 # requests stay independent draws (the independence tests assume them), reruns reproducible
