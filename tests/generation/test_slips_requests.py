@@ -2,7 +2,7 @@
 
 The correct loop's law of the first two tokens under a request with penalties, min_tokens, a bias and bad words
 equals process_request's (a chi-square test at a fixed seed, false-alarm rate 0.001); its seeded rows do not
-depend on their batch; every slip is found by the audit at one round with seed 0 (the budgets over seeds are
+depend on their batch; every slip is found by the audit at seed 0 at one round (two for two of them) (the budgets over seeds are
 measured by scripts/request_slips.py, docs/generation.md).
 """
 
@@ -80,11 +80,14 @@ def test_the_correct_loop_with_every_feature_passes():
 
 
 FAST = [name for name in REQUEST_SLIPS if name not in ("min-tokens-in-steps",)]
+#: Rounds at which seed 0 finds the slips one round does not: the bias at the bonus position only moves the law a
+#: little at each block's end; a cap hides an end of sequence only where a block reaches the row's max_tokens.
+ROUNDS = {"bias-bonus-only": 2, "max-tokens-masks-eos": 2}
 
 
 @pytest.mark.parametrize("name", FAST)
-def test_each_slip_is_found_at_one_round(name):
-    assert found(audit_request_slip(name, rounds=1, seed=0), REQUEST_SLIPS[name])
+def test_each_slip_is_found_at_its_budget(name):
+    assert found(audit_request_slip(name, rounds=ROUNDS.get(name, 1), seed=0), REQUEST_SLIPS[name])
 
 
 @pytest.mark.slow
