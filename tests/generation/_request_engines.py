@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from spectr_audit.contract.history import process_request_step
-from spectr_audit.generation.contract import GenerationOutput, ScoredLogits
-from spectr_audit.generation.library.toy import ToyLM
+from spectr_audit.generation.contract import GenerationOutput
+from spectr_audit.generation.library.toy import ToyPair
 
 EOS = 0
 
@@ -25,7 +25,8 @@ class RequestSampler:
     name = "request-sampler"
 
     def __init__(self, vocab_size: int = 10, seed: int = 0, order: str = "vllm"):
-        self.model = ToyLM(vocab_size=vocab_size, seed=seed)
+        self.pair = ToyPair(vocab_size=vocab_size, seed=seed, order=order)
+        self.model = self.pair.target
         self.order = order
         self.vocab_size = vocab_size
 
@@ -85,14 +86,7 @@ class RequestSampler:
                                 completion_tokens=usage)
 
     def score(self, prompts, continuations):
-        out = []
-        for prompt, row in zip(prompts, continuations):
-            state, rows = self.model.start(prompt), []
-            for token in row:
-                rows.append(self.model.logits(state))
-                state = self.model.step(state, token)
-            out.append(torch.stack(rows) if rows else torch.zeros(0, self.vocab_size, dtype=torch.float64))
-        return ScoredLogits(out, order=self.order)
+        return self.pair.logits_scorer()(prompts, continuations)
 
 
 class PenaltiesIgnored(RequestSampler):
