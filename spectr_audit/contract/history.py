@@ -208,7 +208,10 @@ class _History:
             if r.repetition_penalty != 1.0:
                 x = _repetition(x, self.prompt_seen | out_seen, r.repetition_penalty)
             if r.bad_words:
-                for token in _bans(r.bad_words, self.prompt + self.emitted):
+                # generate hands NoBadWordsLogitsProcessor its end-of-sequence ids (the stop tokens), and it drops
+                # a one-token bad word equal to one of them (generation/utils.py:1488-1491, logits_process.py:1472-1482)
+                words = [w for w in r.bad_words if not (len(w) == 1 and w[0] in self.stop_ids)]
+                for token in _bans(words, self.prompt + self.emitted):
                     x[token] = inf
             if under_min and self.stop_ids:
                 x[self.stop_ids] = inf

@@ -136,6 +136,9 @@ HAND = [
     # only, transformers the prompt too: prompt [0] then [2, 2] ends with 2 either way); [2, 2, 0] bans 0
     ("vllm", dict(bad_words=[[2, 1], [0, 1], [2, 2, 0]]), None, [INF, INF, 2.0]),
     ("transformers", dict(bad_words=[[0, 2, 2, 1]]), None, [1.0, INF, 2.0]),
+    # generate drops a one-token bad word that is a stop token (eos 1 here); vLLM bans it
+    ("transformers", dict(bad_words=[[1], [0]]), 1, [INF, -1.0, 2.0]),
+    ("vllm", dict(bad_words=[[1], [0]]), 1, [INF, INF, 2.0]),
     ("vllm", dict(bad_words=[[0, 2, 2, 1]]), None, [1.0, -1.0, 2.0]),
     # llama.cpp: bias first, then one pass over the emitted tokens (the prompt's 0 untouched): token 2 (count 2,
     # > 0) 2 / 2 - (0.5 * 2 + 0.25); a bias of -3 on token 2 makes it -1 * 2 - 1.25 = -3.25

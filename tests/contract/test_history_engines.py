@@ -101,7 +101,7 @@ def test_transformers_processors_in_generate_order(history, data):
     if rep != 1.0:
         chain.append(RepetitionPenaltyLogitsProcessor(penalty=rep))
     if words:
-        chain.append(NoBadWordsLogitsProcessor(bad_words_ids=[list(w) for w in words]))
+        chain.append(NoBadWordsLogitsProcessor(bad_words_ids=[list(w) for w in words], eos_token_id=[eos]))  # as generate
     if min_tokens:
         chain.append(MinNewTokensLengthLogitsProcessor(prompt_length_to_skip=len(prompt), min_new_tokens=min_tokens,
                                                        eos_token_id=eos))

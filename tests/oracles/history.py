@@ -77,7 +77,7 @@ def processed(logits, prompt, emitted, request, engine, eos_token_id=None, allow
             for t in vocab:
                 if t in prompt or t in emitted:
                     x[t] = _repeat(x[t], rep)
-        mask(_banned(words, list(prompt) + list(emitted)))
+        mask(_banned([w for w in words if not (len(w) == 1 and w[0] in stops)], list(prompt) + list(emitted)))
         if under_min:
             mask(stops)
         if allowed is not None:
