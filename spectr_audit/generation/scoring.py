@@ -58,56 +58,54 @@ def _first_stop(continuation: list, stops: tuple) -> int:
 
 def _apply_requests(job: Job, prompts: list, continuations: list, requests: list, logits, order, options,
                     component: str, row_params: Optional[list] = None) -> tuple:
-    """Each row's laws under its own request and history: ``(laws, processed logits, params, violations)``."""
+    """Each row's laws under its own request and history: ``(laws, processed logits, params, RequestLaws)``."""
     if logits is None:
         raise GenerationContractError(f"{component} on {job.case}: with requests the scorer must return raw logits "
                                       f"(ScoredLogits), so that each row's request is applied over its own history")
     if not isinstance(order, str) or order not in HISTORY_ENGINES:
         raise GenerationContractError(f"{component} on {job.case}: with requests ScoredLogits.order must be one of "
                                       f"{HISTORY_ENGINES}, got {order!r}")
-    laws, processed, violations = [], [], []
     for i, params in enumerate(row_params or ()):
         if not params.is_neutral():
             raise GenerationContractError(f"{component} on {job.case}, row {i}: with requests the sampling parameters "
                                           f"come from each row's request; ScoredLogits.params must be the neutral "
                                           f"default, got {params.describe()}")
+    out = []
     for i, (prompt, row, request) in enumerate(zip(prompts, continuations, requests)):
         try:
-            out = process_request(logits[i].double(), prompt, row, request, order, eos_token_id=options.eos_token_id)
+            out.append(process_request(logits[i].double(), prompt, row, request, order,
+                                       eos_token_id=options.eos_token_id))
         except InvalidArgument as exc:
             raise GenerationContractError(f"{component} on {job.case}, row {i}: {exc}") from exc
-        laws.append(out.probs)
-        processed.append(out.processed_logits)
-        violations.append((out, -1 if out.constraint_violation is None else out.constraint_violation))
-    return laws, processed, [r.sampling_params() for r in requests], violations
+    return ([r.probs for r in out], [r.processed_logits for r in out], [r.sampling_params() for r in requests],
+            out)
 
 
-def _logprob_gap(output, i: int, row: list, law_logprobs: torch.Tensor) -> tuple:
-    """``(largest gap, position)`` between the engine's returned log-probabilities of row ``i`` and the scorer's."""
-    worst, where = np.nan, -1
-    returned = None if output.logprobs is None else output.logprobs[i]
-    top = None if output.top_logprobs is None else output.top_logprobs[i]
+def _logprob_gap(returned: Optional[list], top: Optional[list], row: list, law_logprobs: torch.Tensor) -> tuple:
+    """``(largest gap, position)`` between a row's returned log-probabilities (the emitted tokens' ``returned`` and
+    the top-n lists ``top``, either None) and the scorer's ``law_logprobs`` ``[len(row), V]``; NaN, -1 when the
+    engine returned neither."""
     if returned is None and top is None:
-        return worst, where
-    worst = 0.0
+        return np.nan, -1
+    worst, where = 0.0, -1
+    vocab_size = law_logprobs.shape[1]
     for t, token in enumerate(row):
-        pairs = []
-        if returned is not None:
-            pairs.append((token, returned[t]))
+        pairs = [(token, returned[t])] if returned is not None else []
         if top is not None:
             pairs += [(int(k), float(v)) for k, v in top[t].items()]
         for k, value in pairs:
-            expected = float(law_logprobs[t, k]) if 0 <= k < law_logprobs.shape[1] else -math.inf
+            expected = float(law_logprobs[t, k]) if 0 <= k < vocab_size else -math.inf
             gap = 0.0 if value == expected else abs(value - expected)
             if not gap <= worst:
                 worst, where = (gap if not math.isnan(gap) else math.inf), t
         if top is not None and top[t]:
             # the listed tokens must be the most likely ones: none unlisted may beat the least listed by the tolerance
-            listed = {int(k) for k in top[t]}
-            least = min(float(law_logprobs[t, k]) for k in listed if 0 <= k < law_logprobs.shape[1]) \
-                if any(0 <= k < law_logprobs.shape[1] for k in listed) else -math.inf
-            others = [float(law_logprobs[t, v]) for v in range(law_logprobs.shape[1]) if v not in listed]
-            beaten = max(others, default=-math.inf) - least
+            listed = torch.zeros(vocab_size, dtype=torch.bool)
+            ids = [int(k) for k in top[t] if 0 <= int(k) < vocab_size]
+            listed[ids] = True
+            least = float(law_logprobs[t][listed].min()) if ids else -math.inf
+            others = law_logprobs[t][~listed]
+            beaten = (float(others.max()) if others.numel() else -math.inf) - least
             if beaten > worst:
                 worst, where = beaten, t
     return worst, where
@@ -132,38 +130,29 @@ def _stopping(row: list, request, stops: tuple, limit: int, finish, usage) -> tu
     return 0, -1
 
 
-def _request_checks(prompts: list, continuations: list, requests: list, laws_out: list, output, limits,
-                    options, determinism) -> RequestChecks:
+def _request_checks(continuations: list, requests: list, laws: list, output, limits, options,
+                    determinism) -> RequestChecks:
+    """Per row, the whole-request checks of the engine's ``output`` against ``laws`` (the RequestLaws of each row's
+    scored, truncated tokens)."""
     n = len(continuations)
     err, err_pos = np.full(n, np.nan), np.full(n, -1, dtype=np.int64)
     code, code_pos = np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64)
     constraint = np.full(n, -1, dtype=np.int64)
-    for i, (row, request) in enumerate(zip(continuations, requests)):
-        out, violation = laws_out[i]
-        constraint[i] = violation
+    table_of = "raw_logprobs" if output.logprobs_mode == "raw" else "processed_logprobs"
+    for i, (row, request, row_laws) in enumerate(zip(continuations, requests, laws)):
+        if row_laws.constraint_violation is not None:
+            constraint[i] = row_laws.constraint_violation
         stops = request.stop_ids(options.eos_token_id)
-        first = _first_stop(row, stops)
-        scored = row if first < 0 else row[:first + 1]
-        mode = getattr(output, "logprobs_mode", "raw")
-        table = out.raw_logprobs if mode == "raw" else out.processed_logprobs
-        if output.logprobs is not None or output.top_logprobs is not None:
-            err[i], err_pos[i] = _logprob_gap(_Truncated(output, i, len(scored)), i, scored, table)
+        scored = len(row_laws.probs)  # the tokens up to the first stop token
+        returned = None if output.logprobs is None or output.logprobs[i] is None else output.logprobs[i][:scored]
+        top = None if output.top_logprobs is None or output.top_logprobs[i] is None else output.top_logprobs[i][:scored]
+        err[i], err_pos[i] = _logprob_gap(returned, top, row[:scored], getattr(row_laws, table_of))
         finish = None if output.finish_reasons is None else output.finish_reasons[i]
         usage = None if output.completion_tokens is None else output.completion_tokens[i]
         limit = limits[i] if isinstance(limits, (list, tuple)) else limits
         code[i], code_pos[i] = _stopping(row, request, stops, limit, finish, usage)
     det = np.full(n, -1, dtype=np.int64) if determinism is None else np.asarray(determinism, dtype=np.int64)
     return RequestChecks(err, err_pos, code, code_pos, constraint, det)
-
-
-class _Truncated:
-    """One row's returned log-probabilities cut to the scored (truncated) tokens."""
-
-    def __init__(self, output, i: int, length: int):
-        self.logprobs = None if output.logprobs is None or output.logprobs[i] is None else {
-            i: output.logprobs[i][:length]}
-        self.top_logprobs = None if output.top_logprobs is None or output.top_logprobs[i] is None else {
-            i: output.top_logprobs[i][:length]}
 
 
 def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_scorer, options: _Options,
@@ -178,18 +167,17 @@ def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_sc
     """
     full = continuations
     if requests is not None:
-        continuations = [row if _first_stop(row, r.stop_ids(options.eos_token_id)) < 0
-                         else row[:_first_stop(row, r.stop_ids(options.eos_token_id)) + 1]
-                         for row, r in zip(full, requests)]
+        cuts = [_first_stop(row, r.stop_ids(options.eos_token_id)) for row, r in zip(full, requests)]
+        continuations = [row if cut < 0 else row[:cut + 1] for row, cut in zip(full, cuts)]
     with call_limit(options.timeout, f"{scorer.component} did not return within {options.timeout} s on {job.case}",
                     GenerationContractError):
         laws, logits, row_params, order = scorer(prompts, continuations, case=job.case)
     checks = None
     if requests is not None:
-        laws, logits, row_params, laws_out = _apply_requests(job, prompts, continuations, requests, logits, order,
-                                                             options, scorer.component, row_params)
+        laws, logits, row_params, request_laws = _apply_requests(job, prompts, continuations, requests, logits,
+                                                                 order, options, scorer.component, row_params)
         if output is not None:
-            checks = _request_checks(prompts, full, requests, laws_out, output, limits, options, determinism)
+            checks = _request_checks(full, requests, request_laws, output, limits, options, determinism)
     draft = None
     if draft_scorer is not None:
         with call_limit(options.timeout, f"{draft_scorer.component} did not return within {options.timeout} s on "
