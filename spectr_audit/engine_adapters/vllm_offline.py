@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from spectr_audit.contract.sampling import SamplingParams
+from spectr_audit.engine_adapters.requests import vllm_sampling_fields
+from spectr_audit.errors import InvalidArgument
 
 __all__ = ["VLLMGenerator", "start_llm", "vllm_version"]
 
@@ -72,9 +74,67 @@ class VLLMGenerator:
                           top_p=float(p.top_p), max_tokens=int(limit), seed=int(seed), detokenize=False,
                           ignore_eos=True)  # no min_tokens: it would mask the end-of-sequence token
 
-    def generate(self, prompts, max_new_tokens, seed):
+    #: ``generate`` takes ``requests=`` (one whole request per row) and honours each request's seed.
+    accepts_requests = True
+    seeded = True
+
+    @staticmethod
+    def _row_seed(seed, row: int) -> int:
+        return (int(seed) * 1_000_003 + row) % (1 << 31)
+
+    def generate(self, prompts, max_new_tokens, seed, requests=None):
         limits = list(max_new_tokens) if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * len(prompts)
-        requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        params = [self._params(limit, (int(seed) * 1_000_003 + row) % (1 << 31)) for row, limit in enumerate(limits)]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        inputs = [{"prompt_token_ids": list(p)} for p in prompts]
+        if requests is not None:
+            return self._generate_requests(inputs, limits, seed, requests)
+        params = [self._params(limit, self._row_seed(seed, row)) for row, limit in enumerate(limits)]
+        outputs = self.llm.generate(inputs, params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outputs]
+
+    def request_params(self, request, limit: int, seed: int):
+        """The ``vllm.SamplingParams`` of one row under ``request``: its own fields
+        (:func:`~spectr_audit.engine_adapters.requests.vllm_sampling_fields`), its seed or the row's, token ids
+        out (``detokenize=False``).  The model's end-of-sequence id stops the row as in an ordinary request
+        (``ignore_eos=False``): vLLM adds the checkpoint's ``generation_config.json`` ``eos_token_id`` to the
+        stop tokens (``vllm/sampling_params.py``, ``update_from_generation_config``)."""
+        from vllm import SamplingParams as VLLMParams
+
+        fields = vllm_sampling_fields(request, limit)
+        fields["top_k"] = fields["top_k"] if fields["top_k"] > 0 else -1
+        fields.setdefault("seed", int(seed))
+        return VLLMParams(detokenize=False, **fields)
+
+    def _generate_requests(self, inputs, limits, seed, requests):
+        from spectr_audit.generation.contract import GenerationContractError, GenerationOutput
+
+        if len(requests) != len(inputs):
+            raise InvalidArgument(f"requests: expected one request per prompt ({len(inputs)}), got {len(requests)}")
+        params = [self.request_params(request, limit, self._row_seed(seed, row))
+                  for row, (request, limit) in enumerate(zip(requests, limits))]
+        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        rows, logprobs, tops, finishes = [], [], [], []
+        for row, (output, request) in enumerate(zip(outputs, requests)):
+            completion = output.outputs[0]
+            tokens = [int(t) for t in completion.token_ids]
+            rows.append(tokens)
+            finishes.append(completion.finish_reason)
+            if request.logprobs is None or completion.logprobs is None:
+                logprobs.append(None)
+                tops.append(None)
+                continue
+            # each position: {token id: Logprob} holding the emitted token and the top-n (vLLM returns the
+            # emitted token's entry even when it is not among the top n)
+            positions = [{int(t): float(lp.logprob) for t, lp in position.items()} for position in completion.logprobs]
+            missing = [t for t, (position, token) in enumerate(zip(positions, tokens)) if token not in position]
+            if len(positions) != len(tokens) or missing:
+                raise GenerationContractError(
+                    f"{self.name}, row {row}: logprobs: {len(positions)} positions returned for {len(tokens)} tokens"
+                    + (f", the emitted token's logprob missing at positions {missing[:8]}" if missing else ""))
+            logprobs.append([position[token] for position, token in zip(positions, tokens)])
+            if request.logprobs:
+                tops.append([dict(sorted(((t, v) for t, v in position.items()), key=lambda item: -item[1])
+                                  [:request.logprobs]) for position in positions])
+            else:
+                tops.append(None)
+        return GenerationOutput(rows, logprobs=logprobs, top_logprobs=tops, finish_reasons=finishes,
+                                completion_tokens=[len(r) for r in rows], logprobs_mode="raw")
