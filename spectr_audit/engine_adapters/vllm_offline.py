@@ -3,7 +3,9 @@
 :class:`VLLMGenerator` sends every row as its own request (token-id prompt, its own
 ``SamplingParams`` with a per-request seed derived from the audit's seed and the row, and its own
 ``max_tokens``), in one ``LLM.generate`` call: vLLM batches them, ragged, as its scheduler does
-for concurrent requests.  :func:`start_llm` builds the ``LLM`` the way the CPU build runs small
+for concurrent requests.  With ``requests=`` each row carries its own whole request
+(:func:`~spectr_audit.engine_adapters.requests.vllm_sampling_fields`) and the output carries vLLM's raw
+logprobs of each emitted token and the top-n, the finish reasons and the token counts.  :func:`start_llm` builds the ``LLM`` the way the CPU build runs small
 checkpoints (``skip_tokenizer_init=True``, ``enforce_eager=True``, float32), with or without a
 ``speculative_config``.  The script that starts vLLM needs an ``if __name__ == "__main__":``
 guard: its worker processes re-import it.

