@@ -35,7 +35,7 @@ import json
 import math
 import numbers
 from collections import OrderedDict
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -321,7 +321,8 @@ class Request:
     stop_token_ids : sequence of int
         Tokens that end the row (besides the end of sequence); the stop token itself is emitted.
     stop : sequence of str
-        Stop strings: they need a detokenizer, which the token-level audit does not have (refused there).
+        Stop strings, matched in the row's generated text (the prompt's text is not searched): the row ends with
+        the token that completes one (:meth:`stop_position`); the audit needs the engine's detokenizer for them.
     max_tokens : int, optional
         The row's own length cap.
     seed : int, optional
@@ -472,6 +473,42 @@ class Request:
         if eos_token_id is not None and eos_token_id not in ids:
             ids = (int(eos_token_id),) + ids
         return ids
+
+    def stop_position(self, tokens: Sequence[int], eos_token_id: Optional[int] = None,
+                      detokenize: Optional[Callable[[list], str]] = None, order: str = "vllm") -> int:
+        """The position of the token that ends the row: the first stop token, or the token that completes a stop
+        string if that comes first; -1 when nothing in ``tokens`` ends it.
+
+        A stop string is completed by token ``t`` when it occurs in ``detokenize(tokens[:t + 1])`` ending after
+        the text of ``tokens[:t]``: the token's own text finishes it, whatever earlier text it began in.  Under
+        vLLM's order the strings are searched only once the row has ``min_tokens`` tokens, in the text after
+        them (``vllm/v1/engine/detokenizer.py:133-141``); transformers' ``StopStringCriteria`` stops on a stop
+        string from the first token, wherever it began (``generation/stopping_criteria.py:123-146``).  The
+        completing token is part of the row, as both engines return it.
+
+        >>> request = Request(stop=["ab"], stop_token_ids=[9])
+        >>> text = lambda ids: "".join("xab?"[i] if i < 4 else "#" for i in ids)
+        >>> request.stop_position([0, 1, 2, 0], detokenize=text)  # "xabx": "ab" completed at position 2
+        2
+        >>> request.stop_position([0, 9, 1, 2], detokenize=text)  # the stop token comes first
+        1
+        """
+        stops = self.stop_ids(eos_token_id)
+        first = next((t for t, token in enumerate(tokens) if token in stops), -1)
+        if not self.stop or detokenize is None:
+            return first
+        end = len(tokens) if first < 0 else first
+        searched = list(tokens[:end])
+        if not searched or not any(s in detokenize(searched) for s in self.stop):
+            return first
+        start = self.min_tokens if order == "vllm" else 0
+        previous = detokenize(searched[:start]) if start else ""
+        for t in range(start, end):
+            text = detokenize(searched[:t + 1])
+            if any(text.find(s, max(0, len(previous) - len(s) + 1)) >= 0 for s in self.stop):
+                return t
+            previous = text
+        return first
 
     def check_vocab(self, vocab_size: int, argument: str = "request") -> None:
         """Raise :class:`InvalidArgument` when a token id of the request lies outside ``[0, vocab_size)``."""

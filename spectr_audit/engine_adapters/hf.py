@@ -89,13 +89,19 @@ class TransformersGenerator:
     prompt_lookup_num_tokens : int, optional
         Prompt-lookup decoding.
     num_assistant_tokens : int, optional
+    tokenizer : optional
+        The model's tokenizer: requests with stop strings (``stop_strings``), and the audit's ``detokenize``.
     """
 
     per_row_max_new_tokens = True
 
     def __init__(self, model: Any, params: Optional[SamplingParams] = None, *, assistant_model: Any = None,
-                 prompt_lookup_num_tokens: Optional[int] = None, num_assistant_tokens: Optional[int] = None):
+                 prompt_lookup_num_tokens: Optional[int] = None, num_assistant_tokens: Optional[int] = None,
+                 tokenizer: Any = None):
         self.model, self.params = model, params or SamplingParams()
+        self.tokenizer = tokenizer
+        if tokenizer is not None:
+            self.detokenize = self._detokenize
         self.assistant_model = assistant_model
         self.prompt_lookup_num_tokens = prompt_lookup_num_tokens
         self.num_assistant_tokens = num_assistant_tokens
@@ -121,6 +127,10 @@ class TransformersGenerator:
         if self.prompt_lookup_num_tokens:
             kwargs["prompt_lookup_num_tokens"] = int(self.prompt_lookup_num_tokens)
         return kwargs
+
+    def _detokenize(self, tokens) -> str:
+        """The generated text of ``tokens`` as the tokenizer decodes it (special tokens kept)."""
+        return self.tokenizer.decode(list(tokens))
 
     #: ``generate`` takes ``requests=`` (whole requests, one per row) and honours each request's seed.
     accepts_requests = True
@@ -149,7 +159,7 @@ class TransformersGenerator:
             kwargs = self._kwargs(limit)
             for key in ("do_sample", "temperature", "top_k", "top_p"):
                 kwargs.pop(key, None)
-            kwargs.update(transformers_generate_kwargs(request, limit, eos))
+            kwargs.update(transformers_generate_kwargs(request, limit, eos, self.tokenizer))
             torch.manual_seed(request.seed if request.seed is not None else (int(seed) * 1_000_003 + row) % (1 << 62))
             ids = torch.tensor([list(prompt)], dtype=torch.int64)
             result = self.model.generate(ids, attention_mask=torch.ones_like(ids), return_dict_in_generate=True,
@@ -162,7 +172,9 @@ class TransformersGenerator:
                 tops.append([{int(i): float(v) for i, v in zip(*reversed(lp.topk(request.logprobs)))} for lp in raw])
             else:
                 tops.append(None)
-            stops = request.stop_ids(eos)
-            finishes.append("stop" if tokens and tokens[-1] in stops else "length")
+            # generate returns no finish reason: a row stopped when its last token ends it (a stop token, or the
+            # token completing a stop string as StopStringCriteria matches it)
+            ended = request.stop_position(tokens, eos, getattr(self, "detokenize", None), "transformers")
+            finishes.append("stop" if tokens and ended == len(tokens) - 1 else "length")
         return GenerationOutput(rows, logprobs=logprobs, top_logprobs=tops, finish_reasons=finishes,
                                 completion_tokens=[len(r) for r in rows])

@@ -2,7 +2,8 @@
 
 :func:`transformers_generate_kwargs` turns a request into ``model.generate`` keywords: ``do_sample``,
 ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``, ``bad_words_ids``, ``min_new_tokens``,
-``sequence_bias`` (the logit bias, one-token sequences) and the stop tokens as ``eos_token_id``; transformers has
+``sequence_bias`` (the logit bias, one-token sequences), the stop tokens as ``eos_token_id`` and the stop strings as
+``stop_strings`` (with the tokenizer); transformers has
 no presence or frequency penalty, so a request with one is refused naming the field.
 :func:`vllm_sampling_fields` turns it into ``vllm.SamplingParams`` keywords (token ids as they are:
 ``stop_token_ids``, ``logit_bias``; bad words, which vLLM takes as strings, are refused here).
@@ -10,7 +11,7 @@ no presence or frequency penalty, so a request with one is refused naming the fi
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from spectr_audit.contract.requests import Request
 from spectr_audit.errors import InvalidArgument
@@ -18,19 +19,21 @@ from spectr_audit.errors import InvalidArgument
 __all__ = ["transformers_generate_kwargs", "vllm_sampling_fields"]
 
 
-def _check(request) -> Request:
+def _check(request, tokenizer: bool = False) -> Request:
     if not isinstance(request, Request):
         raise InvalidArgument(f"request: expected a Request, got {type(request).__name__}")
     if request.constraint is not None:
         raise InvalidArgument("request.constraint: constraints are not passed to an engine by this adapter")
-    if request.stop:
+    if request.stop and not tokenizer:
         raise InvalidArgument("request.stop: stop strings need the engine's tokenizer; give stop_token_ids")
     return request
 
 
-def transformers_generate_kwargs(request: Request, max_new_tokens: int, eos_token_id: Optional[int] = None) -> dict:
-    """``model.generate`` keywords for ``request`` (``max_new_tokens`` capped by its ``max_tokens``)."""
-    request = _check(request)
+def transformers_generate_kwargs(request: Request, max_new_tokens: int, eos_token_id: Optional[int] = None,
+                                 tokenizer: Any = None) -> dict:
+    """``model.generate`` keywords for ``request`` (``max_new_tokens`` capped by its ``max_tokens``); stop strings
+    go to ``stop_strings`` with the ``tokenizer`` they need."""
+    request = _check(request, tokenizer is not None)
     if request.presence_penalty or request.frequency_penalty:
         raise InvalidArgument("request.presence_penalty, request.frequency_penalty: transformers' generate has no "
                               "presence or frequency penalty")
@@ -54,6 +57,8 @@ def transformers_generate_kwargs(request: Request, max_new_tokens: int, eos_toke
         kwargs["eos_token_id"] = stops
     if request.min_tokens:
         kwargs["min_new_tokens"] = request.min_tokens
+    if request.stop:
+        kwargs.update(stop_strings=list(request.stop), tokenizer=tokenizer)
     return kwargs
 
 

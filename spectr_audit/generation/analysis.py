@@ -309,9 +309,10 @@ _REQUEST_CHECK_DETAIL = {
     "logprobs": lambda request: (f"continuations whose returned log-probabilities (the emitted token's and the "
                                  f"top-n) depart from the scorer's by more than {request.logprob_tolerance:g} "
                                  f"(any one is a finding)"),
-    "stopping": lambda request: ("continuations that break a stopping rule: tokens after a stop token, a stop "
-                                 "token before min_tokens, more than max_tokens, a finish reason or usage count "
-                                 "that disagrees with the tokens (any one is a finding)"),
+    "stopping": lambda request: ("continuations that break a stopping rule: tokens after a stop token or a "
+                                 "completed stop string, a stop token before min_tokens, more than max_tokens, a "
+                                 "finish reason or usage count that disagrees with the tokens (any one is a "
+                                 "finding)"),
     "constraint": lambda request: "continuations with a token the request's constraint does not allow (any one "
                                   "is a finding)",
 }

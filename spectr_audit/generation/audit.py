@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from spectr_audit import defaults
 from spectr_audit.errors import InvalidArgument
@@ -83,6 +83,7 @@ def audit_generation(
     name: Optional[str] = None,
     requests: Any = None,
     logprob_tolerance: float = 0.1,
+    detokenize: Optional[Callable] = None,
 ) -> GenerationAuditResult:
     """Audit a generation engine's emitted tokens against the target model's law, every token.
 
@@ -161,6 +162,10 @@ def audit_generation(
         declares ``seeded`` (docs/generation.md, "Whole requests").
     logprob_tolerance : float
         The largest gap between a returned log-probability and the scorer's that is not a finding.
+    detokenize : callable, optional
+        The engine's detokenizer, token ids -> text (e.g. its tokenizer's ``decode``): needed when a request
+        has stop strings, which end a row at the token that completes one
+        (:meth:`~spectr_audit.contract.requests.Request.stop_position`, under the scorer's order).
     Returns
     -------
     GenerationAuditResult
@@ -184,7 +189,7 @@ def audit_generation(
     request = GenerationRequest.build(
         generate, score, prompts, vocab_size=vocab_size, reference=reference, draft_score=draft_score, greedy=greedy,
         per_row_max_new_tokens=per_row_max_new_tokens, name=name, requests=requests,
-        logprob_tolerance=logprob_tolerance, max_new_tokens=max_new_tokens,
+        logprob_tolerance=logprob_tolerance, detokenize=detokenize, max_new_tokens=max_new_tokens,
         batch_size=batch_size, rounds=rounds, arms=arms, seed=seed, alpha=alpha, power=power,
         min_detectable_tv=min_detectable_tv, orderings=orderings, position_buckets=position_buckets,
         zero_mass_tol=zero_mass_tol, logit_tol=logit_tol, max_tokens=max_tokens, max_seconds=max_seconds,

@@ -43,7 +43,7 @@ _CHECK_NAMES = (("logprob_error", "req_logprob_err"), ("logprob_position", "req_
                 ("constraint_position", "req_constraint_pos"), ("determinism", "req_determinism"))
 #: What ``RequestChecks.stop_code`` says (0: nothing wrong).
 STOP_CODES = {
-    1: "tokens emitted after a stop token",
+    1: "tokens emitted after a stop token or a completed stop string",
     2: "a stop token before min_tokens",
     3: "more tokens than the request's max_tokens",
     4: "the finish reason disagrees with the tokens",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from spectr_audit.contract.requests import Request
 from spectr_audit.errors import InvalidArgument
@@ -48,6 +48,14 @@ class GenerationRequest:
     greedy: Optional[bool]
     requests: tuple = ()
     logprob_tolerance: float = 0.1
+    #: The engine's detokenizer (token ids -> text) for stop strings, and the order whose stop-string rule applies
+    #: (the scorer's, read once before any engine call): :meth:`~spectr_audit.contract.requests.Request.stop_position`.
+    detokenize: Optional[Callable] = None
+    stop_order: str = "vllm"
+
+    def stop_position(self, row: Sequence[int], request) -> int:
+        """Where ``row`` ends under ``request``: its first stop token or completed stop string (-1: none)."""
+        return request.stop_position(row, self.options.eos_token_id, self.detokenize, self.stop_order)
 
     @property
     def has_requests(self) -> bool:
@@ -93,7 +101,8 @@ class GenerationRequest:
     def build(cls, generate: Any, score: Any, prompts: Sequence[Sequence[int]], *, vocab_size: int,
               reference: Any = None, draft_score: Any = None, greedy: Optional[bool] = None,
               per_row_max_new_tokens: Optional[bool] = None, name: Optional[str] = None,
-              requests: Any = None, logprob_tolerance: float = 0.1, **options: Any) -> "GenerationRequest":
+              requests: Any = None, logprob_tolerance: float = 0.1, detokenize: Optional[Callable] = None,
+              **options: Any) -> "GenerationRequest":
         """Check and wrap everything; ``options`` are :func:`~spectr_audit.generation.audit_generation`'s
         (``max_new_tokens`` ... ``eos_token_id``), all of them given."""
         checked = _check_options(vocab_size=vocab_size, has_draft_scorer=draft_score is not None, **options)
@@ -113,14 +122,16 @@ class GenerationRequest:
         jobs = plan_jobs(prompts, arms=checked.arms, batch_size=checked.batch_size, rounds=checked.rounds,
                          max_new_tokens=checked.max_new_tokens, seed=checked.seed,
                          per_row_max_new_tokens=generator.per_row_max_new_tokens)
-        checked_requests = _check_requests(requests, checked.vocab_size, generator, reference_gen)
+        if detokenize is None and requests is not None:  # the engine's own, where it carries one
+            detokenize = getattr(generate, "detokenize", None)
+        checked_requests = _check_requests(requests, checked.vocab_size, generator, reference_gen, detokenize,
+                                           prompts)
         if (isinstance(logprob_tolerance, bool) or not isinstance(logprob_tolerance, (int, float))
                 or not math.isfinite(logprob_tolerance) or logprob_tolerance <= 0):
             raise InvalidArgument(f"logprob_tolerance: expected a finite number > 0, got {logprob_tolerance!r}")
-        if checked_requests:
-            _probe_scorer(scorer, prompts, checked_requests)
+        order = _probe_scorer(scorer, prompts, checked_requests) if checked_requests else None
         return cls(checked, prompts, generator, scorer, reference_gen, draft_scorer, tuple(jobs), greedy,
-                   checked_requests, float(logprob_tolerance))
+                   checked_requests, float(logprob_tolerance), detokenize, order or "vllm")
 
     @property
     def has_reference(self) -> bool:
@@ -144,8 +155,22 @@ class GenerationRequest:
         return config
 
 
-def _check_requests(requests: Any, vocab_size: int, generator: Generator, reference: Optional[Generator]) -> tuple:
+def _check_requests(requests: Any, vocab_size: int, generator: Generator, reference: Optional[Generator],
+                    detokenize: Optional[Callable] = None, prompts: Sequence = ()) -> tuple:
     """The audit's requests, checked before any engine call (each bad one named ``requests[i].field``)."""
+    if detokenize is not None:
+        if not callable(detokenize):
+            raise InvalidArgument(f"detokenize: expected a callable (token ids -> text), got "
+                                  f"{type(detokenize).__name__}")
+        if requests is None:
+            raise InvalidArgument("detokenize: only for requests with stop strings; no requests were given")
+        try:
+            text = detokenize(list(prompts[0]) if prompts else [])
+        except Exception as exc:  # noqa: BLE001 - the caller's function, named with its own error
+            raise InvalidArgument(f"detokenize: failed on the first prompt's token ids: {type(exc).__name__}: "
+                                  f"{exc}") from exc
+        if not isinstance(text, str):
+            raise InvalidArgument(f"detokenize: expected it to return a str, got {type(text).__name__}")
     if requests is None:
         return ()
     if isinstance(requests, Request):
@@ -161,9 +186,10 @@ def _check_requests(requests: Any, vocab_size: int, generator: Generator, refere
         if request.logprobs is not None and request.logprobs > vocab_size:
             raise InvalidArgument(f"requests[{i}].logprobs: {request.logprobs} top log-probabilities asked of a "
                                   f"vocabulary of {vocab_size}")
-        if request.stop:
-            raise InvalidArgument(f"requests[{i}].stop: stop strings need a detokenizer, which the token-level "
-                                  f"audit does not have; give the stop tokens as stop_token_ids")
+        if request.stop and detokenize is None:
+            raise InvalidArgument(f"requests[{i}].stop: stop strings need the engine's detokenizer: give "
+                                  f"detokenize= (token ids -> text, e.g. the tokenizer's decode), or the stop tokens "
+                                  f"as stop_token_ids")
         out.append(request)
     for component, wrapped in (("generator", generator), ("reference", reference)):
         if wrapped is None or wrapped.accepts_requests:
@@ -193,16 +219,16 @@ class RunOutcome:
     failed_calls: list = dataclasses.field(default_factory=list)
 
 
-def _probe_scorer(scorer: Scorer, prompts: list, requests: tuple) -> None:
+def _probe_scorer(scorer: Scorer, prompts: list, requests: tuple) -> Optional[str]:
     """With requests the scorer must return raw logits (each row's request is applied over its own history):
-    asked once, before any engine call, for the first prompt and a one-token continuation.  A scorer that fails
-    here is left to fail on the first job, where the audit reports its own error."""
+    asked once, before any engine call, for the first prompt and a one-token continuation; its order is returned.
+    A scorer that fails here is left to fail on the first job, where the audit reports its own error."""
     try:
         raw = scorer._fn([list(prompts[0])], [[0]])
     except Exception:  # noqa: BLE001 - the scorer's own failure is reported on the first job
-        return
+        return None
     if isinstance(raw, ScoredLogits):
-        return
+        return raw.order if isinstance(raw.order, str) else None
     dependent = next((i for i, r in enumerate(requests) if r.history_dependent), None)
     why = (f"requests[{dependent}] ({requests[dependent].kind}) depends on each row's history, which a law of the "
            f"next token cannot carry" if dependent is not None else

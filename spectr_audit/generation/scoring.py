@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -49,11 +49,6 @@ def _margins(logits: torch.Tensor, laws: torch.Tensor, tokens: torch.Tensor, row
                 continue
         out[i] = float(logits[i][kept].min() - logits[i, tokens[i]])
     return out
-
-
-def _first_stop(continuation: list, stops: tuple) -> int:
-    """The position of the first stop token (-1: none)."""
-    return next((t for t, token in enumerate(continuation) if token in stops), -1)
 
 
 def _apply_requests(job: Job, prompts: list, continuations: list, requests: list, logits, order, options,
@@ -111,9 +106,9 @@ def _logprob_gap(returned: Optional[list], top: Optional[list], row: list, law_l
     return worst, where
 
 
-def _stopping(row: list, request, stops: tuple, limit: int, finish, usage) -> tuple:
-    """``(code, position)`` of the first stopping rule row breaks (a key of records.STOP_CODES; 0: none)."""
-    first = _first_stop(row, stops)
+def _stopping(row: list, request, first: int, limit: int, finish, usage) -> tuple:
+    """``(code, position)`` of the first stopping rule row breaks (a key of records.STOP_CODES; 0: none); ``first``:
+    where the row ends (its first stop token or completed stop string, -1: none)."""
     cap = limit if request.max_tokens is None else min(limit, request.max_tokens)
     if first >= 0 and first < len(row) - 1:
         return 1, first + 1
@@ -130,7 +125,7 @@ def _stopping(row: list, request, stops: tuple, limit: int, finish, usage) -> tu
     return 0, -1
 
 
-def _request_checks(continuations: list, requests: list, laws: list, output, limits, options,
+def _request_checks(continuations: list, requests: list, laws: list, output, limits, cuts: list,
                     determinism) -> RequestChecks:
     """Per row, the whole-request checks of the engine's ``output`` against ``laws`` (the RequestLaws of each row's
     scored, truncated tokens)."""
@@ -142,7 +137,6 @@ def _request_checks(continuations: list, requests: list, laws: list, output, lim
     for i, (row, request, row_laws) in enumerate(zip(continuations, requests, laws)):
         if row_laws.constraint_violation is not None:
             constraint[i] = row_laws.constraint_violation
-        stops = request.stop_ids(options.eos_token_id)
         scored = len(row_laws.probs)  # the tokens up to the first stop token
         returned = None if output.logprobs is None or output.logprobs[i] is None else output.logprobs[i][:scored]
         top = None if output.top_logprobs is None or output.top_logprobs[i] is None else output.top_logprobs[i][:scored]
@@ -150,24 +144,25 @@ def _request_checks(continuations: list, requests: list, laws: list, output, lim
         finish = None if output.finish_reasons is None else output.finish_reasons[i]
         usage = None if output.completion_tokens is None else output.completion_tokens[i]
         limit = limits[i] if isinstance(limits, (list, tuple)) else limits
-        code[i], code_pos[i] = _stopping(row, request, stops, limit, finish, usage)
+        code[i], code_pos[i] = _stopping(row, request, cuts[i], limit, finish, usage)
     det = np.full(n, -1, dtype=np.int64) if determinism is None else np.asarray(determinism, dtype=np.int64)
     return RequestChecks(err, err_pos, code, code_pos, constraint, det)
 
 
 def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_scorer, options: _Options,
                   is_reference: bool, requests: Optional[list] = None, output=None, limits=None,
-                  determinism=None) -> tuple:
+                  determinism=None, stop_at: Optional[Callable] = None) -> tuple:
     """Score one set of continuations: ``(record, logits)``, the per-token statistics and per-continuation facts,
     and the scorer's logits (None from a law scorer; kept in memory for the greedy margins, never stored).
 
     With ``requests`` (one per row), each row is cut after its first stop token (the law tested is that of the
     truncated sequence), its laws are the scorer's logits under its own request and history, and the engine's
     returned log-probabilities, stopping and constraint are checked (``output``: the engine's GenerationOutput).
+    ``stop_at(row, request)``: where a row ends (its first stop token or completed stop string; -1: none).
     """
     full = continuations
     if requests is not None:
-        cuts = [_first_stop(row, r.stop_ids(options.eos_token_id)) for row, r in zip(full, requests)]
+        cuts = [stop_at(row, r) for row, r in zip(full, requests)]
         continuations = [row if cut < 0 else row[:cut + 1] for row, cut in zip(full, cuts)]
     with call_limit(options.timeout, f"{scorer.component} did not return within {options.timeout} s on {job.case}",
                     GenerationContractError):
@@ -177,7 +172,7 @@ def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_sc
         laws, logits, row_params, request_laws = _apply_requests(job, prompts, continuations, requests, logits,
                                                                  order, options, scorer.component, row_params)
         if output is not None:
-            checks = _request_checks(full, requests, request_laws, output, limits, options, determinism)
+            checks = _request_checks(full, requests, request_laws, output, limits, cuts, determinism)
     draft = None
     if draft_scorer is not None:
         with call_limit(options.timeout, f"{draft_scorer.component} did not return within {options.timeout} s on "
@@ -269,7 +264,7 @@ def _run_job(job: Job, request: GenerationRequest) -> JobRecord:
     calls = np.array(output.target_calls if output.target_calls is not None else [-1] * len(prompts), dtype=np.int64)
     start = time.perf_counter()
     engine, logits = _score_tokens(job, prompts, output.continuations, scorer, draft_scorer, options, False,
-                                   requests, output, limit, determinism)
+                                   requests, output, limit, determinism, request.stop_position)
     timings["scoring"] = time.perf_counter() - start
     scored_reference, divergences = None, None
     if reference is not None:
@@ -282,7 +277,7 @@ def _run_job(job: Job, request: GenerationRequest) -> JobRecord:
         start = time.perf_counter()
         # with the draft scorer too: the ratio order needs the draft's law at the reference's positions
         scored_reference, _ = _score_tokens(job, prompts, ref.continuations, scorer, draft_scorer, options, True,
-                                            requests)
+                                            requests, stop_at=request.stop_position)
         divergences = _divergences(output.continuations, ref.continuations, logits)
         timings["scoring"] += time.perf_counter() - start
     seconds = np.array([timings.get(k, 0.0) for k in ("generation", "reference", "scoring")])

@@ -97,7 +97,12 @@ def test_without_requests_nothing_changes_in_the_result_form():
 
 
 BAD = [
-    (dict(requests=[Request(stop=["END"])]), r"requests\[0\].stop: stop strings need a detokenizer"),
+    (dict(requests=[Request(stop=["END"])]),
+     r"requests\[0\].stop: stop strings need the engine.s detokenizer: give detokenize="),
+    (dict(requests=[Request(stop=["END"])], detokenize="decode"), "detokenize: expected a callable"),
+    (dict(requests=[Request(stop=["END"])], detokenize=lambda ids: ids), "detokenize: expected it to return a str"),
+    (dict(requests=[Request(stop=["END"])], detokenize=lambda ids: {}[0]), "detokenize: failed on the first prompt"),
+    (dict(requests=None, detokenize=str), "detokenize: only for requests with stop strings"),
     (dict(requests=[Request(), Request(bad_words=[[11]])]), r"requests\[1\].bad_words\[0\]: token id 11"),
     (dict(requests=[Request(), "greedy"]), r"requests\[1\]: expected a Request"),
     (dict(requests=[]), "requests: expected a Request or a non-empty list"),

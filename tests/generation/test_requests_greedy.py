@@ -115,7 +115,7 @@ BAD = [
     (dict(requests=[Request(stop_token_ids=[10])]), r"requests\[0\].stop_token_ids: token id 10 outside \[0, 10\)"),
     (dict(requests=[Request(logprobs=11)]), (r"requests\[0\].logprobs: 11 top log-probabilities asked of a "
                                              r"vocabulary of 10")),
-    (dict(requests=[Request(), Request(stop=["\n"])]), r"requests\[1\].stop: stop strings need a detokenizer"),
+    (dict(requests=[Request(), Request(stop=["\n"])]), r"requests\[1\].stop: stop strings need the engine.s detokenizer: give detokenize="),
     (dict(requests=Request(), logprob_tolerance=float("nan")), "logprob_tolerance: expected a finite number > 0"),
     (dict(requests=Request(), logprob_tolerance=True), "logprob_tolerance: expected a finite number > 0"),
     (dict(requests=Request(), logprob_tolerance=-0.1), "logprob_tolerance: expected a finite number > 0"),

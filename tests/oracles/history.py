@@ -125,3 +125,20 @@ def laws(rows, prompt, continuation, request, engine, eos_token_id=None, allowed
             law = sampling_oracle.process_engine(x, engine, **params)
         out.append((x, law))
     return out
+
+
+def stop_position(tokens, stop_ids, stop_strings, min_tokens, detokenize, order):
+    """Where a row ends, one token at a time as an engine checks it: the first token that is a stop token, or
+    whose own text finishes an occurrence of a stop string (under vLLM's order only once ``min_tokens`` tokens
+    precede it); -1 when none does."""
+    for t, token in enumerate(tokens):
+        if token in stop_ids:
+            return t
+        if order == "vllm" and t < min_tokens:
+            continue
+        before, text = detokenize(tokens[:t]), detokenize(tokens[:t + 1])
+        for s in stop_strings:
+            ends = [i + len(s) for i in range(len(text) - len(s) + 1) if text[i:i + len(s)] == s]
+            if any(end > len(before) for end in ends):
+                return t
+    return -1

@@ -4,7 +4,8 @@
 :class:`~spectr_audit.contract.requests.Request` per row: at every position of a block, the draft's and the
 target's laws are their logits under the row's request and its history so far (the committed tokens, then the
 drafted tokens before that position), by :func:`~spectr_audit.contract.history.process_request_step`; a row
-stops at its first stop token (the end of sequence or one of its ``stop_token_ids``) and at its own
+stops at its first stop token (the end of sequence or one of its ``stop_token_ids``) or at the token that
+completes one of its stop strings (in the toy's text, :meth:`RequestSpecEngine.detokenize`), and at its own
 ``max_tokens``; a row with a seed draws from its own stream whatever its batch; it returns the raw
 log-probability of every emitted token (and the top-n where asked), the finish reasons and the usage counts.
 Each step is one method, so each planted slip of :data:`REQUEST_SLIPS` overrides exactly one.
@@ -28,10 +29,14 @@ from spectr_audit.generation.audit import audit_generation
 from spectr_audit.generation.contract import GenerationOutput
 from spectr_audit.generation.library.toy import SpecEngine, ToyPair, _row_seed
 
+#: The toy engines' text: token ``i`` reads as the letter ``TOY_LETTERS[i % 26]`` (their ``detokenize``).
+TOY_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
 __all__ = [
     "REQUEST_SLIPS",
     "RequestSlip",
     "RequestSpecEngine",
+    "TOY_LETTERS",
     "audit_every_feature",
     "audit_request_slip",
     "feature_requests",
@@ -116,11 +121,20 @@ class RequestSpecEngine(SpecEngine):
         """The log-probability returned for an emitted token: the raw target log-softmax."""
         return float(torch.log_softmax(target_logits.double(), -1)[token])
 
+    def detokenize(self, tokens) -> str:
+        """The toy's text: token ``i`` is the letter ``"abc...z"[i % 26]`` (stop strings are matched in it)."""
+        return "".join(TOY_LETTERS[int(t) % len(TOY_LETTERS)] for t in tokens)
+
+    def row_end(self, row: _ReqRow, tokens: list) -> int:
+        """Where a row whose tokens are ``tokens`` ends: its first stop token or completed stop string (-1: none)."""
+        return row.request.stop_position(tokens, self.pair.eos_token_id, self.detokenize, self.order)
+
     def cut(self, row: _ReqRow, emitted: list, stops: tuple, room: int) -> list:
-        """The emitted block up to and including its first stop token, within the row's room."""
-        for i, token in enumerate(emitted):
-            if token in stops:
-                return emitted[: i + 1][:room]
+        """The emitted block up to and including the token that ends the row (its first stop token or the token
+        completing a stop string), within the row's room."""
+        end = self.row_end(row, row.tokens + emitted)
+        if end >= 0:
+            return emitted[: end - len(row.tokens) + 1][:room]
         return emitted[:room]
 
     # --- the loop -------------------------------------------------------------------------------
@@ -201,7 +215,7 @@ class RequestSpecEngine(SpecEngine):
                     if row.request.logprobs:
                         values, ids = torch.log_softmax(logits.double(), -1).topk(row.request.logprobs)
                         row.top.append({int(i): float(v) for i, v in zip(ids, values)})
-                if kept and kept[-1] in stops:
+                if kept and (kept[-1] in stops or self.row_end(row, row.tokens) >= 0):
                     row.done = row.stopped = True
                 if len(row.tokens) >= row.limit:
                     row.done = True
@@ -324,6 +338,17 @@ class KeepsAfterStop(RequestSpecEngine):
         return super().cut(row, emitted, stops, room)
 
 
+class KeepsAfterStopString(RequestSpecEngine):
+    """A stop string completed inside an accepted block: the row finishes, but the block's tokens after the one
+    that completed it are kept (the text trimmed, the token ids and logprobs not)."""
+
+    def cut(self, row, emitted, stops, room):
+        kept = super().cut(row, emitted, stops, room)
+        if kept and kept[-1] not in stops and self.row_end(row, row.tokens + kept) >= 0:
+            return emitted[:room]
+        return kept
+
+
 class MaxTokensMasksEos(RequestSpecEngine):
     """A max_tokens cap inside an accepted run hides an end of sequence in it: the row runs on to the cap."""
 
@@ -398,15 +423,17 @@ def feature_requests(mix: str, vocab_size: int = 12) -> list:
     constrained = Request(temperature=1.0, constraint=_parity_automaton(vocab_size))
     seeded = Request(temperature=0.7, top_k=6, seed=11)
     stop = Request(temperature=1.2, stop_token_ids=[2, 7], max_tokens=20)
+    stop_string = Request(temperature=1.2, stop=["ji", "lk"], max_tokens=20)
     plain = Request(temperature=1.0, top_p=0.9)
     mixes = {
-        "every": [penalties, greedy_pen, bias, minimum, constrained, seeded, stop, plain],
+        "every": [penalties, greedy_pen, bias, minimum, constrained, seeded, stop, plain, stop_string],
         "mixed": [Request(temperature=0.0), Request(temperature=1.4, top_k=3), penalties, Request(temperature=0.5)],
         "penalties": [penalties, greedy_pen],
         "bias": [bias, Request(temperature=1.0, logit_bias={2: 3.0}, logprobs=0)],
         "min-tokens": [minimum, Request(temperature=1.0, min_tokens=4)],
         "logprobs": [Request(temperature=1.0, logprobs=2), penalties],
         "stop": [stop, Request(temperature=1.0, stop_token_ids=[3])],
+        "stop-string": [stop_string, Request(temperature=1.0, stop=["gh", "e"], min_tokens=3)],
         "eos": [Request(temperature=1.0, max_tokens=5, logit_bias={0: 2.5}), Request(temperature=1.0, logit_bias={0: 2.0})],
         "constraint": [constrained, Request(temperature=0.8, constraint=_parity_automaton(vocab_size))],
         "seed": [seeded, Request(temperature=1.0, seed=3)],
@@ -436,6 +463,8 @@ REQUEST_SLIPS = {s.name: s for s in (
                 "logprobs", "logprobs"),
     RequestSlip("keeps-after-stop", KeepsAfterStop, "tokens kept after a stop token inside an accepted block",
                 "stopping", "stop"),
+    RequestSlip("keeps-after-stop-string", KeepsAfterStopString,
+                "tokens kept after a stop string completed inside an accepted block", "stopping", "stop-string"),
     RequestSlip("max-tokens-masks-eos", MaxTokensMasksEos,
                 "a max_tokens cap inside an accepted run hides the end of sequence", "stopping", "eos"),
     RequestSlip("after-eos-mid-block", AfterEosMidBlock, "tokens emitted after an end of sequence accepted mid-block",
