@@ -83,6 +83,8 @@ def vllm_response(ids, finish="length", logprobs=None, top=None, usage=None, **c
                       "total_tokens": 3 + len(ids)}}
 
 
+SPEC_REFUSAL = "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding"
+
 SAMPLING_DEFAULTS = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                          frequency_penalty=0.0, min_tokens=0)
 
@@ -142,6 +144,41 @@ def test_a_server_with_its_tokenizer_gets_stop_strings_and_a_regular_expression(
     assert fields == dict(SAMPLING_DEFAULTS, max_tokens=6, stop=["\n\n", "END"], structured_outputs={"regex": "[ab]+"})
     with pytest.raises(AttributeError):
         constraint.pattern = "c+"
+
+
+def test_vllms_own_request_model_reads_the_bodies_as_the_requests():
+    """The bodies through vLLM's ``CompletionRequest.to_sampling_params`` (what the server does with them, without a
+    server), and its speculative-decoding check: min-p (at a temperature) and a logit bias refused, min-p at
+    temperature 0 dropped before the check (greedy resets it, vllm/sampling_params.py:612-616)."""
+    pytest.importorskip("vllm")
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.exceptions import VLLMValidationError
+
+    generator = CompletionsGenerator("http://127.0.0.1:1", "m")
+    for row, (request, limit, _) in enumerate(BODIES):
+        body = generator.request_body([1, 2, 3], limit, 5_000_015 + row, request)
+        params = CompletionRequest(**body).to_sampling_params(body["max_tokens"], {})
+        cap = limit if request.max_tokens is None else min(limit, request.max_tokens)
+        assert (params.temperature, params.top_k, params.top_p, params.min_p) == (
+            (request.temperature, request.top_k, request.top_p, request.min_p) if request.temperature else
+            (0.0, 0, 1.0, 0.0))
+        assert (params.repetition_penalty, params.presence_penalty, params.frequency_penalty) == (
+            request.repetition_penalty, request.presence_penalty, request.frequency_penalty)
+        assert (params.min_tokens, params.max_tokens, params.ignore_eos) == (request.min_tokens, cap, False)
+        assert list(params.stop_token_ids) == list(request.stop_token_ids)
+        assert (params.logit_bias or {}) == dict(request.logit_bias)
+        assert params.seed == (request.seed if request.seed is not None else 5_000_015 + row)
+        assert params.logprobs == request.logprobs
+    refused = [Request(temperature=0.5, min_p=0.1), Request(temperature=0.0, logit_bias={3: 5.0})]
+    for request in refused + [Request(temperature=0.0, min_p=0.1)]:
+        body = generator.request_body([1, 2, 3], 4, 0, request)
+        params = CompletionRequest(**body).to_sampling_params(4, {})
+        if request in refused:
+            with pytest.raises(VLLMValidationError, match=SPEC_REFUSAL):
+                params._validate_spec_decode(object())
+        else:
+            params._validate_spec_decode(object())
+            assert params.min_p == 0.0
 
 
 def test_log_probabilities_top_n_finish_reasons_and_usage_are_read_as_vllm_writes_them():
@@ -314,9 +351,11 @@ SERVED_GREEDY = [
     Request(temperature=0.0, repetition_penalty=1.2, frequency_penalty=0.3, min_tokens=2, stop_token_ids=STOPS,
             max_tokens=10, seed=77, logprobs=1),
 ]
-#: Refused by vLLM under speculative decoding (SamplingParams._validate_spec_decode, vllm/sampling_params.py:1190-1194).
-SPEC_REFUSED = [Request(temperature=0.0, min_p=0.1), Request(temperature=0.0, logit_bias={13571: 5.0})]
-SPEC_REFUSAL = "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding"
+#: Refused by vLLM under speculative decoding (SamplingParams._validate_spec_decode, vllm/sampling_params.py:1190-1194),
+#: at validation, before anything is sampled (so the temperature of the first does not reach the sampler).
+SPEC_REFUSED = [Request(temperature=0.5, min_p=0.1), Request(temperature=0.0, logit_bias={13571: 5.0})]
+#: Not refused: at temperature 0 vLLM resets min_p to 0 before the check (vllm/sampling_params.py:612-616).
+GREEDY_MIN_P = Request(temperature=0.0, min_p=0.1)
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
 
@@ -372,6 +411,8 @@ def served_requests():
             for i, request in enumerate(SPEC_REFUSED):
                 _phase(record, f"{name}_refused_{i}",
                        lambda g=generator, r=request: _output(g.generate(prompts[:1], 8, 0, requests=[r])))
+            _phase(record, f"{name}_greedy_min_p",
+                   lambda g=generator: _output(g.generate(prompts[:1], 8, 0, requests=[GREEDY_MIN_P])))
             _phase(record, f"{name}_audit", lambda generator=generator: _audit_summary(audit_generation(
                 generator, TransformersScorer(model, order="vllm"), prompts, vocab_size=SHIPPED_VOCAB_SIZE,
                 max_new_tokens=16, rounds=1, batch_size=4, eos_token_id=EOS, requests=SERVED_GREEDY,
@@ -431,9 +472,11 @@ def test_served_speculation_equals_the_plain_server_under_whole_requests(served_
 def test_vllm_refuses_min_p_and_logit_bias_under_speculation_only(served_requests):
     for i in range(len(SPEC_REFUSED)):
         assert "error" not in served_requests[f"plain_refused_{i}"], served_requests[f"plain_refused_{i}"]
-        error = served_requests[f"ngram_refused_{i}"]["error"]
-        assert error.startswith("ServerError: ")
-        assert "HTTP 400" in error and SPEC_REFUSAL in error
+        error = served_requests[f"ngram_refused_{i}"].get("error", "")
+        assert error.startswith("ServerError: ") and "HTTP 400" in error and SPEC_REFUSAL in error, error
+    # min-p at temperature 0 is dropped, not refused: both servers serve it, alike
+    plain, spec = served_requests["plain_greedy_min_p"], served_requests["ngram_greedy_min_p"]
+    assert "error" not in spec and plain["continuations"] == spec["continuations"]
 
 
 @pytest.mark.slow
