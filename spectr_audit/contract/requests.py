@@ -248,22 +248,32 @@ class _GrammarConstraint(Constraint):
 class RegexConstraint(_GrammarConstraint):
     """The emitted text matches a regular expression (xgrammar), over ``vocab`` (one string per token id).
 
-    The end-of-sequence token ``eos_token_id`` is allowed once the text matches in full.
+    The end-of-sequence token ``eos_token_id`` is allowed once the text matches in full.  :attr:`pattern` (read-only)
+    is the source, which an engine that takes regular expressions is sent.
     """
 
     def __init__(self, pattern: str, vocab: Sequence, eos_token_id: Optional[int] = None, name: str = "regex"):
         if not isinstance(pattern, str) or not pattern:
             raise InvalidArgument(f"pattern: expected a non-empty regular expression, got {pattern!r}")
         super().__init__(vocab, eos_token_id, name)
-        self.pattern = pattern
+        self._pattern = pattern
         self._grammar = self._compiled(lambda: self._compiler.compile_regex(pattern), "regular expression")
+
+    @property
+    def pattern(self) -> str:
+        """The regular expression (read-only: the compiled grammar is built from it once)."""
+        return self._pattern
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": "regex", "pattern": self.pattern}
 
 
 class JsonSchemaConstraint(_GrammarConstraint):
-    """The emitted text is JSON valid under a schema (xgrammar), over ``vocab`` (one string per token id)."""
+    """The emitted text is JSON valid under a schema (xgrammar), over ``vocab`` (one string per token id).
+
+    Compact JSON with xgrammar's default separators (``any_whitespace=False``: ``", "`` and ``": "``).
+    :attr:`schema` (read-only) is the schema's JSON text.
+    """
 
     def __init__(self, schema: Any, vocab: Sequence, eos_token_id: Optional[int] = None, name: str = "json-schema"):
         if isinstance(schema, Mapping):
@@ -271,9 +281,14 @@ class JsonSchemaConstraint(_GrammarConstraint):
         if not isinstance(schema, str) or not schema:
             raise InvalidArgument(f"schema: expected a JSON schema (a dict or its JSON text), got {schema!r:.80}")
         super().__init__(vocab, eos_token_id, name)
-        self.schema = schema
+        self._schema = schema
         self._grammar = self._compiled(lambda: self._compiler.compile_json_schema(schema, any_whitespace=False),
                                        "JSON schema")
+
+    @property
+    def schema(self) -> str:
+        """The schema's JSON text (read-only: the compiled grammar is built from it once)."""
+        return self._schema
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": "json-schema", "schema": self.schema}

@@ -3,7 +3,11 @@
 :class:`CompletionsGenerator` posts one ``/v1/completions`` request per row (a token-id prompt,
 ``max_tokens``, the sampling parameters, a per-request ``seed``, ``return_token_ids``) from a pool
 of threads, so the server batches concurrent requests of ragged lengths as it does in deployment;
-the continuation is the response's ``token_ids``.  :func:`serve_vllm` starts ``vllm serve`` (its
+the continuation is the response's ``token_ids``.  With ``requests=`` (one
+:class:`~spectr_audit.contract.requests.Request` per row) each body carries its row's whole request
+(:func:`~spectr_audit.engine_adapters.requests.completions_fields`) and the generator returns a
+:class:`~spectr_audit.generation.contract.GenerationOutput` with the returned log-probabilities, finish reasons
+and usage.  :func:`serve_vllm` starts ``vllm serve`` (its
 OpenAI-compatible API server) on the loopback address on a local checkpoint, with or without a
 ``speculative_config``, waits until it answers ``/health``, and stops it on exit.
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import socket
 import subprocess
@@ -26,7 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, Optional, Sequence
 
 from spectr_audit.contract.sampling import SamplingParams
-from spectr_audit.errors import SpectrAuditError
+from spectr_audit.engine_adapters.requests import completions_fields
+from spectr_audit.errors import InvalidArgument, SpectrAuditError
+from spectr_audit.generation.contract import GenerationContractError, GenerationOutput
 
 __all__ = ["CompletionsGenerator", "ServerError", "free_port", "serve_vllm"]
 
@@ -51,6 +58,14 @@ def _post(url: str, body: dict, timeout: float) -> dict:
         raise ServerError(f"{url}: HTTP {exc.code}: {exc.read()[:500]!r}") from exc
 
 
+#: vLLM reports a log-probability below this as this (``max(logprob, -9999.0)``,
+#: ``vllm/entrypoints/openai/completion/serving.py:705`` and ``:723``): read back as -inf.
+_LOGPROB_FLOOR = -9999.0
+#: The key of a token in the logprob lists under ``return_tokens_as_token_ids``
+#: (``vllm/entrypoints/generate/base/serving.py:326-327``).
+_TOKEN_ID_PREFIX = "token_id:"
+
+
 class CompletionsGenerator:
     """``/v1/completions`` with token-id prompts, one request per row, ``concurrency`` at a time.
 
@@ -61,17 +76,55 @@ class CompletionsGenerator:
     model : str
         The served model's name.
     params : SamplingParams
+        The sampling setting of every row when ``generate`` is called without requests.
     concurrency : int
     timeout : float
         Seconds per request.
+    detokenizes : bool
+        The server has its tokenizer (``vllm serve`` without ``--skip-tokenizer-init``; :func:`serve_vllm` starts it
+        with that flag, so False): only then are a request's stop strings and a regular-expression constraint sent.
+    logprobs_mode : str
+        What the server's log-probabilities are: ``"raw"`` (the log-softmax of the raw logits, before penalties,
+        bias, temperature and filters: vLLM's default ``logprobs_mode = "raw_logprobs"``,
+        ``vllm/config/model.py:287``; ``vllm/v1/sample/sampler.py:81-94``) or ``"processed"`` (a server started
+        with ``--logprobs-mode processed_logprobs``).
+
+    Notes
+    -----
+    With requests, each row's body is its request (:func:`~spectr_audit.engine_adapters.requests.completions_fields`:
+    every sampling field sent explicitly, the row's limit capped by the request's ``max_tokens``), its seed (the
+    request's, else one derived from the audit's seed and the row), ``return_token_ids``, and
+    ``ignore_eos = false``: the row ends at the model's end-of-sequence token as a deployed request does.  vLLM
+    reads that token from the model's ``generation_config`` even under ``--skip-tokenizer-init`` and treats it as
+    a stop token, masked under ``min_tokens`` (``vllm/sampling_params.py:772-800``); so give the audit the model's
+    ``eos_token_id``.  (``ignore_eos = true`` would not take it out of the law: vLLM still masks it under
+    ``min_tokens``, line 784.)
+
+    The response is read as vLLM writes it (``vllm/entrypoints/openai/completion/serving.py:505-740``): the
+    continuation from ``choices[0].token_ids``; the emitted tokens' log-probabilities from
+    ``choices[0].logprobs.token_logprobs``; the top-n from ``choices[0].logprobs.top_logprobs``, whose dict at
+    each position holds the emitted token and the top ``logprobs`` tokens (``n + 1`` entries when the emitted
+    token is not among the top n, ``n`` when it is; ``vllm/logprobs.py:178-209``, serving.py:715-728), so the
+    emitted token is dropped from an ``n + 1``-entry dict to leave the top n (with ``logprobs = 0`` the dict holds
+    the emitted token alone and no top-n is returned); ``finish_reason`` as the API says (``"stop"`` at an
+    end-of-sequence or stop token, ``"length"``); ``usage.completion_tokens`` (one request per row, ``n = 1``).
+    A response without a field asked for is a :class:`~spectr_audit.generation.contract.GenerationContractError`
+    naming the engine, the row and the field.
     """
 
     per_row_max_new_tokens = True
+    #: ``generate`` takes ``requests=`` (whole requests, one per row) and honours each request's seed (vLLM seeds
+    #: each request's own generator).
+    accepts_requests = True
+    seeded = True
 
     def __init__(self, base_url: str, model: str, params: Optional[SamplingParams] = None, *, concurrency: int = 8,
-                 timeout: float = 300.0, label: str = ""):
+                 timeout: float = 300.0, label: str = "", detokenizes: bool = False, logprobs_mode: str = "raw"):
+        if logprobs_mode not in ("raw", "processed"):
+            raise InvalidArgument(f"logprobs_mode: expected 'raw' or 'processed', got {logprobs_mode!r}")
         self.base_url, self.model = base_url.rstrip("/"), model
         self.params, self.concurrency, self.timeout = params or SamplingParams(), int(concurrency), float(timeout)
+        self.detokenizes, self.logprobs_mode = bool(detokenizes), logprobs_mode
         self.name = f"OpenAI-compatible completions at {self.base_url}{' (' + label + ')' if label else ''}"
 
     def _body(self, prompt, limit: int, seed: int) -> dict:
@@ -83,12 +136,33 @@ class CompletionsGenerator:
             body["top_k"] = int(p.top_k)
         return body
 
-    def generate(self, prompts, max_new_tokens, seed):
-        limits = list(max_new_tokens) if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * len(prompts)
-        bodies = [self._body(p, limit, (int(seed) * 1_000_003 + row) % (1 << 31))
-                  for row, (p, limit) in enumerate(zip(prompts, limits))]
+    def request_body(self, prompt, limit: int, seed: int, request) -> dict:
+        """The JSON body of one row under ``request`` (``seed``: the row's derived seed, used when the request has
+        none)."""
+        body = {"model": self.model, "prompt": list(prompt), "return_token_ids": True, "ignore_eos": False}
+        body.update(completions_fields(request, limit, detokenizes=self.detokenizes))
+        body.setdefault("seed", int(seed))
+        return body
+
+    def _post_all(self, bodies: list) -> list:
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            responses = list(pool.map(lambda b: _post(f"{self.base_url}/v1/completions", b, self.timeout), bodies))
+            return list(pool.map(lambda b: _post(f"{self.base_url}/v1/completions", b, self.timeout), bodies))
+
+    def generate(self, prompts, max_new_tokens, seed, requests=None):
+        limits = list(max_new_tokens) if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * len(prompts)
+        seeds = [(int(seed) * 1_000_003 + row) % (1 << 31) for row in range(len(prompts))]
+        if requests is not None:
+            if len(requests) != len(prompts):
+                raise InvalidArgument(f"requests: {len(requests)} requests for {len(prompts)} prompts")
+            # every body is built (and a request the API cannot take refused) before any is sent
+            bodies = [self.request_body(p, limit, s, r) for p, limit, s, r in zip(prompts, limits, seeds, requests)]
+            responses = self._post_all(bodies)
+            rows = [self._parse(row, response, request) for row, (response, request)
+                    in enumerate(zip(responses, requests))]
+            continuations, logprobs, tops, finishes, usage = (list(column) for column in zip(*rows))
+            return GenerationOutput(continuations, logprobs=logprobs, top_logprobs=tops, finish_reasons=finishes,
+                                    completion_tokens=usage, logprobs_mode=self.logprobs_mode)
+        responses = self._post_all([self._body(p, limit, s) for p, limit, s in zip(prompts, limits, seeds)])
         out = []
         for response in responses:
             choice = response["choices"][0]
@@ -97,6 +171,77 @@ class CompletionsGenerator:
                 raise ServerError("the server returned no token_ids (it needs return_token_ids support)")
             out.append([int(t) for t in ids])
         return out
+
+    # -- reading a response ---------------------------------------------------------------
+    def _missing(self, row: int, field: str, why: str = "") -> GenerationContractError:
+        return GenerationContractError(f"{self.name}, row {row}: the response has no {field}{why}")
+
+    def _parse(self, row: int, response, request) -> tuple:
+        """``(token ids, logprobs or None, top-n dicts or None, finish reason, completion tokens)`` of one row."""
+        choices = response.get("choices") if isinstance(response, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise self._missing(row, "choices[0]")
+        choice = choices[0]
+        ids = choice.get("token_ids")
+        if not isinstance(ids, list):
+            raise self._missing(row, "choices[0].token_ids", " (the server must support return_token_ids)")
+        ids = [int(t) for t in ids]
+        finish = choice.get("finish_reason")
+        if not isinstance(finish, str):
+            raise self._missing(row, "choices[0].finish_reason")
+        usage = response.get("usage")
+        count = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise self._missing(row, "usage.completion_tokens")
+        logprobs = top = None
+        if request.logprobs is not None:
+            logprobs, top = self._logprobs(row, choice.get("logprobs"), ids, request.logprobs)
+        return ids, logprobs, top, finish, count
+
+    def _key(self, row: int, field: str, key) -> int:
+        digits = key[len(_TOKEN_ID_PREFIX):] if isinstance(key, str) and key.startswith(_TOKEN_ID_PREFIX) else ""
+        if not digits.isdigit():
+            raise GenerationContractError(f"{self.name}, row {row}: {field} holds {key!r}, not a "
+                                          f"'{_TOKEN_ID_PREFIX}N' key (the server must support "
+                                          f"return_tokens_as_token_ids)")
+        return int(digits)
+
+    def _logprobs(self, row: int, block, ids: list, n: int) -> tuple:
+        field = "choices[0].logprobs"
+        if not isinstance(block, dict):
+            raise self._missing(row, field, f" (the request asked for logprobs = {n})")
+        values, tokens = block.get("token_logprobs"), block.get("tokens")
+        if not isinstance(values, list) or len(values) != len(ids):
+            raise self._missing(row, f"{field}.token_logprobs", f" with one value per emitted token ({len(ids)})")
+        if isinstance(tokens, list) and len(tokens) == len(ids):
+            for t, (key, token) in enumerate(zip(tokens, ids)):
+                if self._key(row, f"{field}.tokens[{t}]", key) != token:
+                    raise GenerationContractError(f"{self.name}, row {row}: {field}.tokens[{t}] is {key!r}, the "
+                                                  f"emitted token is {token}")
+        logprobs = []
+        for t, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise self._missing(row, f"{field}.token_logprobs[{t}]")
+            logprobs.append(_read_logprob(value))
+        if not n:
+            return logprobs, None
+        lists = block.get("top_logprobs")
+        if not isinstance(lists, list) or len(lists) != len(ids):
+            raise self._missing(row, f"{field}.top_logprobs", f" with one dict per emitted token ({len(ids)})")
+        top = []
+        for t, (entries, token) in enumerate(zip(lists, ids)):
+            if not isinstance(entries, dict):
+                raise self._missing(row, f"{field}.top_logprobs[{t}]")
+            position = {self._key(row, f"{field}.top_logprobs[{t}]", k): _read_logprob(v) for k, v in entries.items()}
+            if len(position) > n:  # the emitted token beside the top n: not one of them
+                position.pop(token, None)
+            top.append(position)
+        return logprobs, top
+
+
+def _read_logprob(value) -> float:
+    value = float(value)
+    return -math.inf if value <= _LOGPROB_FLOOR else value
 
 
 @contextlib.contextmanager

