@@ -106,13 +106,14 @@ def _logprob_gap(returned: Optional[list], top: Optional[list], row: list, law_l
     return worst, where
 
 
-def _stopping(row: list, request, first: int, limit: int, finish, usage) -> tuple:
+def _stopping(row: list, request, first: int, stops: tuple, limit: int, finish, usage) -> tuple:
     """``(code, position)`` of the first stopping rule row breaks (a key of records.STOP_CODES; 0: none); ``first``:
-    where the row ends (its first stop token or completed stop string, -1: none)."""
+    where the row ends (its first stop token or completed stop string, -1: none); ``stops``: its stop tokens."""
     cap = limit if request.max_tokens is None else min(limit, request.max_tokens)
     if first >= 0 and first < len(row) - 1:
         return 1, first + 1
-    if first >= 0 and first < request.min_tokens:
+    # min_tokens masks the stop tokens; a stop string before it is the engine's own rule (Request.stop_position)
+    if first >= 0 and first < request.min_tokens and row[first] in stops:
         return 2, first
     if request.max_tokens is not None and len(row) > request.max_tokens:
         return 3, request.max_tokens
@@ -125,7 +126,7 @@ def _stopping(row: list, request, first: int, limit: int, finish, usage) -> tupl
     return 0, -1
 
 
-def _request_checks(continuations: list, requests: list, laws: list, output, limits, cuts: list,
+def _request_checks(continuations: list, requests: list, laws: list, output, limits, options, cuts: list,
                     determinism) -> RequestChecks:
     """Per row, the whole-request checks of the engine's ``output`` against ``laws`` (the RequestLaws of each row's
     scored, truncated tokens)."""
@@ -144,7 +145,8 @@ def _request_checks(continuations: list, requests: list, laws: list, output, lim
         finish = None if output.finish_reasons is None else output.finish_reasons[i]
         usage = None if output.completion_tokens is None else output.completion_tokens[i]
         limit = limits[i] if isinstance(limits, (list, tuple)) else limits
-        code[i], code_pos[i] = _stopping(row, request, cuts[i], limit, finish, usage)
+        code[i], code_pos[i] = _stopping(row, request, cuts[i], request.stop_ids(options.eos_token_id), limit, finish,
+                                         usage)
     det = np.full(n, -1, dtype=np.int64) if determinism is None else np.asarray(determinism, dtype=np.int64)
     return RequestChecks(err, err_pos, code, code_pos, constraint, det)
 
@@ -172,7 +174,7 @@ def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_sc
         laws, logits, row_params, request_laws = _apply_requests(job, prompts, continuations, requests, logits,
                                                                  order, options, scorer.component, row_params)
         if output is not None:
-            checks = _request_checks(full, requests, request_laws, output, limits, cuts, determinism)
+            checks = _request_checks(full, requests, request_laws, output, limits, options, cuts, determinism)
     draft = None
     if draft_scorer is not None:
         with call_limit(options.timeout, f"{draft_scorer.component} did not return within {options.timeout} s on "
