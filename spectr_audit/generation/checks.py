@@ -64,6 +64,8 @@ from spectr_audit.generation.engine_specs import (
     generation_engine_names,
     load_generation_engine,
     read_prompts,
+    read_requests,
+    spec_kind,
     toy_prompts,
 )
 from spectr_audit.generation.cases import AUDIT_KEYS, CASE_KEYS, EXPECTED, TOY_KEYS  # noqa: F401 (re-exported)
@@ -95,10 +97,12 @@ __all__ = [
     "load_generation_engine",
     "parse_generation_cases",
     "read_prompts",
+    "read_requests",
     "result_json",
     "run_generation_case",
     "run_generation_cases",
     "select_cases",
+    "spec_kind",
     "status_of",
     "toy_prompts",
     "verdict_line",
