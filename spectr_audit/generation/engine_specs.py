@@ -261,6 +261,8 @@ def _toy_requests_engine(slip_name: Optional[str], spec: str, *, argument: str, 
                                   f"larger token ids ({exc})") from None
     pair = ToyPair(vocab, seed=seed, draft_noise=noise, eos_token_id=eos)
     engine = (RequestSpecEngine if slip is None else slip.engine)(pair)
+    if slip is not None:
+        engine.name = slip_name  # as the toy slips are named: the verdict line says which slip
     return GenerationEngine(
         name=spec, generate=engine, score=pair.logits_scorer(), vocab_size=vocab, prompts=request_prompts(vocab),
         eos_token_id=eos, max_new_tokens=TOY_REQUESTS_MAX_NEW_TOKENS,
