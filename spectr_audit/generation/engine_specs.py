@@ -145,9 +145,14 @@ def generation_engine_names() -> list:
                           "every feature on: penalties, logit bias, bad words, min_tokens, stop tokens, max_tokens, a "
                           "constraint, seeds, logprobs, greedy beside sampled rows"})
     for name, slip in REQUEST_SLIPS.items():
-        rows.append({"spec": f"toy-requests:{name}", "expected": _request_slip_expected(slip),
-                     "needs": f"{slip.truth}; {_request_slip_found_by(slip)} (without requests: the "
-                              f"{slip.requests!r} requests)"})
+        mix = f"(without requests: feature_requests({slip.requests!r}))"
+        if slip.check == "determinism":
+            needs = (f"planted slip that only the determinism line shows, each row's law being right (a suite case "
+                     f"expects pass): {slip.truth} {mix}")
+        else:
+            by = "the tests of the law" if slip.check == "law" else f"the {slip.check} check"
+            needs = f"{slip.truth}; found by {by} {mix}"
+        rows.append({"spec": f"toy-requests:{name}", "expected": _request_slip_expected(slip), "needs": needs})
     return rows
 
 
@@ -156,11 +161,6 @@ def _request_slip_expected(slip: Any) -> str:
     shows (a per-request seed ignored changes no row's law)."""
     return "pass" if slip.check == "determinism" else "finding"
 
-
-def _request_slip_found_by(slip: Any) -> str:
-    if slip.check == "determinism":
-        return "found by the determinism line, not the verdict (each row's law is right)"
-    return f"found by the {slip.check} check" if slip.check != "law" else "found by the tests of the law"
 
 
 def check_int_at_least(name: str, value: Any, minimum: int) -> int:
@@ -241,7 +241,8 @@ def _toy_requests_engine(slip_name: Optional[str], spec: str, *, argument: str, 
     if slip_name is not None:
         if slip_name not in REQUEST_SLIPS:
             raise InvalidArgument(f"{argument}: {spec!r}: no request slip {slip_name!r}"
-                                  f"{_suggest(slip_name, REQUEST_SLIPS)}; the request slips: {', '.join(REQUEST_SLIPS)}")
+                                  f"{_suggest(slip_name, REQUEST_SLIPS)}; the request slips: "
+                                  f"{', '.join(REQUEST_SLIPS)}")
         slip = REQUEST_SLIPS[slip_name]
     sampling = [name for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p))
                 if value is not None]
@@ -525,8 +526,8 @@ def audit_engine(engine: GenerationEngine, prompts: Optional[Sequence[Sequence[i
     """
     if requests is not None and engine.accepts_requests is False:
         raise InvalidArgument(f"requests: the engine {engine.name!r} does not take requests (its generator does not "
-                              "declare accepts_requests and its scorer returns laws, not raw logits); the toy loop over "
-                              "whole requests is 'toy-requests'")
+                              "declare accepts_requests and its scorer returns laws, not raw logits); the toy loop "
+                              "over whole requests is 'toy-requests'")
     if reference is None:
         reference = engine.reference_by_default
     prompts = prompts if prompts is not None else engine.prompts
