@@ -230,16 +230,22 @@ def test_run_points_a_generation_suite_at_the_generation_command(capsys, tmp_pat
 
 def test_list_shows_the_toy_engine_and_its_slips(capsys):
     from spectr_audit.generation.library import SLIPS
+    from spectr_audit.generation.library.request_slips import REQUEST_SLIPS
 
     code, out, _ = run_cli(capsys, "list")
     assert code == 0
     section = out.split("generation engines", 1)[1].split("suites:", 1)[0]
     specs = [line.split()[0] for line in section.splitlines()[1:] if line.strip()]
-    assert specs == ["toy"] + [f"toy:{name}" for name in SLIPS]
+    assert specs == (["toy"] + [f"toy:{name}" for name in SLIPS] + ["toy-requests"]
+                     + [f"toy-requests:{name}" for name in REQUEST_SLIPS])
     assert "generation     (generation audits: spectr-audit generation --suite generation)" in out
     code, out, _ = run_cli(capsys, "list", "--json")
-    engines = json.loads(out)["generation_engines"]
-    assert engines[0]["spec"] == "toy" and {e["expected"] for e in engines[1:]} == {"finding"}
+    engines = {e["spec"]: e["expected"] for e in json.loads(out)["generation_engines"]}
+    assert engines["toy"] == engines["toy-requests"] == "pass"
+    assert {engines[f"toy:{name}"] for name in SLIPS} == {"finding"}
+    # a per-request seed ignored changes no row's law: only the determinism line shows it, not the verdict
+    assert engines["toy-requests:seed-ignored"] == "pass"
+    assert {engines[f"toy-requests:{name}"] for name in REQUEST_SLIPS if name != "seed-ignored"} == {"finding"}
 
 
 def test_help_states_the_engines_the_suites_and_the_exit_codes(capsys):

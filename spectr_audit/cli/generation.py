@@ -27,8 +27,7 @@ def _progress_flag(mode: str):
 
 
 def _toy_spec(spec: str) -> bool:
-    spec = spec.strip()
-    return spec == "toy" or spec.startswith("toy:")
+    return gen.spec_kind(spec) != "factory"
 
 
 def _given(args, flags: Sequence[str]) -> list:
@@ -37,8 +36,9 @@ def _given(args, flags: Sequence[str]) -> list:
 
 
 _TOY_FLAGS = ("--toy-seed", "--draft-noise", "--temperature", "--top-k", "--top-p")
+_SAMPLING_FLAGS = ("--temperature", "--top-k", "--top-p")
 _ENGINE_FLAGS = ("--prompts", "--max-new-tokens", "--batch-size", "--rounds", "--arms", "--min-detectable-tv",
-                 "--reference", "--eos-token-id", "--vocab-size") + _TOY_FLAGS
+                 "--reference", "--eos-token-id", "--vocab-size", "--requests", "--logprob-tolerance") + _TOY_FLAGS
 
 
 def _check_store(path: str, argument: str = "--store") -> Path:
@@ -101,6 +101,15 @@ def command(args) -> int:
         if toy_only:
             raise _UsageError(f"{', '.join(toy_only)}: only with --engine toy or toy:SLIP (a factory's engine has its "
                               "own model and sampling setting)")
+    if gen.spec_kind(args.engine) == "toy-requests":
+        sampling = _given(args, _SAMPLING_FLAGS)
+        if sampling:
+            raise _UsageError(f"{', '.join(sampling)}: not with --engine {args.engine.strip()}: its requests carry the "
+                              "sampling parameters (give them in --requests FILE)")
+    if gen.spec_kind(args.engine) == "toy" and args.requests is not None:
+        raise _UsageError(f"--requests: the engine {args.engine.strip()!r} does not take requests (its generator does "
+                          "not declare accepts_requests and its scorer returns laws, not raw logits); the toy loop "
+                          "over whole requests is --engine toy-requests")
     store = None if args.store is None else _check_store(args.store)
     if store is not None and args.resume and not store.exists():
         raise _UsageError(f"--resume: there is no store at {args.store!r} to resume; run without --resume first")
@@ -115,15 +124,16 @@ def command(args) -> int:
                                 argument=f"--prompts ({args.prompts})")
     elif engine.prompts is None:
         raise _UsageError(f"--prompts: required: the engine {args.engine!r} gives no prompts of its own")
+    requests = None if args.requests is None else gen.read_requests(args.requests, "--requests")
     out = _prepare_out(args)
     options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, rounds=args.rounds, arms=args.arms,
                    seed=args.seed, alpha=args.alpha, min_detectable_tv=args.min_detectable_tv,
                    max_tokens=args.max_tokens, max_seconds=args.max_seconds, timeout=args.timeout,
                    allow_failed_calls=args.allow_failed_calls, store=None if store is None else str(store), resume=args.resume,
-                   progress=_progress_flag(args.progress))
+                   progress=_progress_flag(args.progress), logprob_tolerance=args.logprob_tolerance)
     interrupted = False
     try:
-        result = gen.audit_engine(engine, prompts, reference=args.reference, **options)
+        result = gen.audit_engine(engine, prompts, reference=args.reference, requests=requests, **options)
     except GenerationInterrupted as exc:
         if exc.result is None:
             raise KeyboardInterrupt from None

@@ -221,9 +221,18 @@ decisive tokens and the failed calls.
 --engine SPEC is one of
   toy                      the correct speculative loop over a small toy model pair
   toy:SLIP                 the same loop with a planted slip (spectr-audit list shows them)
+  toy-requests             the correct loop over whole requests, one per row (without
+                           --requests: every feature on, penalties to logprobs)
+  toy-requests:SLIP        that loop with a slip in the rest of the request
   package.module:factory   a factory (called with no arguments) returning a dict or object with
   path/file.py:factory     generate, score and vocab_size, and optionally reference (the same
                            engine with speculation off), draft_score, prompts, eos_token_id
+
+--requests FILE audits whole requests (docs/generation.md, "Whole requests"): a JSON list of
+objects whose keys are Request's fields (temperature, top_k, top_p, min_p, repetition_penalty,
+presence_penalty, frequency_penalty, logit_bias, bad_words, min_tokens, stop_token_ids,
+max_tokens, seed, logprobs, constraint), given to the rows in turn; each is checked before any
+engine runs, an error naming the file, the request's index and the field.
 
 --suite runs the [[generation]] cases of a suite instead: the built-in 'generation' (the toy loop
 and its slips) or a .toml file of your own, each case with the verdict it expects.  Suites'
@@ -232,6 +241,7 @@ generation cases run here, not under `spectr-audit run` (whose report holds veri
 _GENERATION_EPILOG = """examples:
   spectr-audit generation --engine toy --max-new-tokens 16 --min-detectable-tv 0.25
   spectr-audit generation --engine toy:shared-stream --json
+  spectr-audit generation --engine toy-requests --requests requests.json --logprob-tolerance 0.05
   spectr-audit generation --engine my_pkg.audit:make_engine --prompts prompts.txt --rounds 4 \\
       --store audit.sqlite --out report/          # Ctrl-C, then the same line with --resume
   spectr-audit generation --suite generation
@@ -261,6 +271,10 @@ def _vocab(text: str) -> int:
 
 def _non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "an integer >= 0")
+
+
+def _positive_number(text: str) -> float:
+    return _number_in(text, 0.0, float("inf"), True, True, "a number > 0")
 
 
 def _draft_noise(text: str):
@@ -313,8 +327,19 @@ def _add_generation_parser(sub) -> None:
                        "numerics floor (default: a factory's when it gives one; not the toy's, whose scorer is exact)")
     audit.add_argument("--eos-token-id", type=_non_negative_int, default=None, metavar="ID",
                        help="the engine's end-of-sequence id (default: the factory's; the toy's slip eos-inside-block 0)")
-    toy = gen.add_argument_group("the toy engine (--engine toy or toy:SLIP)")
-    toy.add_argument("--vocab-size", type=_vocab, default=None, metavar="V", help="vocabulary (default 16)")
+    audit.add_argument("--requests", metavar="FILE", default=None,
+                       help="audit whole requests: a JSON list of objects of Request's fields, e.g. "
+                       '[{"temperature": 0, "repetition_penalty": 1.3, "logprobs": 2}, {"temperature": 0.7, '
+                       '"seed": 5}], given to the rows in turn (logit_bias: {"7": -1.5}; bad_words: a list of '
+                       "token-id lists; constraint: {\"automaton\": {...}} only). The engine must take requests "
+                       "(toy-requests does; default: its own, every feature on)")
+    audit.add_argument("--logprob-tolerance", type=_positive_number, default=None, metavar="X",
+                       help="with requests: the largest gap between a returned log-probability and the scorer's that "
+                       "is not a finding (default 0.1)")
+    toy = gen.add_argument_group("the toy engines (--engine toy, toy:SLIP; toy-requests takes no --temperature, "
+                                 "--top-k, --top-p: its requests carry them)")
+    toy.add_argument("--vocab-size", type=_vocab, default=None, metavar="V",
+                     help="vocabulary (default 16; toy-requests 12)")
     toy.add_argument("--toy-seed", type=_non_negative_int, default=None, metavar="N",
                      help="seed of the toy model pair's weights (default 0)")
     toy.add_argument("--draft-noise", type=_draft_noise, default=None, metavar="X",

@@ -31,6 +31,7 @@ spectr_audit.errors.InvalidArgument: request.top_p: must lie in (0, 1]; got 0.0
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import numbers
@@ -301,6 +302,66 @@ _DEFAULTS = {
 }
 
 
+_AUTOMATON_KEYS = ("transitions", "start", "accepting", "end_tokens", "name")
+
+
+def _state(value: Any, where: str) -> Any:
+    """A state of an automaton read from a table: an integer (a string of digits is one) or a string."""
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    if _is_int(value) or isinstance(value, str):
+        return value
+    raise InvalidArgument(f"{where}: a state is an integer or a string, got {value!r}")
+
+
+def _constraint_from_dict(data: Any, where: str) -> Constraint:
+    """``{"automaton": {...}}``: a :class:`TokenAutomaton` from its arguments as a table."""
+    if isinstance(data, Constraint):
+        return data
+    if not isinstance(data, Mapping) or list(data) != ["automaton"]:
+        kinds = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+        raise InvalidArgument(f"{where}: only {{automaton = {{...}}}} (a TokenAutomaton over token ids) can be written "
+                              f"here, got {kinds}; a regex or JSON-schema constraint needs the vocabulary's token "
+                              f"strings: build that Request in Python (audit_generation(requests=[...]))")
+    table = data["automaton"]
+    where = f"{where}.automaton"
+    if not isinstance(table, Mapping):
+        raise InvalidArgument(f"{where}: expected a table with {', '.join(_AUTOMATON_KEYS)}, got "
+                              f"{type(table).__name__}")
+    unknown = sorted(set(table) - set(_AUTOMATON_KEYS))
+    if unknown:
+        raise InvalidArgument(f"{where}: unknown key(s) {unknown}; expected some of {', '.join(_AUTOMATON_KEYS)}")
+    transitions = table.get("transitions")
+    if not isinstance(transitions, Mapping) or not transitions:
+        raise InvalidArgument(f"{where}.transitions: expected a table {{state: {{token: next_state}}}}, got "
+                              f"{transitions!r:.80}")
+    moves = {}
+    for state, row in transitions.items():
+        here = f"{where}.transitions[{state!r}]"
+        if not isinstance(row, Mapping):
+            raise InvalidArgument(f"{here}: expected a table {{token: next_state}}, got {row!r:.80}")
+        tokens = {}
+        for token, target in row.items():
+            if isinstance(token, str) and token.isdigit():
+                token = int(token)
+            if not _is_int(token) or token < 0:
+                raise InvalidArgument(f"{here}: token ids must be integers >= 0, got {token!r}")
+            tokens[token] = _state(target, here)
+        moves[_state(state, f"{where}.transitions")] = tokens
+    accepting = table.get("accepting", [])
+    if isinstance(accepting, (str, bytes)) or not isinstance(accepting, Sequence):
+        raise InvalidArgument(f"{where}.accepting: expected a list of states, got {accepting!r:.80}")
+    name = table.get("name", "automaton")
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"{where}.name: expected a non-empty string, got {name!r}")
+    try:
+        return TokenAutomaton(moves, start=_state(table.get("start", 0), f"{where}.start"),
+                              accepting=[_state(s, f"{where}.accepting") for s in accepting],
+                              end_tokens=_token_ids("end_tokens", table.get("end_tokens", [])), name=name)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{where}.{str(exc).removeprefix('request.')}") from None
+
+
 def _token_ids(name: str, values: Any) -> tuple:
     if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, torch.Tensor)):
         raise InvalidArgument(f"request.{name}: expected a list of token ids, got {type(values).__name__}")
@@ -435,6 +496,49 @@ class Request:
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
             raise InvalidArgument(f"request.constraint: expected a Constraint (TokenAutomaton, RegexConstraint, "
                                   f"JsonSchemaConstraint), got {type(self.constraint).__name__}")
+
+    @classmethod
+    def from_dict(cls, data: Any, argument: str = "request") -> Request:
+        """The request of a table of its fields, as a suite file or a JSON file writes it.
+
+        The keys are the field names; ``logit_bias`` may have string keys (``{"7": -1.5}``: JSON and TOML keys
+        are strings); ``constraint`` may be ``{"automaton": {...}}``, a :class:`TokenAutomaton`'s arguments
+        (``transitions``, ``start``, ``accepting``, ``end_tokens``, ``name``; state and token keys written as
+        strings of digits are read as integers).  A grammar constraint (:class:`RegexConstraint`,
+        :class:`JsonSchemaConstraint`) needs the vocabulary's token strings: build that request in Python.
+        Errors name ``argument`` and the field (``requests[1].top_p: ...``).
+
+        Examples
+        --------
+        >>> Request.from_dict({"temperature": 0.0, "logit_bias": {"7": -1.5}, "bad_words": [[4, 4]]}).describe()
+        {'temperature': 0.0, 'logit_bias': {'7': -1.5}, 'bad_words': [[4, 4]]}
+        >>> Request.from_dict({"top_q": 0.9}, "requests[1]")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        spectr_audit.errors.InvalidArgument: requests[1].top_q: unknown field (did you mean 'top_p'?); expected one of ...
+        >>> Request.from_dict({"temperature": -1}, "requests[0]")
+        Traceback (most recent call last):
+        ...
+        spectr_audit.errors.InvalidArgument: requests[0].temperature: must be finite and >= 0; got -1
+        """
+        if not isinstance(data, Mapping):
+            raise InvalidArgument(f"{argument}: expected a table of Request fields ({', '.join(_DEFAULTS)}), got "
+                                  f"{type(data).__name__}")
+        for key in data:
+            if key not in _DEFAULTS:
+                close = difflib.get_close_matches(str(key), list(_DEFAULTS), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise InvalidArgument(f"{argument}.{key}: unknown field{hint}; expected one of {', '.join(_DEFAULTS)}")
+        fields = dict(data)
+        if fields.get("constraint") is not None:
+            fields["constraint"] = _constraint_from_dict(fields["constraint"], f"{argument}.constraint")
+        try:
+            return cls(**fields)
+        except InvalidArgument as exc:
+            message = str(exc)
+            if message.startswith(("request.", "request:")):
+                message = argument + message[len("request"):]
+            raise InvalidArgument(message) from None
 
     # -- meaning -------------------------------------------------------------------------
     @classmethod

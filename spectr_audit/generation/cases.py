@@ -14,17 +14,24 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.generation.engine_specs import _suggest, check_int_at_least
+from spectr_audit.generation.engine_specs import (
+    _suggest,
+    check_int_at_least,
+    requests_from_data,
+    spec_kind,
+)
 
 __all__ = ["AUDIT_KEYS", "CASE_KEYS", "EXPECTED", "GenerationCase", "TOY_KEYS", "parse_generation_cases"]
 
 
 #: The audit's options a case may set.
 AUDIT_KEYS = ("max_new_tokens", "batch_size", "rounds", "arms", "seed", "alpha", "power", "min_detectable_tv",
-              "max_tokens", "max_seconds", "timeout", "greedy", "logit_tol", "allow_failed_calls")
+              "max_tokens", "max_seconds", "timeout", "greedy", "logit_tol", "allow_failed_calls", "logprob_tolerance")
 TOY_KEYS = ("vocab_size", "toy_seed", "draft_noise", "temperature", "top_k", "top_p", "eos_token_id")
 CASE_KEYS = ("name", "description", "engine", "expected", "options", "prompts", "reference",
-             "requires") + TOY_KEYS + AUDIT_KEYS
+             "requires", "requests") + TOY_KEYS + AUDIT_KEYS
+#: The toy keys that are sampling parameters: for ``toy-requests`` the requests carry them.
+_SAMPLING_KEYS = ("temperature", "top_k", "top_p")
 EXPECTED = ("pass", "finding")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -50,6 +57,8 @@ class GenerationCase:
     requires : tuple of str
         Modules the engine needs (``vllm``, ``transformers``); a case whose module is missing is
         skipped, and the suite report says so.
+    requests : tuple of :class:`~spectr_audit.contract.requests.Request`, optional
+        The whole request of each row, in turn (None: the engine's own, if any).
     """
 
     name: str
@@ -62,6 +71,7 @@ class GenerationCase:
     audit_options: dict = dataclasses.field(default_factory=dict, hash=False)
     base: str = ""
     requires: tuple = ()
+    requests: Optional[tuple] = dataclasses.field(default=None, hash=False)
 
     def missing(self) -> list:
         """The modules of :attr:`requires` that are not installed."""
@@ -81,7 +91,8 @@ class GenerationCase:
         return {"name": self.name, "engine": self.engine, "expected": self.expected, "description": self.description,
                 "prompts": None if self.prompts is None else [list(p) for p in self.prompts],
                 "reference": self.reference, "engine_options": dict(self.engine_options),
-                "audit_options": dict(self.audit_options), "requires": list(self.requires)}
+                "audit_options": dict(self.audit_options), "requires": list(self.requires),
+                "requests": None if self.requests is None else [r.describe() for r in self.requests]}
 
 
 def _number(value: Any, where: str, key: str, low: float, high: float, low_open: bool, high_open: bool) -> float:
@@ -117,6 +128,8 @@ def _check_case_value(key: str, value: Any, where: str) -> Any:
         return _number(value, where, key, 0, math.inf, True, True)
     if key == "logit_tol":
         return _number(value, where, key, 0, math.inf, False, True)
+    if key == "logprob_tolerance":
+        return _number(value, where, key, 0, math.inf, True, True)
     if key == "temperature":
         return _number(value, where, key, 0, math.inf, False, True)
     if key == "top_p":
@@ -139,9 +152,11 @@ def _check_case_value(key: str, value: Any, where: str) -> Any:
 def parse_generation_cases(raw: Any, source: str = "suite", base: Optional[Union[str, Path]] = None) -> tuple:
     """Validate the ``[[generation]]`` tables of a suite and build its :class:`GenerationCase` s.
 
-    Errors name the source, the table (``generation[i] ('name')``) and the key.
+    Errors name the source, the table (``generation[i] ('name')``) and the key (``requests[j].field`` for a
+    request's field).
     """
     from spectr_audit.generation.library import SLIPS
+    from spectr_audit.generation.library.request_slips import REQUEST_SLIPS
 
     if not isinstance(raw, list) or not raw or not all(isinstance(t, dict) for t in raw):
         raise InvalidArgument(f"{source}: generation: expected [[generation]] tables")
@@ -161,17 +176,28 @@ def parse_generation_cases(raw: Any, source: str = "suite", base: Optional[Union
         seen.add(name)
         engine = table.get("engine")
         if not isinstance(engine, str) or not engine.strip():
-            raise InvalidArgument(f"{where}: engine: expected 'toy', 'toy:SLIP', 'package.module:factory' or "
-                                  f"'path/file.py:factory', got {engine!r}")
+            raise InvalidArgument(f"{where}: engine: expected 'toy', 'toy:SLIP', 'toy-requests', 'toy-requests:SLIP', "
+                                  f"'package.module:factory' or 'path/file.py:factory', got {engine!r}")
         engine = engine.strip()
-        toy = engine == "toy" or engine.startswith("toy:")
-        if toy and engine != "toy" and engine[4:] not in SLIPS:
-            raise InvalidArgument(f"{where}: engine: no toy slip {engine[4:]!r}{_suggest(engine[4:], SLIPS)}; the "
-                                  f"slips: {', '.join(SLIPS)}")
+        kind = spec_kind(engine)
+        toy = kind != "factory"
+        default_expected = "pass"
+        if kind == "toy" and engine != "toy":
+            if engine[4:] not in SLIPS:
+                raise InvalidArgument(f"{where}: engine: no toy slip {engine[4:]!r}{_suggest(engine[4:], SLIPS)}; "
+                                      f"the slips: {', '.join(SLIPS)}")
+            default_expected = "finding"
+        if kind == "toy-requests" and engine != "toy-requests":
+            slip = engine[len("toy-requests:"):]
+            if slip not in REQUEST_SLIPS:
+                raise InvalidArgument(f"{where}: engine: no request slip {slip!r}{_suggest(slip, REQUEST_SLIPS)}; the "
+                                      f"request slips: {', '.join(REQUEST_SLIPS)}")
+            default_expected = "pass" if REQUEST_SLIPS[slip].check == "determinism" else "finding"
         if not toy and ":" not in engine:
-            raise InvalidArgument(f"{where}: engine: {engine!r} is neither 'toy', 'toy:SLIP' nor an import string "
-                                  "'package.module:factory' or 'path/file.py:factory'")
-        expected = table.get("expected", "finding" if toy and engine != "toy" else "pass")
+            raise InvalidArgument(f"{where}: engine: {engine!r} is neither 'toy', 'toy:SLIP', 'toy-requests', "
+                                  "'toy-requests:SLIP' nor an import string 'package.module:factory' or "
+                                  "'path/file.py:factory'")
+        expected = table.get("expected", default_expected)
         if expected not in EXPECTED:
             raise InvalidArgument(f"{where}: expected: expected one of {list(EXPECTED)}, got {expected!r}")
         description = table.get("description", "")
@@ -190,7 +216,17 @@ def parse_generation_cases(raw: Any, source: str = "suite", base: Optional[Union
             if key in table:
                 if not toy and key not in ("vocab_size", "eos_token_id"):
                     raise InvalidArgument(f"{where}: {key}: only for a toy engine; a factory takes options = {{...}}")
+                if kind == "toy-requests" and key in _SAMPLING_KEYS:
+                    raise InvalidArgument(f"{where}: {key}: not for {engine!r}: its requests carry the sampling "
+                                          f"parameters; give requests = [{{{key} = ...}}, ...]")
                 engine_options[key] = _check_case_value(key, table[key], where)
+        requests = None
+        if "requests" in table:
+            if kind == "toy":
+                raise InvalidArgument(f"{where}: requests: the engine {engine!r} does not take requests (its "
+                                      "generator does not declare accepts_requests and its scorer returns laws, not "
+                                      "raw logits); the toy loop over whole requests is engine = 'toy-requests'")
+            requests = requests_from_data(table["requests"], where)
         if "options" in table:
             if toy:
                 raise InvalidArgument(f"{where}: options: only for a factory engine; the toy takes "
@@ -210,5 +246,5 @@ def parse_generation_cases(raw: Any, source: str = "suite", base: Optional[Union
         cases.append(GenerationCase(name=name, engine=engine, expected=expected, description=description,
                                     prompts=prompts, reference=reference, engine_options=engine_options,
                                     audit_options=audit_options, base="" if base is None else str(base),
-                                    requires=tuple(requires)))
+                                    requires=tuple(requires), requests=requests))
     return tuple(cases)

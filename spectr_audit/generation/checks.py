@@ -7,12 +7,15 @@
 * :func:`verdict_line` and :func:`failure_text`: what the CLI, the pytest plugin and the
   assertions print (:mod:`spectr_audit.generation.verdict`);
 * :func:`load_generation_engine`: ``toy`` (the correct loop of
-  :mod:`spectr_audit.generation.library`), ``toy:SLIP`` (one of its planted slips), or a user
+  :mod:`spectr_audit.generation.library`), ``toy:SLIP`` (one of its planted slips), ``toy-requests``
+  and ``toy-requests:SLIP`` (the loop over whole requests and its slips,
+  :mod:`spectr_audit.generation.library.request_slips`), or a user
   factory ``package.module:factory`` / ``path/file.py:factory`` returning a dict or an object with
   ``generate``, ``score``, ``vocab_size`` and optionally ``reference``, ``draft_score``,
   ``prompts``, ``eos_token_id``, ``name`` (:mod:`spectr_audit.generation.engine_specs`);
 * :func:`read_prompts`: a prompts file (a JSON list of token-id lists, or one line of
-  space-separated ids per prompt);
+  space-separated ids per prompt); :func:`read_requests`: a requests file (a JSON list of objects
+  of :class:`~spectr_audit.contract.requests.Request`'s fields);
 * :class:`GenerationCase`, :func:`parse_generation_cases`, :func:`run_generation_cases`: the
   ``[[generation]]`` tables of a suite TOML and their runner (:mod:`spectr_audit.generation.suite`;
   ``spectr-audit generation --suite NAME`` and :func:`spectr_audit.run.generation_suite.run_generation_suite`
@@ -23,7 +26,8 @@ Suite format (a suite may hold ``[[case]]`` verifier cases, ``[[generation]]`` c
 
     [[generation]]
     name = "toy-correct"                  # letters, digits, '.', '_', '-' (its report folder)
-    engine = "toy"                        # toy | toy:SLIP | package.module:factory | path/file.py:factory
+    engine = "toy"                        # toy | toy:SLIP | toy-requests | toy-requests:SLIP |
+                                          # package.module:factory | path/file.py:factory
     expected = "pass"                     # pass (PASS or INCONCLUSIVE) | finding; default: finding for
                                           # toy:SLIP, pass otherwise
     max_new_tokens = 16                   # the audit's options: max_new_tokens, batch_size, rounds, arms,
@@ -34,8 +38,16 @@ Suite format (a suite may hold ``[[case]]`` verifier cases, ``[[generation]]`` c
     reference = true                      # audit with the engine's reference generator (default: a
                                           # factory's when it gives one; not the toy's)
     requires = ["vllm"]                   # modules the engine needs: without one the case is skipped
+    requests = [                          # whole requests, given to the rows in turn (keys: Request's
+      {temperature = 0.0, repetition_penalty = 1.3, stop_token_ids = [3], logprobs = 2},   # fields;
+      {temperature = 0.7, seed = 5, logit_bias = {"7" = -1.5}, bad_words = [[4, 4]]},     # checked on
+    ]                                     # reading); default: the engine's own (toy-requests: every
+                                          # feature on); not for toy / toy:SLIP, which take none
+    logprob_tolerance = 0.1               # with requests: a returned log-probability's largest gap
     # toy only: vocab_size, toy_seed, draft_noise (a number, or "none": an unrelated draft),
-    #           temperature, top_k, top_p, eos_token_id
+    #           temperature, top_k, top_p (not for toy-requests: its requests carry them), eos_token_id
+    # a constraint: only constraint = {automaton = {transitions = {"0" = {"1" = 1}}, accepting = [1],
+    #           end_tokens = [0]}}; a regex or JSON schema needs Python (audit_generation(requests=...))
     # a factory: options = { ... } are passed to it as keyword arguments; vocab_size and
     #            eos_token_id fill in what it does not give; a relative file path is read from
     #            the suite file's folder first
@@ -64,6 +76,8 @@ from spectr_audit.generation.engine_specs import (
     generation_engine_names,
     load_generation_engine,
     read_prompts,
+    read_requests,
+    spec_kind,
     toy_prompts,
 )
 from spectr_audit.generation.cases import AUDIT_KEYS, CASE_KEYS, EXPECTED, TOY_KEYS  # noqa: F401 (re-exported)
@@ -95,10 +109,12 @@ __all__ = [
     "load_generation_engine",
     "parse_generation_cases",
     "read_prompts",
+    "read_requests",
     "result_json",
     "run_generation_case",
     "run_generation_cases",
     "select_cases",
+    "spec_kind",
     "status_of",
     "toy_prompts",
     "verdict_line",

@@ -1,9 +1,12 @@
-"""Generation engines by spec: ``toy``, ``toy:SLIP``, a user factory, resolved and audited; prompts files.
+"""Generation engines by spec: ``toy``, ``toy:SLIP``, ``toy-requests``, ``toy-requests:SLIP``, a user factory,
+resolved and audited; prompts files and requests files.
 
 :func:`load_generation_engine` resolves a spec to a :class:`GenerationEngine` (the toy loop of
-:mod:`spectr_audit.generation.library`, one of its planted slips, or what a factory
+:mod:`spectr_audit.generation.library`, one of its planted slips, the toy loop over whole requests of
+:mod:`spectr_audit.generation.library.request_slips` or one of its slips, or what a factory
 ``package.module:factory`` / ``path/file.py:factory`` returns); :func:`audit_engine` audits it;
-:func:`read_prompts` reads a prompts file.
+:func:`read_prompts` reads a prompts file, :func:`read_requests` a requests file, and :func:`requests_from_data`
+builds the requests of a suite case or a requests file.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ __all__ = [
     "generation_engine_names",
     "load_generation_engine",
     "read_prompts",
+    "read_requests",
+    "requests_from_data",
+    "spec_kind",
     "toy_prompts",
 ]
 
@@ -38,6 +44,10 @@ TOY_EOS_TOKEN_ID = 0
 FACTORY_KEYS = ("generate", "score", "vocab_size", "reference", "draft_score", "prompts", "eos_token_id", "name")
 #: Keyword arguments of :func:`load_generation_engine` that only the toy engine takes.
 _TOY_ONLY = ("toy_seed", "draft_noise", "temperature", "top_k", "top_p")
+#: The whole-request toy engine's vocabulary and continuation length unless given: those its slips' budgets were
+#: measured at (docs/generation.md, "Planted slips in the whole request").
+TOY_REQUESTS_VOCAB_SIZE = 12
+TOY_REQUESTS_MAX_NEW_TOKENS = 24
 
 
 @dataclasses.dataclass
@@ -76,6 +86,27 @@ class GenerationEngine:
     expected: str = "pass"
     description: str = ""
     reference_by_default: bool = True
+    #: The requests the engine is audited with unless the caller gives some (the whole-request toy's built-in
+    #: mixes); None: none.
+    requests: Optional[list] = None
+    #: Whether the engine takes requests: False for the toy (its scorer returns laws), True for the whole-request
+    #: toy, None for a factory's (the audit reads its generator's ``accepts_requests``).
+    accepts_requests: Optional[bool] = None
+
+
+def spec_kind(spec: str) -> str:
+    """``"toy"`` (``toy``, ``toy:SLIP``), ``"toy-requests"`` (``toy-requests``, ``toy-requests:SLIP``) or
+    ``"factory"`` (anything else: an import string, checked when it is loaded).
+
+    >>> [spec_kind(s) for s in ("toy", "toy:shared-stream", "toy-requests:seed-ignored", "pkg.mod:make")]
+    ['toy', 'toy', 'toy-requests', 'factory']
+    """
+    spec = spec.strip()
+    if spec == "toy-requests" or spec.startswith("toy-requests:"):
+        return "toy-requests"
+    if spec == "toy" or spec.startswith("toy:"):
+        return "toy"
+    return "factory"
 
 
 def toy_prompts(vocab_size: int = TOY_VOCAB_SIZE) -> list:
@@ -89,11 +120,13 @@ def toy_prompts(vocab_size: int = TOY_VOCAB_SIZE) -> list:
 
 
 def generation_engine_names() -> list:
-    """Every built-in engine spec: ``toy`` and ``toy:SLIP`` for each planted slip, with what each needs.
+    """Every built-in engine spec: ``toy`` and ``toy:SLIP`` for each planted slip, ``toy-requests`` and
+    ``toy-requests:SLIP`` for each slip in the whole request, with what each needs.
 
     Returns a list of dicts ``{"spec", "expected", "needs"}``.
     """
     from spectr_audit.generation.library import SLIPS
+    from spectr_audit.generation.library.request_slips import REQUEST_SLIPS
 
     rows = [{"spec": "toy", "expected": "pass",
              "needs": "the correct speculative loop over the toy model pair (PASS at enough tokens)"}]
@@ -107,7 +140,27 @@ def generation_engine_names() -> list:
             extra.append(f"eos_token_id={TOY_EOS_TOKEN_ID}")
         rows.append({"spec": f"toy:{name}", "expected": "finding",
                      "needs": slip.needs + (f" (audited with {'; '.join(extra)})" if extra else "")})
+    rows.append({"spec": "toy-requests", "expected": "pass",
+                 "needs": "the correct speculative loop over whole requests (one request per row); without requests, "
+                          "every feature on: penalties, logit bias, bad words, min_tokens, stop tokens, max_tokens, a "
+                          "constraint, seeds, logprobs, greedy beside sampled rows"})
+    for name, slip in REQUEST_SLIPS.items():
+        mix = f"(without requests: feature_requests({slip.requests!r}))"
+        if slip.check == "determinism":
+            needs = (f"planted slip that only the determinism line shows, each row's law being right (a suite case "
+                     f"expects pass): {slip.truth} {mix}")
+        else:
+            by = "the tests of the law" if slip.check == "law" else f"the {slip.check} check"
+            needs = f"{slip.truth}; found by {by} {mix}"
+        rows.append({"spec": f"toy-requests:{name}", "expected": _request_slip_expected(slip), "needs": needs})
     return rows
+
+
+def _request_slip_expected(slip: Any) -> str:
+    """What a suite case of a request slip expects: a FINDING, but ``pass`` for one that only the determinism line
+    shows (a per-request seed ignored changes no row's law)."""
+    return "pass" if slip.check == "determinism" else "finding"
+
 
 
 def check_int_at_least(name: str, value: Any, minimum: int) -> int:
@@ -136,24 +189,14 @@ def _toy_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_siz
                                   f"the slips: {', '.join(SLIPS)}")
         slip = SLIPS[slip_name]
     vocab = TOY_VOCAB_SIZE if vocab_size is None else check_int_at_least("vocab_size", vocab_size, 2)
-    seed = 0 if toy_seed is None else toy_seed
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise InvalidArgument(f"toy_seed: expected an integer >= 0, got {toy_seed!r}")
-    noise = 0.3 if draft_noise == "default" else draft_noise
-    if noise is not None and (isinstance(noise, bool) or not isinstance(noise, (int, float))
-                              or not 0 <= noise < math.inf):
-        raise InvalidArgument(f"draft_noise: expected a number >= 0 or none (an unrelated draft), got {draft_noise!r}")
+    seed, noise = _pair_seed_and_noise(toy_seed, draft_noise)
     fields = dict(slip.params) if slip is not None else {}
     fields.update({k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p))
                    if v is not None})
     params = SamplingParams(**fields) if fields else None
     eos = eos_token_id if eos_token_id is not None else (TOY_EOS_TOKEN_ID if slip is not None and slip.eos else None)
-    if eos is not None:
-        check_int_at_least("eos_token_id", eos, 0)
-        if eos >= vocab:
-            raise InvalidArgument(f"eos_token_id: {eos} is not a token id of the vocabulary [0, {vocab})")
-    pair = ToyPair(vocab, seed=seed, draft_noise=None if noise is None else float(noise), params=params,
-                   eos_token_id=eos)
+    _check_eos(eos, vocab)
+    pair = ToyPair(vocab, seed=seed, draft_noise=noise, params=params, eos_token_id=eos)
     engine = correct_engine(pair) if slip is None else slip_engine(slip_name, pair)
     return GenerationEngine(
         name=spec, generate=engine, score=pair.scorer(), vocab_size=vocab, reference=pair.reference(),
@@ -161,7 +204,73 @@ def _toy_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_siz
         max_new_tokens=None if slip is None else slip.max_new_tokens,
         expected="pass" if slip is None else "finding",
         description="the correct toy speculative loop" if slip is None else f"toy slip {slip_name}: {slip.needs}",
-        reference_by_default=False)
+        reference_by_default=False, accepts_requests=False)
+
+
+def _pair_seed_and_noise(toy_seed: Optional[int], draft_noise: Any) -> tuple:
+    """The toy pair's weights' seed and draft noise, checked (``"default"``: 0.3; None: an unrelated draft)."""
+    seed = 0 if toy_seed is None else toy_seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InvalidArgument(f"toy_seed: expected an integer >= 0, got {toy_seed!r}")
+    noise = 0.3 if draft_noise == "default" else draft_noise
+    if noise is not None and (isinstance(noise, bool) or not isinstance(noise, (int, float))
+                              or not 0 <= noise < math.inf):
+        raise InvalidArgument(f"draft_noise: expected a number >= 0 or none (an unrelated draft), got {draft_noise!r}")
+    return seed, None if noise is None else float(noise)
+
+
+def _check_eos(eos: Optional[int], vocab: int) -> None:
+    if eos is not None:
+        check_int_at_least("eos_token_id", eos, 0)
+        if eos >= vocab:
+            raise InvalidArgument(f"eos_token_id: {eos} is not a token id of the vocabulary [0, {vocab})")
+
+
+def _toy_requests_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_size: Optional[int],
+                         toy_seed: Optional[int], draft_noise: Any, temperature: Any, top_k: Any, top_p: Any,
+                         eos_token_id: Optional[int]) -> GenerationEngine:
+    from spectr_audit.generation.library.request_slips import (
+        REQUEST_SLIPS,
+        RequestSpecEngine,
+        feature_requests,
+        request_prompts,
+    )
+    from spectr_audit.generation.library.toy import ToyPair
+
+    slip = None
+    if slip_name is not None:
+        if slip_name not in REQUEST_SLIPS:
+            raise InvalidArgument(f"{argument}: {spec!r}: no request slip {slip_name!r}"
+                                  f"{_suggest(slip_name, REQUEST_SLIPS)}; the request slips: "
+                                  f"{', '.join(REQUEST_SLIPS)}")
+        slip = REQUEST_SLIPS[slip_name]
+    sampling = [name for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p))
+                if value is not None]
+    if sampling:
+        raise InvalidArgument(f"{', '.join(sampling)}: not for {spec!r}: its requests carry the sampling parameters "
+                              "(give requests, each with its own temperature, top_k, top_p)")
+    vocab = TOY_REQUESTS_VOCAB_SIZE if vocab_size is None else check_int_at_least("vocab_size", vocab_size, 2)
+    seed, noise = _pair_seed_and_noise(toy_seed, draft_noise)
+    eos = TOY_EOS_TOKEN_ID if eos_token_id is None else eos_token_id
+    _check_eos(eos, vocab)
+    requests = feature_requests("every" if slip is None else slip.requests, vocab)
+    for i, request in enumerate(requests):
+        try:
+            request.check_vocab(vocab, f"requests[{i}]")
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"vocab_size: {vocab} is too small for {spec!r}, whose built-in requests name "
+                                  f"larger token ids ({exc})") from None
+    pair = ToyPair(vocab, seed=seed, draft_noise=noise, eos_token_id=eos)
+    engine = (RequestSpecEngine if slip is None else slip.engine)(pair)
+    if slip is not None:
+        engine.name = slip_name  # as the toy slips are named: the verdict line says which slip
+    return GenerationEngine(
+        name=spec, generate=engine, score=pair.logits_scorer(), vocab_size=vocab, prompts=request_prompts(vocab),
+        eos_token_id=eos, max_new_tokens=TOY_REQUESTS_MAX_NEW_TOKENS,
+        expected="pass" if slip is None else _request_slip_expected(slip),
+        description=("the correct toy speculative loop over whole requests" if slip is None
+                     else f"request slip {slip_name}: {slip.truth}"),
+        reference_by_default=False, requests=requests, accepts_requests=True)
 
 
 def _factory_field(made: Any, key: str) -> Any:
@@ -235,18 +344,26 @@ def load_generation_engine(spec: str, *, vocab_size: Optional[int] = None, toy_s
                            top_k: Optional[int] = None, top_p: Optional[float] = None,
                            eos_token_id: Optional[int] = None, options: Optional[dict] = None,
                            argument: str = "engine", base: Optional[Union[str, Path]] = None) -> GenerationEngine:
-    """Resolve an engine spec: ``toy``, ``toy:SLIP``, ``package.module:factory`` or ``path/file.py:factory``.
+    """Resolve an engine spec: ``toy``, ``toy:SLIP``, ``toy-requests``, ``toy-requests:SLIP``,
+    ``package.module:factory`` or ``path/file.py:factory``.
+
+    ``toy-requests`` is the correct speculative loop over whole requests
+    (:class:`~spectr_audit.generation.library.request_slips.RequestSpecEngine`), ``toy-requests:SLIP`` one of its
+    slips (:data:`~spectr_audit.generation.library.request_slips.REQUEST_SLIPS`); each comes with the requests it is
+    audited with unless others are given (every feature on for the correct loop, the slip's own mix for a slip),
+    six two-token prompts, 24 new tokens and the end of sequence 0.
 
     Parameters
     ----------
     spec : str
     vocab_size : int, optional
-        The toy's vocabulary (default 16); for a factory, what it does not give itself.
+        The toy's vocabulary (default 16; ``toy-requests`` 12); for a factory, what it does not give itself.
     toy_seed, draft_noise, temperature, top_k, top_p : optional
         The toy model pair: its weights' seed, the draft's perturbation (None: an unrelated
-        draft) and the sampling parameters (a slip's own parameters are the default).
+        draft) and the sampling parameters (a slip's own parameters are the default; not for
+        ``toy-requests``, whose requests carry them).
     eos_token_id : int, optional
-        The engine's end-of-sequence id (a toy slip that needs one gets 0).
+        The engine's end-of-sequence id (a toy slip that needs one gets 0, ``toy-requests`` 0).
     options : dict, optional
         Keyword arguments of a factory.
     argument : str
@@ -268,6 +385,19 @@ def load_generation_engine(spec: str, *, vocab_size: Optional[int] = None, toy_s
         from spectr_audit.generation.library import SLIPS
 
         raise InvalidArgument(f"{argument}: 'toy:' names no slip; the slips: {', '.join(SLIPS)}")
+    if spec == "toy-requests:":
+        from spectr_audit.generation.library.request_slips import REQUEST_SLIPS
+
+        raise InvalidArgument(f"{argument}: 'toy-requests:' names no slip; the request slips: "
+                              f"{', '.join(REQUEST_SLIPS)}")
+    if spec_kind(spec) == "toy-requests":
+        if options:
+            raise InvalidArgument("options: only for a factory engine; toy-requests takes vocab_size, toy_seed, "
+                                  "draft_noise, eos_token_id")
+        return _toy_requests_engine(None if spec == "toy-requests" else spec[len("toy-requests:"):], spec,
+                                    argument=argument, vocab_size=vocab_size, toy_seed=toy_seed,
+                                    draft_noise=draft_noise, temperature=temperature, top_k=top_k, top_p=top_p,
+                                    eos_token_id=eos_token_id)
     if spec == "toy" or spec.startswith("toy:"):
         if options:
             raise InvalidArgument("options: only for a factory engine; the toy takes vocab_size, toy_seed, draft_noise, "
@@ -333,21 +463,80 @@ def read_prompts(path: Union[str, Path], argument: str = "--prompts") -> list:
     return prompts
 
 
+def requests_from_data(data: Any, where: str) -> tuple:
+    """The requests of a suite case's ``requests`` or a requests file: a non-empty list of tables of
+    :class:`~spectr_audit.contract.requests.Request` fields, each built (and so checked) here, before any engine runs.
+
+    Errors read ``{where}: requests[i].field: ...``.  Stop strings are refused here as the audit refuses them (it
+    has no detokenizer); a grammar constraint needs Python (:meth:`Request.from_dict
+    <spectr_audit.contract.requests.Request.from_dict>`).
+    """
+    if isinstance(data, (str, bytes)) or not isinstance(data, (list, tuple)) or not data:
+        raise InvalidArgument(f"{where}: requests: expected a non-empty list of tables of Request fields, e.g. "
+                              f"[{{\"temperature\": 0.0, \"logprobs\": 2}}, {{\"temperature\": 0.7, \"seed\": 5}}], "
+                              f"got {data!r:.80}")
+    from spectr_audit.contract.requests import Request
+
+    out = []
+    for i, table in enumerate(data):
+        try:
+            request = Request.from_dict(table, f"requests[{i}]")
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{where}: {exc}") from None
+        if request.stop:
+            raise InvalidArgument(f"{where}: requests[{i}].stop: stop strings need a detokenizer, which the "
+                                  "token-level audit does not have; give the stop tokens as stop_token_ids")
+        out.append(request)
+    return tuple(out)
+
+
+def read_requests(path: Union[str, Path], argument: str = "--requests") -> tuple:
+    """Read a requests file: a JSON list of objects of :class:`~spectr_audit.contract.requests.Request` fields.
+
+    Raises ``InvalidArgument`` naming ``argument``, the file, the request's index and the field.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InvalidArgument(f"{argument}: cannot read {str(path)!r}: {reason}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"{argument}: {str(path)!r} is not valid JSON: {exc}") from None
+    return requests_from_data(data, f"{argument}: {str(path)!r}")
+
+
 def _prune(kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
 def audit_engine(engine: GenerationEngine, prompts: Optional[Sequence[Sequence[int]]] = None, *,
-                 reference: Optional[bool] = None, **kwargs: Any) -> Any:
+                 reference: Optional[bool] = None, requests: Any = None, **kwargs: Any) -> Any:
     """Run :func:`~spectr_audit.generation.audit_generation` on a resolved engine: its own prompts unless given;
     its reference generator when ``reference`` is True (None: the engine's :attr:`~GenerationEngine.reference_by_default`);
-    options that are None keep the audit's defaults."""
+    ``requests`` or the engine's own (:attr:`~GenerationEngine.requests`); options that are None keep the audit's
+    defaults.
+
+    Raises
+    ------
+    InvalidArgument
+        Requests given to an engine that does not take them (naming it), or the audit's own.
+    """
+    if requests is not None and engine.accepts_requests is False:
+        raise InvalidArgument(f"requests: the engine {engine.name!r} does not take requests (its generator does not "
+                              "declare accepts_requests and its scorer returns laws, not raw logits); the toy loop "
+                              "over whole requests is 'toy-requests'")
     if reference is None:
         reference = engine.reference_by_default
     prompts = prompts if prompts is not None else engine.prompts
     if prompts is None:
         raise InvalidArgument(f"prompts: the engine {engine.name!r} gives none; give prompts (--prompts FILE)")
     options = _prune(kwargs)
+    requests = requests if requests is not None else engine.requests
+    if requests is not None:
+        options["requests"] = list(requests)
     if engine.max_new_tokens is not None:
         options.setdefault("max_new_tokens", engine.max_new_tokens)
     if engine.eos_token_id is not None:

@@ -195,11 +195,12 @@ def _check_requests(requests: Any, vocab_size: int, generator: Generator, refere
         if wrapped is None or wrapped.accepts_requests:
             continue
         if len({repr(r.describe()) for r in out}) > 1:
-            raise InvalidArgument(f"requests: the {component} does not take per-row requests (it does not declare "
-                                  f"accepts_requests); give the one request it runs")
+            raise InvalidArgument(f"requests: the {component} {wrapped.name!r} does not take per-row requests (it "
+                                  f"does not declare accepts_requests); give the one request it runs")
         if component == "generator" and any(r.logprobs is not None for r in out):
-            raise InvalidArgument("requests: logprobs asked of a generator that does not take requests (it does not "
-                                  "declare accepts_requests), so it cannot be asked for them")
+            raise InvalidArgument(f"requests: logprobs asked of a generator that does not take requests "
+                                  f"({wrapped.name!r} does not declare accepts_requests), so it cannot be asked for "
+                                  f"them")
     return tuple(out)
 
 

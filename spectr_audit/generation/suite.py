@@ -140,7 +140,8 @@ def run_generation_case(case: GenerationCase, *, store: Optional[Union[str, Path
     if prompts is None and engine.prompts is None:
         raise InvalidArgument(f"{where}: prompts: the engine {case.engine!r} gives none; add prompts = [[...], ...]")
     result = audit_engine(engine, prompts, reference=case.reference, store=None if store is None else str(store),
-                          resume=resume, **audit_options)
+                          resume=resume, requests=None if case.requests is None else list(case.requests),
+                          **audit_options)
     return (result, engine, prompts if prompts is not None else engine.prompts) if with_engine else result
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "feature_requests",
     "found",
     "request_pair",
+    "request_prompts",
 ]
 
 
@@ -406,6 +407,15 @@ def request_pair(vocab_size: int = 12, seed: int = 0) -> ToyPair:
     return ToyPair(vocab_size=vocab_size, seed=seed, eos_token_id=0)
 
 
+def request_prompts(vocab_size: int = 12) -> list:
+    """The six two-token prompts the request slips are audited on (ids below ``vocab_size``).
+
+    >>> request_prompts(12)
+    [[1, 2], [2, 5], [3, 8], [4, 11], [5, 4], [6, 7]]
+    """
+    return [[1 + (i % (vocab_size - 1)), 2 + (3 * i) % (vocab_size - 2)] for i in range(6)]
+
+
 def _parity_automaton(vocab_size: int) -> TokenAutomaton:
     """Odd tokens, then even ones, alternating; the end of sequence 0 after any odd token."""
     odd = {t: 1 for t in range(1, vocab_size, 2)}
@@ -480,7 +490,7 @@ def _audit(engine_cls: type, mix: str, rounds: int, seed: int, vocab_size: int, 
            max_new_tokens: int, **kwargs):
     pair = request_pair(vocab_size, seed=0)
     engine = engine_cls(pair, draft_len=draft_len)
-    prompts = [[1 + (i % (vocab_size - 1)), 2 + (3 * i) % (vocab_size - 2)] for i in range(6)]
+    prompts = request_prompts(vocab_size)
     options = dict(vocab_size=vocab_size, max_new_tokens=max_new_tokens, rounds=rounds, seed=seed, eos_token_id=0,
                    requests=feature_requests(mix, vocab_size), progress=False, batch_size=4)
     options.update(kwargs)
