@@ -467,8 +467,8 @@ def requests_from_data(data: Any, where: str) -> tuple:
     """The requests of a suite case's ``requests`` or a requests file: a non-empty list of tables of
     :class:`~spectr_audit.contract.requests.Request` fields, each built (and so checked) here, before any engine runs.
 
-    Errors read ``{where}: requests[i].field: ...``.  Stop strings are refused here as the audit refuses them (it
-    has no detokenizer); a grammar constraint needs Python (:meth:`Request.from_dict
+    Errors read ``{where}: requests[i].field: ...``.  Stop strings are read; the audit refuses them unless the
+    engine gives its detokenizer (its generator's ``detokenize``); a grammar constraint needs Python (:meth:`Request.from_dict
     <spectr_audit.contract.requests.Request.from_dict>`).
     """
     if isinstance(data, (str, bytes)) or not isinstance(data, (list, tuple)) or not data:
@@ -483,9 +483,6 @@ def requests_from_data(data: Any, where: str) -> tuple:
             request = Request.from_dict(table, f"requests[{i}]")
         except InvalidArgument as exc:
             raise InvalidArgument(f"{where}: {exc}") from None
-        if request.stop:
-            raise InvalidArgument(f"{where}: requests[{i}].stop: stop strings need a detokenizer, which the "
-                                  "token-level audit does not have; give the stop tokens as stop_token_ids")
         out.append(request)
     return tuple(out)
 

@@ -81,9 +81,6 @@ REQUEST_FIELDS = ("temperature, top_k, top_p, min_p, repetition_penalty, presenc
      f"{WHERE}: requests[0].bad_words[1]: a bad word needs at least one token"),
     (dict(requests=[{"min_tokens": 9, "max_tokens": 4}]),
      f"{WHERE}: requests[0].min_tokens: 9 is above max_tokens = 4"),
-    (dict(requests=[{"stop": ["END"]}]),
-     f"{WHERE}: requests[0].stop: stop strings need a detokenizer, which the token-level audit does not have; give "
-     "the stop tokens as stop_token_ids"),
     (dict(requests=[3]), f"{WHERE}: requests[0]: expected a table of Request fields ({REQUEST_FIELDS}), got int"),
     (dict(requests=[]), f"{WHERE}: requests: expected a non-empty list of tables of Request fields"),
     (dict(requests={"temperature": 0.0}), f"{WHERE}: requests: expected a non-empty list of tables of Request fields"),
@@ -224,3 +221,13 @@ def test_the_builtin_suite_holds_the_request_loop_and_request_slips():
     assert slips and slips <= set(REQUEST_SLIPS)
     assert all(cases[name].expected == "finding" for name in slips)
     assert cases["penalties-ignored"].requests is not None  # one case writes its requests
+
+
+def test_stop_strings_in_a_case_are_matched_in_the_toy_engine_s_text():
+    """The toy request loop carries its detokenizer, so a case's stop strings are audited; the slip that keeps a
+    block's tokens after a completed stop string is found on them, the correct loop is not."""
+    stop = [{"temperature": 1.2, "stop": ["ji", "lk"]}, {"temperature": 1.0, "stop": ["e"], "min_tokens": 3}]
+    correct = run_generation_case(_case(requests=stop, max_new_tokens=16))
+    assert correct.verdict in ("PASS", "INCONCLUSIVE") and correct.request_findings == ()
+    slip = run_generation_case(_case(engine="toy-requests:keeps-after-stop-string", requests=stop, max_new_tokens=16))
+    assert slip.verdict == "FINDING" and {f["check"] for f in slip.request_findings} == {"stopping"}
