@@ -418,6 +418,15 @@ def load_generation_engine(spec: str, *, vocab_size: Optional[int] = None, toy_s
     return _factory_engine(spec, argument, vocab_size, eos_token_id, options, None if base is None else Path(base))
 
 
+def _read_text(path: Path, argument: str) -> str:
+    """A text file's contents; an ``InvalidArgument`` naming ``argument`` and the file when it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InvalidArgument(f"{argument}: cannot read {str(path)!r}: {reason}") from None
+
+
 def read_prompts(path: Union[str, Path], argument: str = "--prompts") -> list:
     """Read prompts from a file: a JSON list of token-id lists, or one prompt per line (space-separated ids;
     blank lines and lines starting with ``#`` are skipped).
@@ -425,11 +434,7 @@ def read_prompts(path: Union[str, Path], argument: str = "--prompts") -> list:
     Raises ``InvalidArgument`` naming ``argument``, the file and the line.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise InvalidArgument(f"{argument}: cannot read {str(path)!r}: {reason}") from None
+    text = _read_text(path, argument)
     stripped = text.strip()
     if not stripped:
         raise InvalidArgument(f"{argument}: {str(path)!r} is empty; expected a JSON list of token-id lists or one "
@@ -493,11 +498,7 @@ def read_requests(path: Union[str, Path], argument: str = "--requests") -> tuple
     Raises ``InvalidArgument`` naming ``argument``, the file, the request's index and the field.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise InvalidArgument(f"{argument}: cannot read {str(path)!r}: {reason}") from None
+    text = _read_text(path, argument)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
