@@ -10,6 +10,7 @@ without speculation is the reference (two-sample tests, numerics floor, greedy e
     python scripts/audit_engines_e2e.py served --methods ngram      # vllm serve on 127.0.0.1
     python scripts/audit_engines_e2e.py own                          # every built-in verifier
     python scripts/audit_engines_e2e.py vllm-requests --methods ngram,draft   # whole requests (below)
+    python scripts/audit_engines_e2e.py vllm-text --methods ngram,draft       # SmolLM2: stop strings, a grammar
 
 One JSON line per row (verdict, deciding test, p-value, TV lower bound, numerics floor, tokens,
 seconds); ``--out`` writes them to a file.  The script starting vLLM must keep its
@@ -229,6 +230,70 @@ def run_vllm_requests(args, emit) -> None:
         del engine
 
 
+#: vllm-text: the regular expressions of the structured-output requests (vLLM's xgrammar backend, greedy).
+REGEXES = [r"(yes|no), because [a-z ]{5,40}\.", r"[0-9]{1,3}( [a-z]+){2,6}"]
+
+
+def run_vllm_text(args, emit) -> None:
+    """SmolLM2 in ``LLM.generate`` with its tokenizer, with and without speculation: greedy requests with stop
+    strings (token for token, and audited with the tokenizer as ``detokenize``) and with a regular-expression
+    structured output (token for token, and audited against the same grammar compiled by xgrammar)."""
+    from transformers import AutoTokenizer
+
+    from spectr_audit.contract.requests import RegexConstraint, Request
+    from spectr_audit.engine_adapters.factories import checkpoint_pair
+    from spectr_audit.engine_adapters.hf import TransformersScorer, load_causal_lm
+    from spectr_audit.engine_adapters.prompts import smollm2_prompt_ids
+    from spectr_audit.engine_adapters.vllm_offline import VLLMGenerator, start_llm
+    from spectr_audit.generation import audit_generation
+
+    target, draft = checkpoint_pair("smollm2", "layer-dropped")
+    model = load_causal_lm(target)
+    tok = AutoTokenizer.from_pretrained(str(target))
+    vocab_size, eos = model.config.vocab_size, model.generation_config.eos_token_id
+    configs = {"ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                         "prompt_lookup_min": 1},
+               "draft": {"model": str(draft), "num_speculative_tokens": 3}}
+    prompts = smollm2_prompt_ids(args.prompts or 6)
+    n = args.max_new_tokens
+    plain = VLLMGenerator(start_llm(target, None, skip_tokenizer_init=False, max_model_len=1024), label="none",
+                          tokenizer=tok)
+    free = plain.generate(prompts, n, args.seed, requests=[Request(temperature=0.0)] * len(prompts)).continuations
+    stop_cases = []
+    for prompt, row in zip(prompts, free):
+        for m in (3, 6, 9, 12):
+            stop = tok.decode(row[m - 1:m + 1])
+            if m < len(row) and stop.strip() and stop not in tok.decode(row[:m]):
+                stop_cases.append((prompt, Request(temperature=0.0, stop=[stop], logprobs=1)))
+    constraint_cases = [(prompt, Request(temperature=0.0, logprobs=0,
+                                         constraint=RegexConstraint(REGEXES[i % len(REGEXES)], tok,
+                                                                    vocab_size=vocab_size)))
+                        for i, prompt in enumerate(prompts)]
+    groups = {"greedy-stop-strings": stop_cases, "greedy-regex": constraint_cases}
+    expected = {name: plain.generate([p for p, _ in cases], n, args.seed, requests=[r for _, r in cases])
+                for name, cases in groups.items()}
+    for method in args.methods:
+        engine = VLLMGenerator(start_llm(target, configs[method], skip_tokenizer_init=False, max_model_len=1024),
+                               label=method, tokenizer=tok)
+        for name, cases in groups.items():
+            start = time.perf_counter()
+            got = engine.generate([p for p, _ in cases], n, args.seed, requests=[r for _, r in cases])
+            differ = [{"prompt": i, "request": cases[i][1].describe(), "plain": tok.decode(a),
+                       "speculative": tok.decode(b)}
+                      for i, (a, b) in enumerate(zip(expected[name].continuations, got.continuations)) if a != b]
+            result = audit_generation(engine, TransformersScorer(model, order="vllm"), [p for p, _ in cases],
+                                      vocab_size=vocab_size, requests=[r for _, r in cases], reference=plain,
+                                      max_new_tokens=n, rounds=1, batch_size=4, progress=False, seed=args.seed,
+                                      arms=("single", "ragged"), eos_token_id=eos)
+            row = _row("vllm", method, name, result, time.perf_counter() - start)
+            row.update(requests=len(cases), differing_rows=differ, request_findings=list(result.request_findings),
+                       request_checks={t.name: {"pvalue": t.pvalue, "detail": t.detail} for t in result.subtests
+                                       if t.name in ("logprobs", "stopping", "constraint")},
+                       texts=[tok.decode(c) for c in got.continuations[:3]])
+            emit(row)
+        del engine
+
+
 def run_served(args, emit) -> None:
     """``vllm serve`` on the loopback address, with and without speculation; concurrent requests."""
     from spectr_audit.contract.sampling import SamplingParams
@@ -322,7 +387,7 @@ def run_own(args, emit) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("engine", choices=("vllm", "vllm-requests", "served", "transformers", "own"))
+    parser.add_argument("engine", choices=("vllm", "vllm-requests", "vllm-text", "served", "transformers", "own"))
     parser.add_argument("--methods", default=None)
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--rounds", type=int, default=2)
@@ -344,7 +409,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repro", default=None, metavar="DIR",
                         help="write a standalone reproduction script per FINDING into DIR")
     args = parser.parse_args(argv)
-    defaults = {"vllm": "none,ngram,draft,eagle", "vllm-requests": "ngram,draft", "served": "ngram,draft", "transformers": "plain,assisted,prompt-lookup",
+    defaults = {"vllm": "none,ngram,draft,eagle", "vllm-requests": "ngram,draft", "vllm-text": "ngram,draft", "served": "ngram,draft", "transformers": "plain,assisted,prompt-lookup",
                 "own": ",".join(OWN_SHAPES)}
     args.methods = (args.methods or defaults[args.engine]).split(",")
     args.settings = args.settings.split(",")
@@ -357,7 +422,7 @@ def main(argv=None) -> int:
             sink.write(line + "\n")
             sink.flush()
 
-    {"vllm": run_vllm, "vllm-requests": run_vllm_requests, "served": run_served, "transformers": run_transformers, "own": run_own}[args.engine](args, emit)
+    {"vllm": run_vllm, "vllm-requests": run_vllm_requests, "vllm-text": run_vllm_text, "served": run_served, "transformers": run_transformers, "own": run_own}[args.engine](args, emit)
     return 0
 
 

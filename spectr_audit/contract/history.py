@@ -97,6 +97,10 @@ class RequestLaws:
     constraint_violation : int or None
         The first position whose emitted token the constraint did not allow (the constraint is not applied
         after it); ``None`` when every token was allowed or there is no constraint.
+    masked_logprobs : torch.Tensor or None
+        ``[T, V]`` float64: the log-softmax of the raw logits over the tokens the constraint allows (vLLM masks
+        the logits by the grammar before it reads its "raw" logprobs); ``None`` stands for ``raw_logprobs`` (no
+        constraint).
     """
 
     probs: torch.Tensor
@@ -104,6 +108,12 @@ class RequestLaws:
     processed_logprobs: torch.Tensor
     processed_logits: torch.Tensor
     constraint_violation: Optional[int] = None
+    masked_logprobs: Optional[torch.Tensor] = None
+
+    @property
+    def raw_masked_logprobs(self) -> torch.Tensor:
+        """``masked_logprobs``, or ``raw_logprobs`` where the request has no constraint."""
+        return self.raw_logprobs if self.masked_logprobs is None else self.masked_logprobs
 
 
 def _check_order(order: Any, request: Request) -> str:
@@ -295,10 +305,12 @@ def process_request(logits: torch.Tensor, prompt: Sequence[int], continuation: S
     violation = None
     processed = torch.empty_like(raw)
     probs = torch.empty_like(raw)
+    masked = raw.clone() if constraint is not None else None
     for t, token in enumerate(continuation):
         mask = None
         if constraint is not None and violation is None:
             mask = constraint.allowed(state, vocab_size)
+            masked[t] = raw[t].masked_fill(~mask, -math.inf)
         processed[t] = history.apply(raw[t], mask)
         probs[t] = _law(processed[t], request, order, f"continuation position {t}")
         if constraint is not None and violation is None:
@@ -313,7 +325,8 @@ def process_request(logits: torch.Tensor, prompt: Sequence[int], continuation: S
     with torch.no_grad():
         raw_logprobs = torch.log_softmax(raw, dim=-1)
         processed_logprobs = torch.log(probs)
-    return RequestLaws(probs, raw_logprobs, processed_logprobs, processed, violation)
+        masked_logprobs = None if masked is None else torch.log_softmax(masked, dim=-1)
+    return RequestLaws(probs, raw_logprobs, processed_logprobs, processed, violation, masked_logprobs)
 
 
 def process_request_step(logits: torch.Tensor, prompt: Sequence[int], emitted: Sequence[int], request: Request,

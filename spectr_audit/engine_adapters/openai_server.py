@@ -84,10 +84,12 @@ class CompletionsGenerator:
         The server has its tokenizer (``vllm serve`` without ``--skip-tokenizer-init``; :func:`serve_vllm` starts it
         with that flag, so False): only then are a request's stop strings and a regular-expression constraint sent.
     logprobs_mode : str
-        What the server's log-probabilities are: ``"raw"`` (the log-softmax of the raw logits, before penalties,
-        bias, temperature and filters: vLLM's default ``logprobs_mode = "raw_logprobs"``,
-        ``vllm/config/model.py:287``; ``vllm/v1/sample/sampler.py:81-94``) or ``"processed"`` (a server started
-        with ``--logprobs-mode processed_logprobs``).
+        What the server's log-probabilities are: ``"raw-masked"`` (the log-softmax of the raw logits, before
+        penalties, bias, temperature and filters, over the tokens a structured output allows: vLLM's default
+        ``logprobs_mode = "raw_logprobs"``, ``vllm/config/model.py:287``, read in ``vllm/v1/sample/sampler.py:81-94``
+        from logits the grammar bitmask has masked in place, ``vllm/v1/worker/gpu_model_runner.py:4333-4337``),
+        ``"raw"`` (an engine that does not mask them) or ``"processed"`` (a server started with
+        ``--logprobs-mode processed_logprobs``).
 
     Notes
     -----
@@ -119,9 +121,11 @@ class CompletionsGenerator:
     seeded = True
 
     def __init__(self, base_url: str, model: str, params: Optional[SamplingParams] = None, *, concurrency: int = 8,
-                 timeout: float = 300.0, label: str = "", detokenizes: bool = False, logprobs_mode: str = "raw"):
-        if logprobs_mode not in ("raw", "processed"):
-            raise InvalidArgument(f"logprobs_mode: expected 'raw' or 'processed', got {logprobs_mode!r}")
+                 timeout: float = 300.0, label: str = "", detokenizes: bool = False,
+                 logprobs_mode: str = "raw-masked"):
+        if logprobs_mode not in ("raw", "raw-masked", "processed"):
+            raise InvalidArgument(f"logprobs_mode: expected 'raw', 'raw-masked' or 'processed', got "
+                                  f"{logprobs_mode!r}")
         self.base_url, self.model = base_url.rstrip("/"), model
         self.params, self.concurrency, self.timeout = params or SamplingParams(), int(concurrency), float(timeout)
         self.detokenizes, self.logprobs_mode = bool(detokenizes), logprobs_mode

@@ -101,11 +101,17 @@ def _vllm_fields(request: Request, max_new_tokens: int) -> dict:
     return fields
 
 
-def vllm_sampling_fields(request: Request, max_new_tokens: int) -> dict:
-    """``vllm.SamplingParams`` keywords for ``request`` (``max_tokens`` capped by ``max_new_tokens``)."""
-    request = _check(request)
+def vllm_sampling_fields(request: Request, max_new_tokens: int, *, detokenizes: bool = False) -> dict:
+    """``vllm.SamplingParams`` keywords for ``request`` (``max_tokens`` capped by ``max_new_tokens``).
+
+    With ``detokenizes`` (the engine has its tokenizer): stop strings as ``stop`` and a
+    :class:`~spectr_audit.contract.requests.RegexConstraint` as ``structured_outputs`` (``{"regex": pattern}``,
+    the fields of ``vllm.sampling_params.StructuredOutputsParams``), as :func:`completions_fields` sends them."""
+    request = _is_request(request)
     _refuse_bad_words(request, "vLLM")
-    return _vllm_fields(request, max_new_tokens)
+    fields = _vllm_fields(request, max_new_tokens)
+    fields.update(_text_fields(request, detokenizes, "engine"))
+    return fields
 
 
 def completions_fields(request: Request, max_new_tokens: int, *, detokenizes: bool = False) -> dict:
@@ -136,20 +142,7 @@ def completions_fields(request: Request, max_new_tokens: int, *, detokenizes: bo
     """
     request = _is_request(request)
     _refuse_bad_words(request, "the completions API (bad_words: list[str])")
-    constraint = request.constraint
-    if constraint is not None:
-        if isinstance(constraint, JsonSchemaConstraint):
-            raise InvalidArgument("request.constraint: a JSON schema is not sent to a served engine: vLLM's xgrammar "
-                                  "backend compiles it with the server's whitespace option and separators, a "
-                                  "different language from the constraint's (any_whitespace=False, ', ' and ': ')")
-        if not isinstance(constraint, RegexConstraint):
-            raise InvalidArgument(f"request.constraint: the completions API takes a grammar as text (a regular "
-                                  f"expression or a JSON schema), not a {type(constraint).__name__}")
-        if not detokenizes:
-            raise InvalidArgument("request.constraint: structured outputs need the server's tokenizer (vLLM refuses "
-                                  "them under --skip-tokenizer-init)")
-    if request.stop and not detokenizes:
-        raise InvalidArgument("request.stop: stop strings need the server's tokenizer; give stop_token_ids")
+    text = _text_fields(request, detokenizes, "server")
     for token, bias in request.logit_bias:
         if abs(bias) > SERVED_LOGIT_BIAS_LIMIT:
             raise InvalidArgument(f"request.logit_bias[{token}]: {bias:g} lies outside [-100, 100], which vLLM's "
@@ -159,8 +152,31 @@ def completions_fields(request: Request, max_new_tokens: int, *, detokenizes: bo
         fields["logit_bias"] = {str(token): bias for token, bias in fields["logit_bias"].items()}
     if request.logprobs is not None:
         fields["return_tokens_as_token_ids"] = True
-    if request.stop:
-        fields["stop"] = list(request.stop)
-    if constraint is not None:
-        fields["structured_outputs"] = {"regex": constraint.pattern}
+    fields.update(text)
     return fields
+
+
+def _text_fields(request: Request, detokenizes: bool, who: str) -> dict:
+    """The fields that need the engine's tokenizer: ``stop`` (stop strings) and ``structured_outputs`` (a
+    :class:`~spectr_audit.contract.requests.RegexConstraint`'s pattern), refused without it (``who``: "server" or
+    "engine"); a JSON schema or a token automaton refused always."""
+    constraint = request.constraint
+    if constraint is not None:
+        if isinstance(constraint, JsonSchemaConstraint):
+            raise InvalidArgument("request.constraint: a JSON schema is not sent to vLLM: its xgrammar backend "
+                                  "compiles it with the engine's whitespace option and separators, a different "
+                                  "language from the constraint's (any_whitespace=False, ', ' and ': ')")
+        if not isinstance(constraint, RegexConstraint):
+            raise InvalidArgument(f"request.constraint: vLLM takes a grammar as text (a regular expression or a JSON "
+                                  f"schema), not a {type(constraint).__name__}")
+        if not detokenizes:
+            raise InvalidArgument(f"request.constraint: structured outputs need the {who}'s tokenizer (vLLM refuses "
+                                  f"them under skip_tokenizer_init)")
+    if request.stop and not detokenizes:
+        raise InvalidArgument(f"request.stop: stop strings need the {who}'s tokenizer; give stop_token_ids")
+    out: dict = {}
+    if request.stop:
+        out["stop"] = list(request.stop)
+    if constraint is not None:
+        out["structured_outputs"] = {"regex": constraint.pattern}
+    return out

@@ -60,12 +60,19 @@ class VLLMGenerator:
         The project's parameters; temperature 0 is greedy.
     label : str
         What the engine runs (e.g. ``"n-gram, 3 tokens"``), for the report.
+    tokenizer : optional
+        The model's tokenizer, where the ``LLM`` was started with it (``skip_tokenizer_init=False``): requests with
+        stop strings or a regular-expression constraint (vLLM's structured outputs), and the audit's
+        ``detokenize``.
     """
 
     per_row_max_new_tokens = True
 
-    def __init__(self, llm: Any, params: Optional[SamplingParams] = None, label: str = ""):
+    def __init__(self, llm: Any, params: Optional[SamplingParams] = None, label: str = "", *, tokenizer: Any = None):
         self.llm, self.params = llm, params or SamplingParams()
+        self.tokenizer = tokenizer
+        if tokenizer is not None:
+            self.detokenize = self._detokenize
         self.name = f"{vllm_version()} LLM.generate{' (' + label + ')' if label else ''}"
 
     def _params(self, limit: int, seed: int):
@@ -93,6 +100,10 @@ class VLLMGenerator:
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outputs]
 
+    def _detokenize(self, tokens) -> str:
+        """The generated text of ``tokens`` as the tokenizer decodes it (special tokens kept)."""
+        return self.tokenizer.decode(list(tokens))
+
     def request_params(self, request, limit: int, seed: int):
         """The ``vllm.SamplingParams`` of one row under ``request``: its own fields
         (:func:`~spectr_audit.engine_adapters.requests.vllm_sampling_fields`), its seed or the row's, token ids
@@ -101,10 +112,15 @@ class VLLMGenerator:
         stop tokens (``vllm/sampling_params.py``, ``update_from_generation_config``)."""
         from vllm import SamplingParams as VLLMParams
 
-        fields = vllm_sampling_fields(request, limit)
+        fields = vllm_sampling_fields(request, limit, detokenizes=self.tokenizer is not None)
         fields["top_k"] = fields["top_k"] if fields["top_k"] > 0 else -1
         fields.setdefault("seed", int(seed))
-        return VLLMParams(detokenize=False, **fields)
+        if "structured_outputs" in fields:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            fields["structured_outputs"] = StructuredOutputsParams(**fields["structured_outputs"])
+        # stop strings are matched in the detokenized text
+        return VLLMParams(detokenize=bool(request.stop), **fields)
 
     def _generate_requests(self, inputs, limits, seed, requests):
         from spectr_audit.generation.contract import GenerationContractError, GenerationOutput
@@ -125,7 +141,9 @@ class VLLMGenerator:
                 tops.append(None)
                 continue
             # each position: {token id: Logprob} holding the emitted token and the top-n (vLLM returns the
-            # emitted token's entry even when it is not among the top n)
+            # emitted token's entry even when it is not among the top n).  "Raw" logprobs are read from logits the
+            # grammar bitmask has already masked in place (vllm/v1/worker/gpu_model_runner.py:4333-4337, then
+            # vllm/v1/sample/sampler.py:88-89): raw-masked
             positions = [{int(t): float(lp.logprob) for t, lp in position.items()} for position in completion.logprobs]
             missing = [t for t, (position, token) in enumerate(zip(positions, tokens)) if token not in position]
             if len(positions) != len(tokens) or missing:
@@ -139,4 +157,4 @@ class VLLMGenerator:
             else:
                 tops.append(None)
         return GenerationOutput(rows, logprobs=logprobs, top_logprobs=tops, finish_reasons=finishes,
-                                completion_tokens=[len(r) for r in rows], logprobs_mode="raw")
+                                completion_tokens=[len(r) for r in rows], logprobs_mode="raw-masked")

@@ -55,6 +55,10 @@ class GenerationContractError(SpectrAuditError):
     """
 
 
+#: What a GenerationOutput's log-probabilities may be (``GenerationOutput.logprobs_mode``).
+LOGPROBS_MODES = ("raw", "raw-masked", "processed")
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationOutput:
     """What a generator may return instead of a bare list of continuations.
@@ -75,7 +79,9 @@ class GenerationOutput:
     completion_tokens : list of int, optional
         Per continuation, the usage count the engine reports.
     logprobs_mode : str
-        ``"raw"`` (the log-softmax of the raw logits) or ``"processed"`` (of the law the engine samples from).
+        ``"raw"`` (the log-softmax of the raw logits), ``"raw-masked"`` (of the raw logits over the tokens a
+        request's constraint allows, as vLLM returns them under structured outputs; ``"raw"`` without one) or
+        ``"processed"`` (of the law the engine samples from).
     """
 
     continuations: list
@@ -240,8 +246,8 @@ def _request_fields(component: str, case: str, output: GenerationOutput, rows: l
     top = _per_row(component, case, "top_logprobs", output.top_logprobs, rows)
     finish = _per_row(component, case, "finish_reasons", output.finish_reasons, rows)
     usage = _per_row(component, case, "completion_tokens", output.completion_tokens, rows)
-    if output.logprobs_mode not in ("raw", "processed"):
-        raise GenerationContractError(f"{component} on {case}: logprobs_mode must be 'raw' or 'processed', got "
+    if output.logprobs_mode not in LOGPROBS_MODES:
+        raise GenerationContractError(f"{component} on {case}: logprobs_mode must be one of {LOGPROBS_MODES}, got "
                                       f"{output.logprobs_mode!r}")
     for i, (row, request) in enumerate(zip(rows, requests)):
         if request.logprobs is not None and (logprobs is None or logprobs[i] is None):

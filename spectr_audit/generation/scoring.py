@@ -134,7 +134,8 @@ def _request_checks(continuations: list, requests: list, laws: list, output, lim
     err, err_pos = np.full(n, np.nan), np.full(n, -1, dtype=np.int64)
     code, code_pos = np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64)
     constraint = np.full(n, -1, dtype=np.int64)
-    table_of = "raw_logprobs" if output.logprobs_mode == "raw" else "processed_logprobs"
+    table_of = {"raw": "raw_logprobs", "raw-masked": "raw_masked_logprobs",
+                "processed": "processed_logprobs"}[output.logprobs_mode]
     for i, (row, request, row_laws) in enumerate(zip(continuations, requests, laws)):
         if row_laws.constraint_violation is not None:
             constraint[i] = row_laws.constraint_violation

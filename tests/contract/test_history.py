@@ -209,6 +209,21 @@ def test_a_constraint_masks_each_position_and_the_first_violation_is_named():
     assert bad.probs[2].tolist() == [1 / 3] * 3  # not applied after the violation
 
 
+def test_the_masked_raw_logprobs_are_the_raw_ones_over_the_allowed_tokens():
+    # the same automaton; raw logits log(1), log(2), log(5): over {0, 1} the masked logprobs are log(1/3), log(2/3)
+    automaton = TokenAutomaton({0: {1: 1}, 1: {2: 2}, 2: {1: 2}}, accepting=[2], end_tokens=[0])
+    logits = torch.log(torch.tensor([[1.0, 2.0, 5.0]] * 3, dtype=torch.float64))
+    laws = process_request(logits, [0], [1, 2, 1], Request(temperature=0.5, repetition_penalty=2.0,
+                                                             constraint=automaton), "vllm")
+    inf = float("inf")
+    expected = [[-inf, 0.0, -inf], [-inf, -inf, 0.0], [math.log(1 / 3), math.log(2 / 3), -inf]]
+    assert torch.allclose(laws.raw_masked_logprobs, torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert torch.allclose(laws.raw_logprobs, torch.log(torch.tensor([[1 / 8, 2 / 8, 5 / 8]] * 3, dtype=torch.float64)))
+    # without a constraint they are the raw ones
+    plain = process_request(logits, [0], [1, 2, 1], Request(temperature=0.5), "vllm")
+    assert plain.masked_logprobs is None and plain.raw_masked_logprobs is plain.raw_logprobs
+
+
 BAD = [
     (dict(order="llama"), "order"),
     (dict(order="transformers", request=Request(presence_penalty=0.5)), "presence_penalty"),

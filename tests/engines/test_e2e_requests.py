@@ -222,7 +222,7 @@ def test_vllm_generator_reads_the_request_fields_back():
     assert out.continuations == [[9, 3], [7]] and out.finish_reasons == ["stop", "length"]
     assert out.logprobs == [[-3.0, -0.1], None] and out.completion_tokens == [2, 1]
     assert out.top_logprobs == [[{4: -0.5, 6: -1.0}, {3: -0.1, 5: -2.5}], None]
-    assert out.logprobs_mode == "raw"
+    assert out.logprobs_mode == "raw-masked"
     first_params, second_params = llm.params
     assert (first_params.seed, first_params.repetition_penalty, first_params.logprobs,
             list(first_params.stop_token_ids), first_params.max_tokens) == (5, 1.2, 2, [3], 6)

@@ -199,7 +199,7 @@ def test_log_probabilities_top_n_finish_reasons_and_usage_are_read_as_vllm_write
     assert out.top_logprobs == [[{1: -0.5, 2: -1.0}, {4: -0.25, 1: -2.0}], None, None]
     assert out.finish_reasons == ["stop", "length", "stop"]
     assert out.completion_tokens == [2, 3, 1]
-    assert out.logprobs_mode == "raw"
+    assert out.logprobs_mode == "raw-masked"
 
 
 @pytest.mark.parametrize("request_, detokenizes, message", [

@@ -23,6 +23,7 @@ class RequestSampler:
     accepts_requests = True
     seeded = True
     name = "request-sampler"
+    logprobs_mode = "raw"
 
     def __init__(self, vocab_size: int = 10, seed: int = 0, order: str = "vllm"):
         self.pair = ToyPair(vocab_size=vocab_size, seed=seed, order=order)
@@ -39,6 +40,10 @@ class RequestSampler:
 
     def reported_logprob(self, logits, law, token):
         return float(torch.log_softmax(logits, -1)[token])
+
+    def top_table(self, logits, law):
+        """The log-probabilities the top-n lists are read from."""
+        return torch.log_softmax(logits, -1)
 
     def stop_ids(self, request):
         return request.stop_ids(EOS)
@@ -71,7 +76,7 @@ class RequestSampler:
                 emitted.append(token)
                 lps.append(self.reported_logprob(logits, law, token))
                 if request.logprobs:
-                    values, ids = torch.log_softmax(logits, -1).topk(request.logprobs)
+                    values, ids = self.top_table(logits, law).topk(request.logprobs)
                     top.append({int(i): float(v) for i, v in zip(ids, values)})
                 state = self.model.step(state, token)
                 if token in self.stop_ids(request):
@@ -83,7 +88,7 @@ class RequestSampler:
             finishes.append(self.finish(emitted, request, stopped, limit))
             usage.append(len(emitted))
         return GenerationOutput(rows, logprobs=logprobs, top_logprobs=tops, finish_reasons=finishes,
-                                completion_tokens=usage)
+                                completion_tokens=usage, logprobs_mode=self.logprobs_mode)
 
     def score(self, prompts, continuations):
         return self.pair.logits_scorer()(prompts, continuations)
@@ -145,3 +150,22 @@ class SeedIgnored(RequestSampler):
 
     def generator_for(self, request, seed, row):
         return self._shared
+
+
+class MaskedLogprobs(RequestSampler):
+    """Returns, as vLLM does under structured outputs, the log-softmax of the raw logits over the tokens the law
+    can draw (for requests whose only filter is a constraint: the tokens the constraint allows)."""
+
+    logprobs_mode = "raw-masked"
+
+    def top_table(self, logits, law):
+        return torch.log_softmax(logits.masked_fill(law == 0, float("-inf")), -1)
+
+    def reported_logprob(self, logits, law, token):
+        return float(self.top_table(logits, law)[token])
+
+
+class MaskedLogprobsDeclaredRaw(MaskedLogprobs):
+    """The same log-probabilities declared raw."""
+
+    logprobs_mode = "raw"

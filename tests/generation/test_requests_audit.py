@@ -172,3 +172,19 @@ def test_reports_name_the_request_checks_and_the_determinism_line():
     assert "seeded rows gave other tokens" in render_generation_markdown(seeds)
     correct = render_generation_markdown(_audit(engines.RequestSampler()))
     assert "No finding of the request checks" in correct and "gave the same tokens" in correct
+
+
+def test_logprobs_over_a_constraint_s_mask_are_judged_as_declared():
+    """vLLM's "raw" logprobs under structured outputs are over the grammar's allowed tokens: declared
+    ``raw-masked`` they pass, declared ``raw`` they are a finding of the logprobs check."""
+    from spectr_audit.contract.requests import TokenAutomaton
+
+    # tokens 1..4 allowed, 0 (the end of sequence) once three tokens are in
+    automaton = TokenAutomaton({0: {t: 1 for t in range(1, 5)}, 1: {t: 2 for t in range(1, 5)},
+                                2: {t: 3 for t in range(1, 5)}, 3: {t: 3 for t in range(1, 5)}},
+                               accepting=[3], end_tokens=[0])
+    requests = [Request(temperature=1.0, constraint=automaton, logprobs=2), Request(temperature=1.0, logprobs=0)]
+    masked = _audit(engines.MaskedLogprobs(), requests=requests)
+    assert masked.request_findings == () and masked.verdict != "FINDING"
+    declared_raw = _audit(engines.MaskedLogprobsDeclaredRaw(), requests=requests)
+    assert declared_raw.verdict == "FINDING" and declared_raw.test == "logprobs"
