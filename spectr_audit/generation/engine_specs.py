@@ -528,6 +528,9 @@ def audit_engine(engine: GenerationEngine, prompts: Optional[Sequence[Sequence[i
                               "over whole requests is 'toy-requests'")
     if reference is None:
         reference = engine.reference_by_default
+    elif reference and engine.reference is None:
+        raise InvalidArgument(f"reference: the engine {engine.name!r} has no reference generator (the same engine "
+                              "with speculation off); leave reference unset")
     prompts = prompts if prompts is not None else engine.prompts
     if prompts is None:
         raise InvalidArgument(f"prompts: the engine {engine.name!r} gives none; give prompts (--prompts FILE)")

@@ -231,3 +231,10 @@ def test_stop_strings_in_a_case_are_matched_in_the_toy_engine_s_text():
     assert correct.verdict in ("PASS", "INCONCLUSIVE") and correct.request_findings == ()
     slip = run_generation_case(_case(engine="toy-requests:keeps-after-stop-string", requests=stop, max_new_tokens=16))
     assert slip.verdict == "FINDING" and {f["check"] for f in slip.request_findings} == {"stopping"}
+
+
+def test_a_reference_asked_of_an_engine_without_one_is_refused():
+    from spectr_audit.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="reference: the engine 'toy-requests' has no reference generator"):
+        run_generation_case(_case(reference=True, max_new_tokens=8))
