@@ -86,6 +86,13 @@ def verdict_line(result: Any, exit_code: Optional[int] = None) -> str:
 
     An ERROR names what failed instead of a test:
 
+    A seeded row that changed with its batch is said on the same line, apart from the verdict:
+
+    >>> verdict_line(R(verdict="PASS", generator="toy", scorer="toy target", pvalue=0.4, alpha=1e-3, test="none",
+    ...              num_tokens=400, num_jobs=8, incomplete=False, stop_reason="planned", min_detectable_tv=0.1,
+    ...              requested_tv=0.1, determinism={"checked": 12, "differing": 3, "rows": [], "passed": False}))
+    "PASS: toy against toy target: test 'none', p = 0.4 (alpha 0.001); 400 tokens in 8 jobs; min detectable TV 0.1; determinism (not part of the verdict): 3 of 12 seeded rows gave other tokens in another batch"
+
     >>> verdict_line(R(verdict="ERROR", generator="flaky", scorer="toy target", num_jobs=12, num_tokens=384,
     ...                failures=("job 2 (single): generator raised ...",) * 6, allowed_failed_calls=0,
     ...                failed_calls=({"job": 2, "arm": "single", "error": "RuntimeError: engine crashed"},),
@@ -109,6 +116,10 @@ def verdict_line(result: Any, exit_code: Optional[int] = None) -> str:
         line += f"; min detectable TV {_num(result.min_detectable_tv)}"
     if result.stop_reason not in ("planned", "e-process", "support"):
         line += f"; stopped: {result.stop_reason}"
+    determinism = getattr(result, "determinism", None)
+    if determinism and determinism.get("differing"):
+        line += (f"; determinism (not part of the verdict): {determinism['differing']} of {determinism['checked']} "
+                 f"seeded rows gave other tokens in another batch")
     return line if exit_code is None else f"{line}: exit {exit_code}"
 
 
