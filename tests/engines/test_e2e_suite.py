@@ -277,3 +277,12 @@ def test_the_readme_transformers_example_runs_as_written(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     verdict, tokens = proc.stdout.split()[-2:]
     assert verdict in ("PASS", "INCONCLUSIVE") and int(tokens) > 100
+
+
+@needs_transformers
+def test_a_suite_case_with_whole_requests_runs_a_real_engine():
+    report = run_generation_suite("engines-e2e", select=["transformers-assisted-requests"], max_tokens=300)
+    (case,) = report.results
+    assert case.as_expected, case.result.test
+    assert {t.name for t in case.result.subtests} >= {"logprobs", "stopping"}
+    assert case.result.request_findings == ()
