@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence
 from spectr_audit.contract.sampling import SamplingParams
 from spectr_audit.engine_adapters.requests import vllm_sampling_fields
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.generation.contract import GenerationContractError, GenerationOutput
 
 __all__ = ["VLLMGenerator", "start_llm", "vllm_version"]
 
@@ -123,8 +124,6 @@ class VLLMGenerator:
         return VLLMParams(detokenize=bool(request.stop), **fields)
 
     def _generate_requests(self, inputs, limits, seed, requests):
-        from spectr_audit.generation.contract import GenerationContractError, GenerationOutput
-
         if len(requests) != len(inputs):
             raise InvalidArgument(f"requests: expected one request per prompt ({len(inputs)}), got {len(requests)}")
         params = [self.request_params(request, limit, self._row_seed(seed, row))

@@ -70,6 +70,14 @@ HOSTILE = textwrap.dedent(
 )
 
 
+def _interruptible() -> None:
+    """In the child before it starts: Ctrl-C (SIGINT) at its default and not blocked.  A child inherits an ignored
+    SIGINT and a blocked one from the test process (a shell that starts the tests in the background without job
+    control ignores it; a library may block it in the thread that forks), and Python then leaves it so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.fixture
 def hostile(tmp_path) -> Path:
     path = tmp_path / "hostile.py"
@@ -325,7 +333,7 @@ def test_ctrl_c_during_a_run_writes_the_finished_results_marked_incomplete(tmp_p
                              for i in range(12)))
     proc = subprocess.Popen(spectr_audit_cmd("run", "--suite", suite, "--verifier", f"{hostile}:slow", "--out", out,
                                              "--progress", "lines", "--max-samples", "500"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_interruptible)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
     reader.start()
@@ -382,7 +390,7 @@ def test_a_fatal_error_during_a_run_writes_the_finished_results_marked_incomplet
 def test_ctrl_c_during_an_audit_exits_130_without_a_traceback(hostile):
     proc = subprocess.Popen(spectr_audit_cmd("audit", "--verifier", f"{hostile}:never_returns_loud", *SEED_CASE,
                                              "--num-drafts", "1", "--verifier-timeout", "0"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_interruptible)
     first = proc.stderr.readline()  # the verifier's own line: inside its endless loop
     assert first.strip() == "looping"
     proc.send_signal(signal.SIGINT)
