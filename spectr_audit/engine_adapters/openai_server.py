@@ -24,6 +24,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -252,22 +253,22 @@ def _read_logprob(value) -> float:
 def serve_vllm(model: str, speculative_config: Optional[dict] = None, *, port: Optional[int] = None,
                served_name: str = "model", startup_timeout: float = 900.0, memory_fraction: float = 0.12,
                extra_args: Sequence[str] = ()) -> Iterator[str]:
-    """Run ``vllm serve`` on 127.0.0.1 for the block; yields the base URL (the served model is ``served_name``)."""
+    """Run ``vllm serve`` on 127.0.0.1 for the block; yields the base URL (the served model is ``served_name``).
+
+    The server's output goes to a log file; a server that exits or does not answer is a :class:`ServerError`
+    holding the log's last lines and its path (kept then; removed after a clean run)."""
     port = port or free_port()
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-               "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
-               "--skip-tokenizer-init", "--enforce-eager", "--dtype", "float32", "--max-model-len", "512",
-               "--gpu-memory-utilization", str(memory_fraction), *extra_args]
-    if speculative_config:
-        command += ["--speculative-config", json.dumps(speculative_config)]
-    log = open(os.devnull, "w")
+    command = _serve_command(model, speculative_config, port, served_name, memory_fraction, extra_args)
+    log = tempfile.NamedTemporaryFile("w+", prefix="vllm-serve-", suffix=".log", delete=False)
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
+    failed = True
     try:
         deadline = time.monotonic() + startup_timeout
         while True:
             if process.poll() is not None:
-                raise ServerError(f"vllm serve exited with status {process.returncode} before answering")
+                raise ServerError(f"vllm serve exited with status {process.returncode} before answering"
+                                  f"{_log_tail(log.name)}")
             try:
                 with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
                     if response.status == 200:
@@ -275,9 +276,11 @@ def serve_vllm(model: str, speculative_config: Optional[dict] = None, *, port: O
             except (urllib.error.URLError, ConnectionError, socket.timeout):
                 pass
             if time.monotonic() > deadline:
-                raise ServerError(f"vllm serve did not answer /health within {startup_timeout:g} s")
+                raise ServerError(f"vllm serve did not answer /health within {startup_timeout:g} s"
+                                  f"{_log_tail(log.name)}")
             time.sleep(2.0)
         yield base
+        failed = False
     finally:
         if process.poll() is None:
             import signal
@@ -289,3 +292,25 @@ def serve_vllm(model: str, speculative_config: Optional[dict] = None, *, port: O
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         log.close()
+        if not failed:
+            os.unlink(log.name)
+
+
+def _serve_command(model, speculative_config, port, served_name, memory_fraction, extra_args) -> list:
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+               "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
+               "--skip-tokenizer-init", "--enforce-eager", "--dtype", "float32", "--max-model-len", "512",
+               "--gpu-memory-utilization", str(memory_fraction), *extra_args]
+    if speculative_config:
+        command += ["--speculative-config", json.dumps(speculative_config)]
+    return command
+
+
+def _log_tail(path: str, lines: int = 20) -> str:
+    """``; its log (PATH) ends: ...`` with the last ``lines`` lines of the server's output."""
+    try:
+        with open(path, errors="replace") as handle:
+            tail = handle.read().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return f"; its log ({path}) ends:\n" + "\n".join(tail) if tail else f"; its log ({path}) is empty"

@@ -12,6 +12,7 @@ import http.server
 import importlib.util
 import json
 import math
+import os
 import re
 import threading
 import time
@@ -485,3 +486,20 @@ def test_the_served_audit_with_requests(served_requests, server):
     audit = served_requests[f"{server}_audit"]
     assert audit["verdict"] == "PASS", audit
     assert audit["checks"]["logprobs"] == audit["checks"]["stopping"] == 1.0
+
+
+def test_a_server_that_exits_is_an_error_holding_the_end_of_its_log(monkeypatch):
+    import sys
+
+    from spectr_audit.engine_adapters import openai_server
+    from spectr_audit.engine_adapters.openai_server import ServerError, serve_vllm
+
+    script = "print('loading the model'); print('ValueError: no such checkpoint: /nowhere'); raise SystemExit(3)"
+    monkeypatch.setattr(openai_server, "_serve_command", lambda *args: [sys.executable, "-c", script])
+    with pytest.raises(ServerError, match=r"(?s)exited with status 3 before answering; its log \(.*\) ends:\n"
+                                          r"loading the model\nValueError: no such checkpoint: /nowhere") as caught:
+        with serve_vllm("/nowhere", startup_timeout=60):
+            pass
+    log = str(caught.value).split("its log (", 1)[1].split(")", 1)[0]
+    assert os.path.exists(log)  # kept for the reader
+    os.unlink(log)
