@@ -27,7 +27,13 @@ def check_num_drafts(num_drafts: object) -> int:
         ) from None
     if value < 1:
         raise InvalidArgument(f"num_drafts: expected an integer >= 1, got {value}")
+    if value > _MAX_NUM_DRAFTS:
+        raise InvalidArgument(f"num_drafts: at most 2**63 - 1 (torch's 64-bit integers), got {value}")
     return value
+
+
+#: The largest num_drafts: torch takes integer scalars as 64-bit signed integers.
+_MAX_NUM_DRAFTS = 2**63 - 1
 
 
 def num_drafts_tensor(

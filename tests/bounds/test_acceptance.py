@@ -260,6 +260,8 @@ BAD_CASES = [
     BadCase("zero_drafts", lambda: optimal_acceptance(GOOD, GOOD, 0), "num_drafts: expected an integer >= 1, got 0"),
     BadCase("float_drafts", lambda: optimal_acceptance(GOOD, GOOD, 1.5), "num_drafts: expected an integer >= 1, got 1.5"),
     BadCase("bool_drafts", lambda: optimal_acceptance(GOOD, GOOD, True), "num_drafts: expected an integer >= 1, got True"),
+    BadCase("drafts_beyond_64_bits", lambda: optimal_acceptance(GOOD, GOOD, 2**63),
+            "num_drafts: at most 2**63 - 1 (torch's 64-bit integers), got 9223372036854775808"),
     BadCase("guarantee_zero", lambda: spectr_guarantee(0), "num_drafts: expected an integer >= 1"),
     BadCase("item_on_batch", lambda: optimal_acceptance([GOOD, GOOD], [GOOD, GOOD], 2).item(), "item(): defined for a single row only"),
     BadCase("argmin_index", lambda: optimal_acceptance([GOOD, GOOD], [GOOD, GOOD], 2).argmin_set(), "index: expected 1 indices"),
