@@ -26,7 +26,8 @@ _CHECKS = ("support", "end-of-sequence", "greedy", "logprobs", "stopping", "cons
 _REQUEST_CHECK_WORDS = {
     "logprobs": ("returned log-probabilities that depart from the scorer's beyond the tolerance",
                  "returned a log-probability departing from the scorer's beyond the tolerance"),
-    "stopping": ("broke a stopping rule (tokens after a stop token or string, min_tokens, max_tokens, finish reason or usage)",
+    "stopping": ("broke a stopping rule (tokens after a stop token or string, min_tokens, max_tokens, finish reason "
+                 "or usage)",
                  "broke a stopping rule"),
     "constraint": ("emitted a token the request's constraint does not allow",
                    "emitted a token the request's constraint does not allow"),

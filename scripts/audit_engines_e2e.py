@@ -98,10 +98,7 @@ def run_vllm(args, emit) -> None:
     folder = Path(tempfile.mkdtemp(prefix="spectr-e2e-"))
     target, draft = _checkpoints(folder)
     model = load_causal_lm(target)
-    configs = {"none": None,
-               "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
-                         "prompt_lookup_min": 1},
-               "draft": {"model": str(draft), "num_speculative_tokens": 3},
+    configs = {"none": None, **_speculative_configs(draft),
                "eagle": {"method": "eagle", "model": str(folder / "eagle-head"), "num_speculative_tokens": 3}}
     drafts = {"draft": "perturbed", "eagle": "eagle-head"}
     plain = start_llm(target, None)
@@ -146,6 +143,25 @@ SPEC_VALIDATION = {"min-p T0.8": {"temperature": 0.8, "min_p": 0.1}, "min-p gree
 MIN_TOKENS_PROMPT = [9, 9, 9, 9]
 
 
+def _speculative_configs(draft) -> dict:
+    """vLLM's ``speculative_config`` of each method run here: n-gram lookup and a draft model, 3 tokens each."""
+    return {"ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1},
+            "draft": {"model": str(draft), "num_speculative_tokens": 3}}
+
+
+def _request_columns(result) -> dict:
+    """The whole-request columns of a row: the request checks' outcomes and findings, and the determinism line."""
+    return {"request_findings": list(result.request_findings), "determinism": result.determinism,
+            "request_checks": {t.name: {"pvalue": t.pvalue, "detail": t.detail} for t in result.subtests
+                               if t.name in ("logprobs", "stopping", "constraint")}}
+
+
+def _differing(cases, plain, got, show=lambda tokens: tokens) -> list:
+    """The (prompt, request) cases whose continuations differ between the engine without speculation and with."""
+    return [{"prompt": prompt, "request": request.describe(), "plain": show(a), "speculative": show(b)}
+            for (prompt, request), a, b in zip(cases, plain.continuations, got.continuations) if a != b]
+
+
 def _min_tokens_requests(plain_rows, prompts, positions=(2, 3, 4, 5)):
     """Greedy requests whose ``min_tokens`` ends exactly where a stop token becomes the argmax: the plain engine's
     token at position ``m`` (not among its first ``m``) as the stop token, ``min_tokens = m``.  Without the stop
@@ -173,53 +189,42 @@ def run_vllm_requests(args, emit) -> None:
     target, draft = _checkpoints(folder)
     model = load_causal_lm(target)
     eos = model.generation_config.eos_token_id  # vLLM stops on it too (the checkpoint's generation_config.json)
-    configs = {"ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
-                         "prompt_lookup_min": 1},
-               "draft": {"model": str(draft), "num_speculative_tokens": 3}}
+    configs = _speculative_configs(draft)
     prompts = PROMPTS + [MIN_TOKENS_PROMPT]
     plain = VLLMGenerator(start_llm(target, None), label="none")
     n = args.max_new_tokens
     greedy = plain.generate(prompts, n, args.seed, requests=[Request(temperature=0.0)] * len(prompts)).continuations
-    min_cases = _min_tokens_requests(greedy, prompts)
-    plain_min = plain.generate([p for p, _ in min_cases], n, args.seed, requests=[r for _, r in min_cases])
-    groups = {name: [Request(**table[i % len(table)]) for i in range(len(prompts))]
+    groups = {name: [(prompt, Request(**table[i % len(table)])) for i, prompt in enumerate(prompts)]
               for name, table in REQUEST_GROUPS.items()}
-    plain_greedy = plain.generate(prompts, n, args.seed, requests=groups["greedy-penalties"])
+    groups["greedy-min-tokens"] = _min_tokens_requests(greedy, prompts)
+    expected = {name: plain.generate([p for p, _ in cases], n, args.seed, requests=[r for _, r in cases])
+                for name, cases in groups.items() if name != "sampled-penalties"}
+
+    def audit(engine, name, **options):
+        cases = groups[name]
+        return audit_generation(engine, TransformersScorer(model, order="vllm"), [p for p, _ in cases],
+                                vocab_size=512, requests=[r for _, r in cases], reference=plain, max_new_tokens=n,
+                                batch_size=4, progress=False, seed=args.seed, eos_token_id=eos, **options)
+
     for method in args.methods:
         engine = VLLMGenerator(start_llm(target, configs[method]), label=method)
-        # greedy with penalties: token for token, then the audit (logprobs, stopping, the argmax of the law)
-        start = time.perf_counter()
-        got = engine.generate(prompts, n, args.seed, requests=groups["greedy-penalties"])
-        differ = [i for i, (a, b) in enumerate(zip(got.continuations, plain_greedy.continuations)) if a != b]
-        result = audit_generation(engine, TransformersScorer(model, order="vllm"), prompts, vocab_size=512,
-                                  requests=groups["greedy-penalties"], reference=plain, max_new_tokens=n,
-                                  rounds=1, batch_size=4, progress=False, seed=args.seed, arms=("single", "ragged"),
-                                  eos_token_id=eos)
-        row = _row("vllm", method, "greedy-penalties", result, time.perf_counter() - start)
-        row.update(differing_rows=[{"prompt": prompts[i], "request": groups["greedy-penalties"][i].describe(),
-                                    "plain": plain_greedy.continuations[i], "speculative": got.continuations[i]}
-                                   for i in differ],
-                   request_findings=list(result.request_findings), determinism=result.determinism,
-                   request_checks={t.name: {"pvalue": t.pvalue, "detail": t.detail} for t in result.subtests
-                                   if t.name in ("logprobs", "stopping", "constraint")})
-        emit(row)
-        # min_tokens: where a stop token becomes the argmax exactly at min_tokens
-        start = time.perf_counter()
-        got = engine.generate([p for p, _ in min_cases], n, args.seed, requests=[r for _, r in min_cases])
-        emit({"engine": "vllm", "method": method, "setting": "greedy-min-tokens", "requests": len(min_cases),
-              "seconds": round(time.perf_counter() - start, 1),
-              "differing_rows": [{"prompt": p, "request": r.describe(), "plain": a, "speculative": b}
-                                 for (p, r), a, b in zip(min_cases, plain_min.continuations, got.continuations)
-                                 if a != b]})
+        for name in ("greedy-penalties", "greedy-min-tokens"):
+            # token for token against the engine without speculation
+            start = time.perf_counter()
+            cases = groups[name]
+            got = engine.generate([p for p, _ in cases], n, args.seed, requests=[r for _, r in cases])
+            row = {"engine": "vllm", "method": method, "setting": name, "requests": len(cases),
+                   "differing_rows": _differing(cases, expected[name], got)}
+            if name == "greedy-penalties":  # and audited: logprobs, stopping, the argmax of the penalised law
+                result = audit(engine, name, rounds=1, arms=("single", "ragged"))
+                row.update(_row("vllm", method, name, result, time.perf_counter() - start), **_request_columns(result))
+            row["seconds"] = round(time.perf_counter() - start, 1)
+            emit(row)
         # sampled with penalties: audited against the scorer's law
         start = time.perf_counter()
-        result = audit_generation(engine, TransformersScorer(model, order="vllm"), prompts, vocab_size=512,
-                                  requests=groups["sampled-penalties"], reference=plain, max_new_tokens=n,
-                                  rounds=args.rounds, batch_size=4, progress=False, seed=args.seed, eos_token_id=eos)
-        row = _row("vllm", method, "sampled-penalties", result, time.perf_counter() - start)
-        row.update(request_findings=list(result.request_findings),
-                   request_checks={t.name: {"pvalue": t.pvalue, "detail": t.detail} for t in result.subtests if t.name in ("logprobs", "stopping")})
-        emit(row)
+        result = audit(engine, "sampled-penalties", rounds=args.rounds)
+        emit({**_row("vllm", method, "sampled-penalties", result, time.perf_counter() - start),
+              **_request_columns(result)})
         for name, fields in SPEC_VALIDATION.items():
             try:
                 engine.generate([prompts[0]], 4, args.seed, requests=[Request(**fields)])
@@ -251,9 +256,7 @@ def run_vllm_text(args, emit) -> None:
     model = load_causal_lm(target)
     tok = AutoTokenizer.from_pretrained(str(target))
     vocab_size, eos = model.config.vocab_size, model.generation_config.eos_token_id
-    configs = {"ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
-                         "prompt_lookup_min": 1},
-               "draft": {"model": str(draft), "num_speculative_tokens": 3}}
+    configs = _speculative_configs(draft)
     prompts = smollm2_prompt_ids(args.prompts or 4)
     n = args.max_new_tokens
     plain = VLLMGenerator(start_llm(target, None, skip_tokenizer_init=False, max_model_len=1024), label="none",
@@ -278,18 +281,13 @@ def run_vllm_text(args, emit) -> None:
         for name, cases in groups.items():
             start = time.perf_counter()
             got = engine.generate([p for p, _ in cases], n, args.seed, requests=[r for _, r in cases])
-            differ = [{"prompt": i, "request": cases[i][1].describe(), "plain": tok.decode(a),
-                       "speculative": tok.decode(b)}
-                      for i, (a, b) in enumerate(zip(expected[name].continuations, got.continuations)) if a != b]
             result = audit_generation(engine, TransformersScorer(model, order="vllm"), [p for p, _ in cases],
                                       vocab_size=vocab_size, requests=[r for _, r in cases], reference=plain,
                                       max_new_tokens=n, rounds=1, batch_size=4, progress=False, seed=args.seed,
                                       arms=("single", "ragged"), eos_token_id=eos)
             row = _row("vllm", method, name, result, time.perf_counter() - start)
-            row.update(requests=len(cases), differing_rows=differ, request_findings=list(result.request_findings),
-                       request_checks={t.name: {"pvalue": t.pvalue, "detail": t.detail} for t in result.subtests
-                                       if t.name in ("logprobs", "stopping", "constraint")},
-                       texts=[tok.decode(c) for c in got.continuations[:3]])
+            row.update(requests=len(cases), differing_rows=_differing(cases, expected[name], got, tok.decode),
+                       texts=[tok.decode(c) for c in got.continuations[:3]], **_request_columns(result))
             emit(row)
         del engine
 
@@ -303,9 +301,7 @@ def run_served(args, emit) -> None:
     folder = Path(tempfile.mkdtemp(prefix="spectr-e2e-"))
     target, draft = _checkpoints(folder)
     model = load_causal_lm(target)
-    configs = {"ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
-                         "prompt_lookup_min": 1},
-               "draft": {"model": str(draft), "num_speculative_tokens": 3}}
+    configs = _speculative_configs(draft)
     with serve_vllm(target) as plain_url:
         for method in args.methods:
             with serve_vllm(target, configs[method]) as url:
@@ -409,7 +405,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repro", default=None, metavar="DIR",
                         help="write a standalone reproduction script per FINDING into DIR")
     args = parser.parse_args(argv)
-    defaults = {"vllm": "none,ngram,draft,eagle", "vllm-requests": "ngram,draft", "vllm-text": "ngram,draft", "served": "ngram,draft", "transformers": "plain,assisted,prompt-lookup",
+    defaults = {"vllm": "none,ngram,draft,eagle", "vllm-requests": "ngram,draft", "vllm-text": "ngram,draft",
+                "served": "ngram,draft", "transformers": "plain,assisted,prompt-lookup",
                 "own": ",".join(OWN_SHAPES)}
     args.methods = (args.methods or defaults[args.engine]).split(",")
     args.settings = args.settings.split(",")
@@ -422,7 +419,9 @@ def main(argv=None) -> int:
             sink.write(line + "\n")
             sink.flush()
 
-    {"vllm": run_vllm, "vllm-requests": run_vllm_requests, "vllm-text": run_vllm_text, "served": run_served, "transformers": run_transformers, "own": run_own}[args.engine](args, emit)
+    runs = {"vllm": run_vllm, "vllm-requests": run_vllm_requests, "vllm-text": run_vllm_text, "served": run_served,
+            "transformers": run_transformers, "own": run_own}
+    runs[args.engine](args, emit)
     return 0
 
 

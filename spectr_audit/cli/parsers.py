@@ -230,7 +230,7 @@ decisive tokens and the failed calls.
 
 --requests FILE audits whole requests (docs/generation.md, "Whole requests"): a JSON list of
 objects whose keys are Request's fields (temperature, top_k, top_p, min_p, repetition_penalty,
-presence_penalty, frequency_penalty, logit_bias, bad_words, min_tokens, stop_token_ids,
+presence_penalty, frequency_penalty, logit_bias, bad_words, min_tokens, stop_token_ids, stop,
 max_tokens, seed, logprobs, constraint), given to the rows in turn; each is checked before any
 engine runs, an error naming the file, the request's index and the field.
 

@@ -195,24 +195,20 @@ class _GrammarConstraint(Constraint):
                 raise InvalidArgument(f"vocab_size: expected an integer >= 2, got {vocab_size!r}")
             kwargs = {} if eos_token_id is None else {"stop_token_ids": [int(eos_token_id)]}
             info = xgrammar.TokenizerInfo.from_huggingface(vocab, vocab_size=int(size), **kwargs)
-            self._vocab_size = int(size)
             stops = list(info.stop_token_ids)
-            self._eos = None if not stops else int(stops[0])
-            self._compiler = xgrammar.GrammarCompiler(info)
-            self._masks: OrderedDict = OrderedDict()
-            return
-        if isinstance(vocab, (str, bytes)) or not isinstance(vocab, Sequence) or len(vocab) < 2:
-            raise InvalidArgument(f"vocab: expected a list of at least 2 token strings or a Hugging Face tokenizer, "
-                                  f"got {type(vocab).__name__}")
-        for i, piece in enumerate(vocab):
-            if not isinstance(piece, (str, bytes)):
-                raise InvalidArgument(f"vocab[{i}]: expected a string or bytes, got {type(piece).__name__}")
-        if eos_token_id is not None and (not _is_int(eos_token_id) or not 0 <= eos_token_id < len(vocab)):
-            raise InvalidArgument(f"eos_token_id: expected a token id in [0, {len(vocab)}), got {eos_token_id!r}")
-        self._vocab_size = len(vocab)
-        self._eos = None if eos_token_id is None else int(eos_token_id)
-        info = xgrammar.TokenizerInfo(list(vocab), vocab_type=xgrammar.VocabType.RAW,
-                                      stop_token_ids=[] if self._eos is None else [self._eos])
+            self._vocab_size, self._eos = int(size), None if not stops else int(stops[0])
+        else:
+            if isinstance(vocab, (str, bytes)) or not isinstance(vocab, Sequence) or len(vocab) < 2:
+                raise InvalidArgument(f"vocab: expected a list of at least 2 token strings or a Hugging Face "
+                                      f"tokenizer, got {type(vocab).__name__}")
+            for i, piece in enumerate(vocab):
+                if not isinstance(piece, (str, bytes)):
+                    raise InvalidArgument(f"vocab[{i}]: expected a string or bytes, got {type(piece).__name__}")
+            if eos_token_id is not None and (not _is_int(eos_token_id) or not 0 <= eos_token_id < len(vocab)):
+                raise InvalidArgument(f"eos_token_id: expected a token id in [0, {len(vocab)}), got {eos_token_id!r}")
+            self._vocab_size, self._eos = len(vocab), None if eos_token_id is None else int(eos_token_id)
+            info = xgrammar.TokenizerInfo(list(vocab), vocab_type=xgrammar.VocabType.RAW,
+                                          stop_token_ids=[] if self._eos is None else [self._eos])
         self._compiler = xgrammar.GrammarCompiler(info)
         self._masks: OrderedDict = OrderedDict()
 

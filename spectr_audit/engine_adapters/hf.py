@@ -100,8 +100,8 @@ class TransformersGenerator:
                  tokenizer: Any = None):
         self.model, self.params = model, params or SamplingParams()
         self.tokenizer = tokenizer
-        if tokenizer is not None:
-            self.detokenize = self._detokenize
+        if tokenizer is not None:  # the audit's detokenize (stop strings): the tokenizer's own decode
+            self.detokenize = tokenizer.decode
         self.assistant_model = assistant_model
         self.prompt_lookup_num_tokens = prompt_lookup_num_tokens
         self.num_assistant_tokens = num_assistant_tokens
@@ -127,10 +127,6 @@ class TransformersGenerator:
         if self.prompt_lookup_num_tokens:
             kwargs["prompt_lookup_num_tokens"] = int(self.prompt_lookup_num_tokens)
         return kwargs
-
-    def _detokenize(self, tokens) -> str:
-        """The generated text of ``tokens`` as the tokenizer decodes it (special tokens kept)."""
-        return self.tokenizer.decode(list(tokens))
 
     #: ``generate`` takes ``requests=`` (whole requests, one per row) and honours each request's seed.
     accepts_requests = True

@@ -32,9 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, Optional, Sequence
 
 from spectr_audit.contract.sampling import SamplingParams
-from spectr_audit.engine_adapters.requests import completions_fields
+from spectr_audit.engine_adapters.requests import completions_fields, vllm_top_n
 from spectr_audit.errors import InvalidArgument, SpectrAuditError
-from spectr_audit.generation.contract import GenerationContractError, GenerationOutput
+from spectr_audit.generation.contract import LOGPROBS_MODES, GenerationContractError, GenerationOutput
 
 __all__ = ["CompletionsGenerator", "ServerError", "free_port", "serve_vllm"]
 
@@ -124,9 +124,8 @@ class CompletionsGenerator:
     def __init__(self, base_url: str, model: str, params: Optional[SamplingParams] = None, *, concurrency: int = 8,
                  timeout: float = 300.0, label: str = "", detokenizes: bool = False,
                  logprobs_mode: str = "raw-masked"):
-        if logprobs_mode not in ("raw", "raw-masked", "processed"):
-            raise InvalidArgument(f"logprobs_mode: expected 'raw', 'raw-masked' or 'processed', got "
-                                  f"{logprobs_mode!r}")
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise InvalidArgument(f"logprobs_mode: expected one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         self.base_url, self.model = base_url.rstrip("/"), model
         self.params, self.concurrency, self.timeout = params or SamplingParams(), int(concurrency), float(timeout)
         self.detokenizes, self.logprobs_mode = bool(detokenizes), logprobs_mode
@@ -238,9 +237,7 @@ class CompletionsGenerator:
             if not isinstance(entries, dict):
                 raise self._missing(row, f"{field}.top_logprobs[{t}]")
             position = {self._key(row, f"{field}.top_logprobs[{t}]", k): _read_logprob(v) for k, v in entries.items()}
-            if len(position) > n:  # the emitted token beside the top n: not one of them
-                position.pop(token, None)
-            top.append(position)
+            top.append(vllm_top_n(position, token, n))
         return logprobs, top
 
 

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from spectr_audit.contract.requests import JsonSchemaConstraint, RegexConstraint, Request
 from spectr_audit.errors import InvalidArgument
 
-__all__ = ["completions_fields", "transformers_generate_kwargs", "vllm_sampling_fields"]
+__all__ = ["completions_fields", "transformers_generate_kwargs", "vllm_sampling_fields", "vllm_top_n"]
 
 #: vLLM's served API clamps each logit bias to this range (``SamplingParams.from_optional``,
 #: ``vllm/sampling_params.py:493`` and ``:505``, which the completions endpoint calls,
@@ -154,6 +154,20 @@ def completions_fields(request: Request, max_new_tokens: int, *, detokenizes: bo
         fields["return_tokens_as_token_ids"] = True
     fields.update(text)
     return fields
+
+
+def vllm_top_n(position: dict, emitted: int, n: int) -> dict:
+    """The top ``n`` of vLLM's log-probabilities at one position, ``{token id: logprob}``.
+
+    vLLM lists the emitted token beside the top ``n``: ``n + 1`` entries when it is not among them, ``n`` when it
+    is (``vllm/logprobs.py:178-209``; the served API the same, ``vllm/entrypoints/openai/completion/serving.py:715-728``).
+
+    >>> vllm_top_n({4: -0.5, 9: -3.0, 6: -1.0}, 9, 2), vllm_top_n({3: -0.1, 5: -2.5}, 3, 2)
+    ({4: -0.5, 6: -1.0}, {3: -0.1, 5: -2.5})
+    """
+    if len(position) > n:
+        return {token: value for token, value in position.items() if token != emitted}
+    return dict(position)
 
 
 def _text_fields(request: Request, detokenizes: bool, who: str) -> dict:

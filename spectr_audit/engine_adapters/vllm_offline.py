@@ -5,8 +5,8 @@
 ``max_tokens``), in one ``LLM.generate`` call: vLLM batches them, ragged, as its scheduler does
 for concurrent requests.  With ``requests=`` each row carries its own whole request
 (:func:`~spectr_audit.engine_adapters.requests.vllm_sampling_fields`) and the output carries vLLM's raw
-logprobs of each emitted token and the top-n, the finish reasons and the token counts.  :func:`start_llm` builds the ``LLM`` the way the CPU build runs small
-checkpoints (``skip_tokenizer_init=True``, ``enforce_eager=True``, float32), with or without a
+logprobs of each emitted token and the top-n, the finish reasons and the token counts.  :func:`start_llm`
+builds the ``LLM`` the way the CPU build runs small checkpoints (``skip_tokenizer_init=True``, ``enforce_eager=True``, float32), with or without a
 ``speculative_config``.  The script that starts vLLM needs an ``if __name__ == "__main__":``
 guard: its worker processes re-import it.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from spectr_audit.contract.sampling import SamplingParams
-from spectr_audit.engine_adapters.requests import vllm_sampling_fields
+from spectr_audit.engine_adapters.requests import vllm_sampling_fields, vllm_top_n
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.contract import GenerationContractError, GenerationOutput
 
@@ -72,8 +72,8 @@ class VLLMGenerator:
     def __init__(self, llm: Any, params: Optional[SamplingParams] = None, label: str = "", *, tokenizer: Any = None):
         self.llm, self.params = llm, params or SamplingParams()
         self.tokenizer = tokenizer
-        if tokenizer is not None:
-            self.detokenize = self._detokenize
+        if tokenizer is not None:  # the audit's detokenize (stop strings): the tokenizer's own decode
+            self.detokenize = tokenizer.decode
         self.name = f"{vllm_version()} LLM.generate{' (' + label + ')' if label else ''}"
 
     def _params(self, limit: int, seed: int):
@@ -101,14 +101,10 @@ class VLLMGenerator:
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outputs]
 
-    def _detokenize(self, tokens) -> str:
-        """The generated text of ``tokens`` as the tokenizer decodes it (special tokens kept)."""
-        return self.tokenizer.decode(list(tokens))
-
     def request_params(self, request, limit: int, seed: int):
         """The ``vllm.SamplingParams`` of one row under ``request``: its own fields
         (:func:`~spectr_audit.engine_adapters.requests.vllm_sampling_fields`), its seed or the row's, token ids
-        out (``detokenize=False``).  The model's end-of-sequence id stops the row as in an ordinary request
+        out (``detokenize`` only for stop strings, which vLLM matches in the text).  The model's end-of-sequence id stops the row as in an ordinary request
         (``ignore_eos=False``): vLLM adds the checkpoint's ``generation_config.json`` ``eos_token_id`` to the
         stop tokens (``vllm/sampling_params.py``, ``update_from_generation_config``)."""
         from vllm import SamplingParams as VLLMParams
@@ -120,7 +116,6 @@ class VLLMGenerator:
             from vllm.sampling_params import StructuredOutputsParams
 
             fields["structured_outputs"] = StructuredOutputsParams(**fields["structured_outputs"])
-        # stop strings are matched in the detokenized text
         return VLLMParams(detokenize=bool(request.stop), **fields)
 
     def _generate_requests(self, inputs, limits, seed, requests):
@@ -139,10 +134,8 @@ class VLLMGenerator:
                 logprobs.append(None)
                 tops.append(None)
                 continue
-            # each position: {token id: Logprob} holding the emitted token and the top-n (vLLM returns the
-            # emitted token's entry even when it is not among the top n).  "Raw" logprobs are read from logits the
-            # grammar bitmask has already masked in place (vllm/v1/worker/gpu_model_runner.py:4333-4337, then
-            # vllm/v1/sample/sampler.py:88-89): raw-masked
+            # "raw" logprobs are read from logits the grammar bitmask has already masked in place
+            # (vllm/v1/worker/gpu_model_runner.py:4333-4337, then vllm/v1/sample/sampler.py:88-89): raw-masked
             positions = [{int(t): float(lp.logprob) for t, lp in position.items()} for position in completion.logprobs]
             missing = [t for t, (position, token) in enumerate(zip(positions, tokens)) if token not in position]
             if len(positions) != len(tokens) or missing:
@@ -150,10 +143,7 @@ class VLLMGenerator:
                     f"{self.name}, row {row}: logprobs: {len(positions)} positions returned for {len(tokens)} tokens"
                     + (f", the emitted token's logprob missing at positions {missing[:8]}" if missing else ""))
             logprobs.append([position[token] for position, token in zip(positions, tokens)])
-            if request.logprobs:
-                tops.append([dict(sorted(((t, v) for t, v in position.items()), key=lambda item: -item[1])
-                                  [:request.logprobs]) for position in positions])
-            else:
-                tops.append(None)
+            tops.append([vllm_top_n(position, token, request.logprobs) for position, token in zip(positions, tokens)]
+                        if request.logprobs else None)
         return GenerationOutput(rows, logprobs=logprobs, top_logprobs=tops, finish_reasons=finishes,
                                 completion_tokens=[len(r) for r in rows], logprobs_mode="raw-masked")

@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.engine_specs import (
+    _request_slip_expected,
     _suggest,
     check_int_at_least,
     requests_from_data,
@@ -192,7 +193,7 @@ def parse_generation_cases(raw: Any, source: str = "suite", base: Optional[Union
             if slip not in REQUEST_SLIPS:
                 raise InvalidArgument(f"{where}: engine: no request slip {slip!r}{_suggest(slip, REQUEST_SLIPS)}; the "
                                       f"request slips: {', '.join(REQUEST_SLIPS)}")
-            default_expected = "pass" if REQUEST_SLIPS[slip].check == "determinism" else "finding"
+            default_expected = _request_slip_expected(REQUEST_SLIPS[slip])
         if not toy and ":" not in engine:
             raise InvalidArgument(f"{where}: engine: {engine!r} is neither 'toy', 'toy:SLIP', 'toy-requests', "
                                   "'toy-requests:SLIP' nor an import string 'package.module:factory' or "

@@ -162,7 +162,6 @@ def _request_slip_expected(slip: Any) -> str:
     return "pass" if slip.check == "determinism" else "finding"
 
 
-
 def check_int_at_least(name: str, value: Any, minimum: int) -> int:
     """An integer (not a bool) >= ``minimum``: :func:`spectr_audit._validation.check_int_at_least`'s check, here
     because the faces import without torch (which ``_validation`` imports)."""
@@ -473,8 +472,8 @@ def requests_from_data(data: Any, where: str) -> tuple:
     :class:`~spectr_audit.contract.requests.Request` fields, each built (and so checked) here, before any engine runs.
 
     Errors read ``{where}: requests[i].field: ...``.  Stop strings are read; the audit refuses them unless the
-    engine gives its detokenizer (its generator's ``detokenize``); a grammar constraint needs Python (:meth:`Request.from_dict
-    <spectr_audit.contract.requests.Request.from_dict>`).
+    engine gives its detokenizer (its generator's ``detokenize``); a grammar constraint needs Python
+    (:meth:`Request.from_dict <spectr_audit.contract.requests.Request.from_dict>`).
     """
     if isinstance(data, (str, bytes)) or not isinstance(data, (list, tuple)) or not data:
         raise InvalidArgument(f"{where}: requests: expected a non-empty list of tables of Request fields, e.g. "

@@ -84,14 +84,14 @@ def verdict_line(result: Any, exit_code: Optional[int] = None) -> str:
     ...              stop_reason="planned", min_detectable_tv=0.12, requested_tv=0.02), 1)
     "FINDING: shared-stream against toy target: test 'independence / within a batch', p = 0.00026 (alpha 0.001); 848 tokens in 16 jobs: exit 1"
 
-    An ERROR names what failed instead of a test:
-
     A seeded row that changed with its batch is said on the same line, apart from the verdict:
 
     >>> verdict_line(R(verdict="PASS", generator="toy", scorer="toy target", pvalue=0.4, alpha=1e-3, test="none",
     ...              num_tokens=400, num_jobs=8, incomplete=False, stop_reason="planned", min_detectable_tv=0.1,
     ...              requested_tv=0.1, determinism={"checked": 12, "differing": 3, "rows": [], "passed": False}))
     "PASS: toy against toy target: test 'none', p = 0.4 (alpha 0.001); 400 tokens in 8 jobs; min detectable TV 0.1; determinism (not part of the verdict): 3 of 12 seeded rows gave other tokens in another batch"
+
+    An ERROR names what failed instead of a test:
 
     >>> verdict_line(R(verdict="ERROR", generator="flaky", scorer="toy target", num_jobs=12, num_tokens=384,
     ...                failures=("job 2 (single): generator raised ...",) * 6, allowed_failed_calls=0,
