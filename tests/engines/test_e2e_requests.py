@@ -227,7 +227,7 @@ def test_vllm_generator_reads_the_request_fields_back():
     assert (first_params.seed, first_params.repetition_penalty, first_params.logprobs,
             list(first_params.stop_token_ids), first_params.max_tokens) == (5, 1.2, 2, [3], 6)
     assert (second_params.top_k, second_params.max_tokens, second_params.ignore_eos) == (-1, 1, False)
-    assert second_params.seed is not None  # a row without a seed of its own gets the row's
+    assert second_params.seed == 1  # a row without a seed of its own: the call's seed 0 and its row 1
 
 
 def test_vllm_generator_refuses_logprobs_that_miss_the_emitted_token():
