@@ -1,7 +1,7 @@
 """Verifier speed against the physical limit: one read of draft_probs and target_probs.
 
 Run:  python benchmarks/bench_verifiers.py [--quick] [--compiled] [--device cpu|cuda] [--parts verifiers,...]
-                                         [--repeats ROUNDS] [--json out.json]
+                                         [--verifiers kseq,...] [--repeats ROUNDS] [--json out.json]
 
 One command, one table per part, one JSON file (default ``benchmarks/results.json``):
 
@@ -232,7 +232,7 @@ def _with_compiled(fn):
     return run
 
 
-def bench_verifiers(total_probs: int, vocab_sizes, device, repeats, with_compiled=False) -> list[dict]:
+def bench_verifiers(total_probs: int, vocab_sizes, device, repeats, with_compiled=False, only=None) -> list[dict]:
     """Every configuration at each vocabulary size, timed round-robin (:func:`interleaved`), ``repeats`` rounds.
 
     The inputs of every configuration of one vocabulary size are held at once (about ``total_probs``
@@ -247,7 +247,7 @@ def bench_verifiers(total_probs: int, vocab_sizes, device, repeats, with_compile
     for vocab_size in vocab_sizes:
         configs, items = [], {}
         for name, num_drafts, draft_len in CONFIGS:
-            if name not in BUILTIN_VERIFIERS:
+            if name not in BUILTIN_VERIFIERS or (only is not None and name not in only):
                 continue
             verifier = load_verifier(name)
             per_row = num_drafts * (2 * draft_len + 1) * vocab_size
@@ -427,6 +427,9 @@ def main(argv=None) -> int:
                         help="torch threads (default: 1 on a CPU with the process clock, else torch's own)")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated parts to run (default all: {','.join(PARTS)})")
+    parser.add_argument("--verifiers",
+                        help="comma-separated verifiers of the verifier table (default all: "
+                             f"{','.join(dict.fromkeys(c[0] for c in CONFIGS))})")
     parser.add_argument("--compiled", action="store_true",
                         help="also time each verifier with spectr_audit.verifiers.compiled's fused kernels (torch.compile)")
     parser.add_argument("--system-malloc", action="store_true",
@@ -451,6 +454,13 @@ def main(argv=None) -> int:
         if threads < 1:
             parser.error(f"--threads: expected a positive number, got {threads}")
         torch.set_num_threads(threads)
+    only = None
+    if args.verifiers is not None:
+        only = {v.strip() for v in args.verifiers.split(",") if v.strip()}
+        known = {c[0] for c in CONFIGS}
+        if not only or only - known:
+            parser.error(f"--verifiers: unknown verifier(s) {', '.join(sorted(only - known)) or '(none given)'}; "
+                         f"choose from {', '.join(sorted(known))}")
     total = 2**22 if args.quick else 2**26
     name = _device_name(device)
     print(f"spectr-audit verifier benchmark on {device} ({name}, torch {torch.__version__}, "
@@ -464,7 +474,7 @@ def main(argv=None) -> int:
     }
     if "verifiers" in parts:
         result["verifiers"] = bench_verifiers(total, [32768] if args.quick else [32768, 131072], device, args.repeats,
-                                              with_compiled=args.compiled)
+                                              with_compiled=args.compiled, only=only)
     if "bounds" in parts:
         result["bounds"] = bench_bounds(device, args.repeats)
     if "exact_audit" in parts:
