@@ -11,7 +11,7 @@ import torch
 from scipy import stats
 
 from spectr_audit.generation.designs import ARMS
-from spectr_audit.generation.family import FamilyPlan
+from spectr_audit.generation.family import AGREEMENT_TESTS, FamilyPlan
 from spectr_audit.generation.options import _bucket_names, _Options
 from spectr_audit.generation.records import STOP_CODES
 from spectr_audit.generation.request import GenerationRequest, RunOutcome
@@ -132,11 +132,40 @@ def family_plan(tokens: _Tokens, reference: Optional[_Tokens], agreement_tests: 
                       FamilyPlan.decisive_checks(options.eos_token_id, greedy and has_reference, request_checks))
 
 
-def largest_family(options: _Options, num_prompts: int, has_reference: bool,
-                   request_kinds: Sequence[str] = ()) -> FamilyPlan:
-    """The largest Holm family the analysis can build (every stratum filled), known before any job runs."""
-    return FamilyPlan.largest(options.orderings, options.arms, options.position_buckets, num_prompts, has_reference,
-                              request_kinds)
+def largest_family(request: GenerationRequest, has_reference: bool = False) -> FamilyPlan:
+    """The largest Holm family the analysis can build from ``request``'s planned jobs, known before any job runs.
+
+    Each planned row is counted as emitting every token its job allows (``Job.limits``; the contract refuses a
+    longer row), so a stratum's capacity bounds the tokens any run can put in it: a stratum that cannot reach
+    :data:`MIN_STRATUM_TOKENS` is left out (the analysis leaves it out too), and so is an agreement test the design
+    cannot pair (within a batch: a repeated-arm call of two rows or more; across calls: a prompt that leads two
+    single or repeated calls).  The family built is never larger; it is this one when every row runs to its limit.
+    """
+    options = request.options
+    kinds = request.request_kinds()
+    edges = (0,) + tuple(options.position_buckets) + (np.iinfo(np.int64).max,)
+    buckets = list(zip(_bucket_names(options.position_buckets), edges, edges[1:]))
+    capacity: dict = {}
+    leads: dict = {}
+    within = False
+    for job in request.jobs:
+        row_kinds = [r.kind for r in request.row_requests(job)] if kinds else None
+        for i, limit in enumerate(job.limits):
+            names = [f"arm {job.arm}", f"prompt {job.prompt_ids[i]}"]
+            names += [f"request {row_kinds[i]}"] if row_kinds else []
+            for name in names:
+                capacity[name] = capacity.get(name, 0) + limit
+            for name, low, high in buckets:
+                capacity[name] = capacity.get(name, 0) + max(0, min(high, limit) - low)
+        within |= job.arm == "repeated" and len(job.prompts) >= 2
+        if job.arm in ("single", "repeated") and job.prompts:
+            key = (job.arm, job.prompt_ids[0])
+            leads[key] = leads.get(key, 0) + 1
+    agreement = ((AGREEMENT_TESTS[0],) if within else ()) + \
+        ((AGREEMENT_TESTS[1],) if any(n >= 2 for n in leads.values()) else ())
+    return FamilyPlan.largest(options.orderings, options.arms, options.position_buckets, len(request.prompts),
+                              has_reference, kinds, capacity=capacity, min_stratum_tokens=MIN_STRATUM_TOKENS,
+                              agreement=agreement)
 
 
 def _one_sample(tokens: _Tokens, options: _Options, prompts: list, level: float, label: str = "") -> list:

@@ -3,8 +3,9 @@
 The analysis (:mod:`spectr_audit.generation.analysis`) plans its tests in a :class:`FamilyPlan` and
 quotes each test's minimum detectable TV at ``alpha / plan.size``: every test the result lists shares
 the false-alarm rate (its Bonferroni share).  The stopping rule (:mod:`spectr_audit.generation.schedule`)
-reads :meth:`FamilyPlan.largest`'s ``holm_size``: the e-process's p-value times the largest Holm family
-the analysis can build, known before any job runs.  The Holm members, in the order the analysis builds
+reads the ``holm_size`` of :meth:`FamilyPlan.largest` as
+:func:`~spectr_audit.generation.analysis.largest_family` fills it from the planned jobs: the e-process's p-value
+times the largest Holm family the analysis can build, known before any job runs.  The Holm members, in the order the analysis builds
 them:
 
 * ``pit ORDER / STRATUM`` for each PIT order and each tested stratum (all tokens, each arm, each
@@ -22,7 +23,7 @@ greedy engine against a reference.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
 from spectr_audit.generation.designs import ARMS
 from spectr_audit.generation.options import _bucket_names
@@ -67,14 +68,26 @@ class FamilyPlan:
 
     @classmethod
     def largest(cls, orderings: Sequence[str], arms: Sequence[str], position_buckets: Sequence[int],
-                num_prompts: int, has_reference: bool, request_kinds: Sequence[str] = ()) -> "FamilyPlan":
+                num_prompts: int, has_reference: bool, request_kinds: Sequence[str] = (), *,
+                capacity: Optional[Mapping[str, int]] = None, min_stratum_tokens: int = 0,
+                agreement: Sequence[str] = AGREEMENT_TESTS) -> "FamilyPlan":
         """The largest family the analysis can build: every stratum filled, every agreement test, the
-        e-process, and with a reference the two-sample tests of all tokens and of every arm."""
+        e-process, and with a reference the two-sample tests of all tokens and of every arm.
+
+        With ``capacity`` (stratum name -> the most tokens the planned jobs can put in it), a stratum
+        other than ``all`` whose capacity is under ``min_stratum_tokens`` is left out, as the analysis
+        leaves out a stratum with too few tokens; ``agreement`` names the agreement tests the design
+        can pair."""
+        def fillable(name: str) -> bool:
+            return name == "all" or capacity is None or capacity.get(name, 0) >= min_stratum_tokens
+
         arm_strata = tuple(f"arm {arm}" for arm in ARMS if arm in arms)
         strata = (("all",) + arm_strata + tuple(_bucket_names(tuple(position_buckets)))
                   + (tuple(f"prompt {p}" for p in range(num_prompts)) if num_prompts > 1 else ())
                   + tuple(f"request {kind}" for kind in request_kinds))
-        return cls(tuple(orderings), strata, AGREEMENT_TESTS, True, ("all",) + arm_strata if has_reference else ())
+        strata = tuple(name for name in strata if fillable(name))
+        two_sample = tuple(name for name in ("all",) + arm_strata if fillable(name)) if has_reference else ()
+        return cls(tuple(orderings), strata, tuple(t for t in AGREEMENT_TESTS if t in agreement), True, two_sample)
 
     @staticmethod
     def decisive_checks(eos_token_id, greedy_against_reference: bool, request_checks: Sequence[str] = ()) -> tuple:

@@ -113,8 +113,7 @@ def _stop_level(request: GenerationRequest) -> Optional[float]:
     # aside (a numerics floor), and a sample stopped on them would bias the two-sample tests.
     if request.has_reference:
         return None
-    return request.options.alpha / largest_family(request.options, len(request.prompts), False,
-                                                      request.request_kinds()).holm_size
+    return request.options.alpha / largest_family(request).holm_size
 
 
 class _Schedule:
