@@ -20,7 +20,6 @@ from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.analysis import largest_family
 from spectr_audit.generation.contract import GenerationContractError
 from spectr_audit.generation.designs import Job
-from spectr_audit.generation.options import _Options
 from spectr_audit.generation.records import JobRecord
 from spectr_audit.generation.request import GenerationRequest
 from spectr_audit.generation.scoring import _run_job
