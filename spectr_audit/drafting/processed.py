@@ -35,6 +35,8 @@ Examples
 
 from __future__ import annotations
 
+import copy
+
 from typing import Optional, Sequence, Union
 
 import torch
@@ -266,6 +268,16 @@ class BoundLogitsVerifier(Verifier):
     @property
     def has_exact_law(self) -> bool:
         return self.verifier.has_exact_law
+
+    def trusting(self) -> "BoundLogitsVerifier":
+        """The same binding (the same processed models) trusting its inputs: for an audit that hands it only the
+        models' processed laws at the drafted nodes (the statistical audit), where the check for foreign inputs
+        would cost a pass per call and never fire."""
+        if self.foreign_inputs is None:
+            return self
+        view = copy.copy(self)
+        view.foreign_inputs = None
+        return view
 
     def _logits(self, draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         batch_size, _, draft_len = draft_tokens.shape

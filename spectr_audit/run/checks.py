@@ -27,6 +27,7 @@ from spectr_audit.bounds.tree_lp import tree_bound, tree_optimal_acceptance
 from spectr_audit.contract.tree import DraftTree
 from spectr_audit.contract.logits import takes_logits
 from spectr_audit.drafting.models import contexts_from
+from spectr_audit.drafting.processed import BoundLogitsVerifier
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.exact.iteration import exact_iteration
 from spectr_audit.exact.multi_iteration import exact_multi_iteration
@@ -204,16 +205,27 @@ def block_lp_check(case, carries, checks, metrics, details) -> None:
             below, f"E[len(s)] <= {optimum}", f"E[len(s)] above {optimum}, which no exact verifier reaches")))
 
 
-def statistical_check(verifier, case, options, checks, metrics, details, draft_scheme=None) -> None:
-    """The black-box audit of ``verifier`` on ``case`` (its tree under ``draft_scheme`` for a tree case)."""
-    # a tree case samples the case's tree under draft_scheme (the tree path of the sampling stage)
+def statistical_check(request, checks, metrics, details, subject=None, draft_scheme=None) -> None:
+    """The black-box audit of ``request``'s verifier on its case (``subject``, the tree verifier, on the case's tree
+    under ``draft_scheme`` for a tree case), on the verifier and models the request bound once
+    (:attr:`~spectr_audit.run.request.AuditRequest.bound`): with sampling parameters, the processed models and a
+    verifier that takes logits handed its raw logits."""
+    case, options = request.case, request.options
+    verifier, draft_model, target_model = request.bound
     tree = getattr(case, "tree", None)
     tree_args = {} if tree is None else {"tree": tree, "draft_scheme": draft_scheme}
+    if subject is not None:
+        if request.params is not None and takes_logits(subject):
+            raise InvalidArgument("params: a verifier that takes logits verifies chains; a tree audit hands "
+                                  "processed probabilities to tree verifiers")
+        verifier = subject  # a tree verifier takes the processed laws as they are
+    elif isinstance(verifier, BoundLogitsVerifier):
+        verifier = verifier.trusting()  # the audit hands it only the processed laws at the drafted nodes
     result = statistical_audit(
-        verifier, case.draft_model, case.target_model, case.num_drafts, case.draft_len,
+        verifier, draft_model, target_model, case.num_drafts, case.draft_len,
         prefix=case.prefix, alpha=options.alpha, min_detectable_tv=options.min_detectable_tv, power=options.power,
         max_samples=options.max_samples, max_seconds=options.max_seconds, seed=options.seed, device=options.device,
-        certify_tv=options.certify_tv, **tree_args, **_sampling_args(case),
+        certify_tv=options.certify_tv, **tree_args,
     )
     add_statistical_result(result, checks, metrics, details)
 
@@ -312,12 +324,6 @@ def tv_text(result) -> str:
     estimate = f"; held-out estimate {result.tv_estimate:.3g}" if math.isfinite(result.tv_estimate) else ""
     return (f"TV on the partition >= {result.tv_lower:.3g} ({100 * result.tv_confidence:g}% lower bound), "
             f"<= {result.tv_upper:.3g}{estimate}{noise}")
-
-
-def _sampling_args(case) -> dict:
-    """``params`` and ``order`` for the audits of a case with sampling parameters (none without)."""
-    params = getattr(case, "params", None)
-    return {} if params is None else {"params": params, "order": case.order}
 
 
 def record_sampling(verifier, case, metrics: dict, details: dict) -> None:

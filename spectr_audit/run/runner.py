@@ -219,12 +219,11 @@ class _CaseAudit:
     def _statistical(self) -> None:
         request = self.request
         if self.tree is None:
-            statistical_check(request.verifier, request.case, request.options, self.checks, self.metrics,
-                              self.details)
+            statistical_check(request, self.checks, self.metrics, self.details)
             return
         if self.exact_done:
             return
-        statistical_check(self.subject, request.case, request.options, self.checks, self.metrics, self.details,
+        statistical_check(request, self.checks, self.metrics, self.details, subject=self.subject,
                           draft_scheme=self.scheme)
         if self.metrics.get("block_efficiency") is not None:
             self.metrics["accepted_length"] = self.metrics["block_efficiency"] - 1.0

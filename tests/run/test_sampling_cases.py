@@ -313,3 +313,31 @@ def test_check_verifier_flags_a_plain_logits_function():
         check_verifier(verify, output_probs=law, num_drafts=1, params=SamplingParams(temperature=0.6), num_samples=2000)
     # neutral parameters hide the slip
     assert check_verifier(verify, output_probs=law, num_drafts=1, params=SamplingParams(), num_samples=2000).passed
+
+
+def test_the_runners_black_box_stage_equals_the_statistical_audit_with_parameters():
+    """The runner binds the sampling parameters once (its request's binding, shared by every stage); its black-box
+    stage gives what the public statistical audit gives when it is handed the raw models and the parameters, and
+    a slip under temperature is still found there."""
+    from spectr_audit.contract.convert import as_verifier
+    from spectr_audit.run.options import AuditOptions
+    from spectr_audit.statistical.audit import statistical_audit
+
+    for name in ("logits-speculative", "residual-unprocessed"):
+        source = load_verifier(name) if name != "residual-unprocessed" else load_sampling_bug(name)
+
+        def verify(draft_tokens, draft_logits, target_logits, params, generator, _v=source):
+            return _v.verify_logits(draft_tokens, draft_logits, target_logits, params, generator)
+
+        verify.takes_logits = True  # no law: only the black-box stage can judge it
+        case = _case(dict(temperature=0.6), 1, checks=["statistical"])
+        options = AuditOptions(max_samples=4_000, seed=3)
+        result = audit_case(as_verifier(verify), case, options)
+        assert result.error is None and "pvalue" in result.metrics
+        direct = statistical_audit(verify, case.draft_model, case.target_model, case.num_drafts, case.draft_len,
+                                   prefix=case.prefix, alpha=options.alpha, min_detectable_tv=options.min_detectable_tv,
+                                   power=options.power, max_samples=result.metrics["num_samples"], seed=options.seed,
+                                   params=case.params, order=case.order)  # the probe spent part of the budget
+        assert result.metrics["pvalue"] == direct.pvalue and result.metrics["num_samples"] == direct.num_samples
+        assert result.metrics["acceptance"] == direct.acceptance
+        assert (result.verdict == "FINDING") == (name == "residual-unprocessed")
