@@ -26,6 +26,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from spectr_audit._arguments import check_int_at_least, check_number, check_positive_int, check_prob
 from spectr_audit.errors import InvalidArgument
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "as_distribution",
     "as_float64",
     "check_int_at_least",
+    "check_number",
     "check_positive_int",
     "check_prob",
     "check_simplex",
@@ -189,24 +191,3 @@ def as_distribution(values: Any, argument: str, vocab_size: Optional[int] = None
     return tensor / total
 
 
-def check_prob(name: str, value: Any) -> float:
-    """A number in the open interval (0, 1) (a false-alarm rate, a power); returns it as float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise InvalidArgument(f"{name}: expected a number in (0, 1), got {value!r}")
-    return float(value)
-
-
-def check_positive_int(name: str, value: Any, allow_none: bool = True) -> Optional[int]:
-    """An integer >= 1 (or None when allowed)."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgument(f"{name}: expected an integer >= 1, got {value!r}")
-    return value
-
-
-def check_int_at_least(name: str, value: Any, minimum: int) -> int:
-    """An integer (not a bool) >= ``minimum``; returns it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgument(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return int(value)

@@ -219,12 +219,13 @@ def test_the_validation_module_is_a_leaf():
     imported = {alias.name.split(".")[0] if isinstance(node, ast.Import) else (node.module or "")
                 for node in ast.walk(ast.parse(Path(_validation.__file__).read_text()))
                 if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
-    assert imported <= {"__future__", "math", "typing", "numpy", "torch", "spectr_audit.errors"}, imported
+    assert imported <= {"__future__", "math", "typing", "numpy", "torch", "spectr_audit.errors",
+                        "spectr_audit._arguments"}, imported
 
 
 def test_an_integer_at_least_is_checked_by_name():
     from spectr_audit._validation import check_int_at_least
-    from spectr_audit.generation.engine_specs import check_int_at_least as torch_free
+    from spectr_audit._arguments import check_int_at_least as torch_free
 
     for check in (check_int_at_least, torch_free):
         assert check("rounds", 3, 1) == 3

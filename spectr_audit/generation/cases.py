@@ -13,11 +13,11 @@ import re
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from spectr_audit._arguments import check_int_at_least, check_number
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.engine_specs import (
     _request_slip_expected,
     _suggest,
-    check_int_at_least,
     requests_from_data,
     spec_kind,
 )
@@ -97,17 +97,7 @@ class GenerationCase:
 
 
 def _number(value: Any, where: str, key: str, low: float, high: float, low_open: bool, high_open: bool) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
-    if not ok:
-        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
-        raise InvalidArgument(f"{where}: {key}: expected a number in {lo}{low:g}, {_hi_text(high)}{hi}, got {value!r}")
-    return float(value)
-
-
-def _hi_text(high: float) -> str:
-    return "inf" if high == math.inf else f"{high:g}"
+    return check_number(f"{where}: {key}", value, low, high, low_open=low_open, high_open=high_open)
 
 
 def _integer(value: Any, where: str, key: str, minimum: int) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence, Union
 
+from spectr_audit._arguments import check_int_at_least
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.statistical.sharding import chunk_seed
 
@@ -101,12 +102,9 @@ def plan_jobs(prompts: Sequence[Sequence[int]], *, arms: Sequence[str] = ARMS, b
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not arms:
         raise InvalidArgument(f"arms: expected some of {ARMS}, got {list(arms)!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 2:
-        raise InvalidArgument(f"batch_size: expected an integer >= 2, got {batch_size!r}")
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise InvalidArgument(f"rounds: expected a positive integer, got {rounds!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise InvalidArgument(f"max_new_tokens: expected a positive integer, got {max_new_tokens!r}")
+    check_int_at_least("batch_size", batch_size, 2)
+    check_int_at_least("rounds", rounds, 1)
+    check_int_at_least("max_new_tokens", max_new_tokens, 1)
     prompts = [tuple(p) for p in prompts]
     jobs: list[Job] = []
 

@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from spectr_audit._arguments import check_int_at_least
 from spectr_audit.errors import InvalidArgument
 
 __all__ = [
@@ -26,7 +27,6 @@ __all__ = [
     "TOY_EOS_TOKEN_ID",
     "TOY_VOCAB_SIZE",
     "audit_engine",
-    "check_int_at_least",
     "generation_engine_names",
     "load_generation_engine",
     "read_prompts",
@@ -162,14 +162,6 @@ def _request_slip_expected(slip: Any) -> str:
     return "pass" if slip.check == "determinism" else "finding"
 
 
-def check_int_at_least(name: str, value: Any, minimum: int) -> int:
-    """An integer (not a bool) >= ``minimum``: :func:`spectr_audit._validation.check_int_at_least`'s check, here
-    because the faces import without torch (which ``_validation`` imports)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgument(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def _suggest(text: str, names: Sequence[str]) -> str:
     close = difflib.get_close_matches(text, list(names), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -209,8 +201,7 @@ def _toy_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_siz
 def _pair_seed_and_noise(toy_seed: Optional[int], draft_noise: Any) -> tuple:
     """The toy pair's weights' seed and draft noise, checked (``"default"``: 0.3; None: an unrelated draft)."""
     seed = 0 if toy_seed is None else toy_seed
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise InvalidArgument(f"toy_seed: expected an integer >= 0, got {toy_seed!r}")
+    check_int_at_least("toy_seed", seed, 0)
     noise = 0.3 if draft_noise == "default" else draft_noise
     if noise is not None and (isinstance(noise, bool) or not isinstance(noise, (int, float))
                               or not 0 <= noise < math.inf):

@@ -6,8 +6,8 @@ import dataclasses
 import math
 from typing import Optional, Sequence
 
-from spectr_audit._validation import check_int_at_least as integer
-from spectr_audit._validation import check_prob
+from spectr_audit._arguments import check_int_at_least as integer
+from spectr_audit._arguments import check_number, check_prob
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.designs import ARMS
 from spectr_audit.generation.pit import ORDERINGS
@@ -66,21 +66,14 @@ def _check_options(*, vocab_size, max_new_tokens, batch_size, rounds, arms, seed
                    eos_token_id, allow_failed_calls=0, has_draft_scorer: bool) -> _Options:
     """The options of :func:`~spectr_audit.generation.audit_generation`, checked (keyword arguments only): each bad
     one an ``InvalidArgument`` naming it."""
-    def number(name, value, low, high, closed=True):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                low <= value < high if closed else low < value < high):
-            where = f"[{low}, {high})" if closed else f"({low}, {high})"
-            raise InvalidArgument(f"{name}: expected a number in {where}, got {value!r}")
-        return float(value)
-
     vocab_size = integer("vocab_size", vocab_size, 2)
     max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
     batch_size = integer("batch_size", batch_size, 2)
     rounds = integer("rounds", rounds, 1)
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if isinstance(seed, bool) or not isinstance(seed, int):  # any integer: negative seeds are seeds too
         raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
     alpha, power = check_prob("alpha", alpha), check_prob("power", power)
-    min_detectable_tv = number("min_detectable_tv", min_detectable_tv, 0.0, 1.0, closed=False)
+    min_detectable_tv = check_number("min_detectable_tv", min_detectable_tv, 0, 1, low_open=True)
     if orderings is None:
         orderings = ("probability", "ratio", "token-id") if has_draft_scorer else ("probability", "token-id")
     if isinstance(orderings, str):
@@ -103,9 +96,9 @@ def _check_options(*, vocab_size, max_new_tokens, batch_size, rounds, arms, seed
     allow_failed_calls = integer("allow_failed_calls", allow_failed_calls, 0)
     for name, value in (("max_seconds", max_seconds), ("timeout", timeout)):
         if value is not None:
-            number(name, value, 0.0, math.inf, closed=False)
-    zero_mass_tol = number("zero_mass_tol", zero_mass_tol, 0.0, 1.0)
-    logit_tol = number("logit_tol", logit_tol, 0.0, math.inf)
+            check_number(name, value, 0, math.inf, low_open=True)
+    zero_mass_tol = check_number("zero_mass_tol", zero_mass_tol, 0, 1)
+    logit_tol = check_number("logit_tol", logit_tol, 0, math.inf)
     if isinstance(arms, str):
         arms = (arms,)
     if not isinstance(arms, Sequence):
