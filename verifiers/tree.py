@@ -26,7 +26,14 @@ import torch
 from spectr_audit.contract.randomness import sample_categorical, uniform
 from spectr_audit.contract.tree import DraftTree
 from spectr_audit.contract.tree_verifier import TreeVerifier, TreeVerifyOutput
-from spectr_audit.verifiers._walk import NodeRule, _first_true, _sample_or_fallback, _sampler_dtype, normalise
+from spectr_audit.verifiers._walk import (
+    NodeRule,
+    _first_true,
+    _rows_of,
+    _sample_or_fallback,
+    _sampler_dtype,
+    normalise,
+)
 from spectr_audit.verifiers.kseq import KSeqRule
 from spectr_audit.verifiers.recursive_rejection import RecursiveRejectionRule
 
@@ -35,8 +42,8 @@ __all__ = [
     "TargetOnlyRule",
     "TreeRecursiveRejection",
     "TreeRecursiveRejectionWithoutReplacement",
-    "TreeTargetOnly",
     "TreeSpecTr",
+    "TreeTargetOnly",
 ]
 
 
@@ -88,6 +95,74 @@ class RuleTreeVerifier(TreeVerifier):
     rule: NodeRule
 
     def _verify_tree(self, tree: DraftTree, node_tokens, draft_probs, target_probs, generator) -> TreeVerifyOutput:
+        if node_tokens.device.type != "cpu":
+            return self._verify_tree_batched(tree, node_tokens, draft_probs, target_probs, generator)
+        batch_size = node_tokens.shape[0]
+        device = node_tokens.device
+        starts = tree.level_starts
+        parents = tree.parents_tensor(device)
+        has_children = torch.tensor([bool(kids) for kids in tree.children], device=device)
+        members = torch.ones(batch_size, 1, dtype=torch.bool, device=device)  # the current class, over its level
+        alive = torch.ones(batch_size, dtype=torch.bool, device=device)
+        accepted_node = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        next_token = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        for depth in range(tree.max_depth + 1):
+            lo = starts[depth]
+            canon = lo + _first_true(members)  # [batch_size]
+            # On the CPU (where counting costs no device round trip) a node's rows are read only for the rows
+            # whose walk goes on, and the rule runs only where the class has children: each row's numbers
+            # depend on that row alone, a stopped row's output is never read, and a class without children
+            # draws from the target (the residual every rule gives there).  The uniforms are drawn for every
+            # row, as the batched walk draws them, so the verdicts are the same.
+            if depth < tree.max_depth:
+                child_lo, child_hi = starts[depth + 1], starts[depth + 2]
+                candidates = members[:, parents[child_lo:child_hi] - lo]  # [batch_size, width]: children of the class
+                tokens = node_tokens[:, child_lo:child_hi]
+                width = tokens.shape[1]
+                u = uniform(generator, (batch_size, width + 1), device)
+                with_children = candidates.any(-1)
+                evaluated, leaf_rows = _split_rows(alive & with_children, alive & ~with_children)
+                output = torch.zeros(batch_size, dtype=torch.int64, device=device)
+                if evaluated is None or evaluated.numel() > 0:
+                    node_tokens_ = tokens if evaluated is None else tokens.index_select(0, evaluated)
+                    at_node = candidates if evaluated is None else candidates.index_select(0, evaluated)
+                    u_node = u if evaluated is None else u.index_select(0, evaluated)
+                    target_dist = _node_rows(target_probs, depth, canon, evaluated)
+                    if draft_probs is None:
+                        draft_dist = target_dist
+                    else:
+                        # the class's children were drafted from the row of a member that has children
+                        source = lo + _first_true(members & has_children[lo : starts[depth + 1]])
+                        draft_dist = _node_rows(draft_probs, depth, source, evaluated)
+                    accept_probs, residual = self.rule.chain_sampler_parts(node_tokens_, at_node, draft_dist, target_dist)
+                    passed = at_node & (u_node[:, :width] < accept_probs)
+                    accepted_token = node_tokens_.gather(1, _first_true(passed).unsqueeze(1)).squeeze(1)
+                    drawn = _sample_or_fallback(residual, target_dist, u_node[:, width])
+                    chosen = torch.where(passed.any(-1), accepted_token, drawn)
+                    output = chosen if evaluated is None else output.index_copy_(0, evaluated, chosen)
+                if leaf_rows is not None:
+                    leaf_target = _node_rows(target_probs, depth, canon, leaf_rows)
+                    output.index_copy_(0, leaf_rows, sample_categorical(leaf_target, u[:, width].index_select(0, leaf_rows)))
+                matching = candidates & (tokens == output.unsqueeze(1))
+                stop = alive & ~matching.any(-1)
+            else:
+                u = uniform(generator, (batch_size,), device)
+                evaluated, _ = _split_rows(alive, None)
+                output = torch.zeros(batch_size, dtype=torch.int64, device=device)
+                if evaluated is None or evaluated.numel() > 0:
+                    bonus = sample_categorical(_node_rows(target_probs, depth, canon, evaluated),
+                                               u if evaluated is None else u.index_select(0, evaluated))
+                    output = bonus if evaluated is None else output.index_copy_(0, evaluated, bonus)
+                matching = None
+                stop = alive
+            next_token = torch.where(stop, output, next_token)
+            accepted_node = torch.where(stop, canon, accepted_node)
+            alive = alive & ~stop
+            members = matching
+        return TreeVerifyOutput(accepted_node, next_token)
+
+    def _verify_tree_batched(self, tree: DraftTree, node_tokens, draft_probs, target_probs, generator) -> TreeVerifyOutput:
+        """:meth:`_verify_tree` off the CPU: every row at every depth, with no host synchronisation."""
         batch_size = node_tokens.shape[0]
         device = node_tokens.device
         starts = tree.level_starts
@@ -188,6 +263,28 @@ class RuleTreeVerifier(TreeVerifier):
             reach[:, child_lo:child_hi].index_put_((b,), child_mass, accumulate=True)
             canonical = child_canonical
         return out
+
+
+def _split_rows(
+    evaluated: torch.Tensor,  # [batch_size] bool: rows whose rule is evaluated
+    leaves: torch.Tensor | None,  # [batch_size] bool: rows that draw from the target, or None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The rows of ``evaluated`` (None: every row) and of ``leaves`` (None: no row), read on the host (CPU only)."""
+    rows = None if bool(evaluated.all()) else evaluated.nonzero().squeeze(1)
+    leaf_rows = None if leaves is None or not bool(leaves.any()) else leaves.nonzero().squeeze(1)
+    return rows, leaf_rows
+
+
+def _node_rows(
+    probs: torch.Tensor,  # [batch_size, num_nodes, vocab_size]
+    depth: int,
+    node: torch.Tensor,  # [batch_size] int64
+    rows: torch.Tensor | None,  # [n] int64, or None for every row
+) -> torch.Tensor:  # [n, vocab_size], the sampler's dtype
+    """``probs[b, node[b]]`` for the batch rows ``rows``: a view at the root, else one copy of each row read."""
+    if depth == 0:  # the root is node 0 of every row
+        return _sampler_dtype(probs[:, 0] if rows is None else probs[:, 0].index_select(0, rows))
+    return _sampler_dtype(_rows_of(probs, node, rows))
 
 
 class TreeRecursiveRejection(RuleTreeVerifier):
