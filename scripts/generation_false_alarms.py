@@ -3,7 +3,7 @@
 Seeded audits of the correct loop over the toy pair (each with its own pair, two small prompts,
 16-32 tokens a row, an end-of-sequence token on a third of them), at each alpha and in each mode:
 plain (against the scorer), with a reference generator (two-sample mode) and with a draft scorer
-(ratio order).  Prints the FINDINGs of each setting and the upper 99% quantile of
+(ratio order), and with rounds until the planned power (auto, TV 0.15).  Prints the FINDINGs of each setting and the upper 99% quantile of
 Binomial(audits, alpha) the test asserts.
 
     python scripts/generation_false_alarms.py                     # 240 audits per setting
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--audits", type=int, default=240)
     parser.add_argument("--alphas", type=float, nargs="*", default=[0.05, 1e-3])
-    parser.add_argument("--modes", nargs="*", default=["plain", "reference", "draft"])
+    parser.add_argument("--modes", nargs="*", default=["plain", "reference", "draft", "auto"])
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print("| mode | alpha | audits | FINDINGs | expected | limit (99%) | seconds |")

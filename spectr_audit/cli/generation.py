@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -83,8 +84,24 @@ def _write_repro(path: Path, result, spec, prompts, max_new_tokens: int, quiet_u
     print(f"reproduction: {written} (python {written}; exit 1 when the finding reproduces)")
 
 
+def _say_plans(args) -> None:
+    """The plan of an audit that runs until its power (``--rounds auto``) on stderr, as the audit says it (unless
+    ``--progress none``)."""
+    if args.progress == "none":
+        return
+    log = logging.getLogger("spectr_audit.generation")
+    if any(getattr(h, "_spectr_cli", False) for h in log.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("spectr-audit generation: %(message)s"))
+    handler._spectr_cli = True
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
 def command(args) -> int:
     """Run ``spectr-audit generation``; its exit code."""
+    _say_plans(args)
     if args.resume and args.store is None:
         raise _UsageError("--resume: needs --store PATH (the store of the audit to continue)")
     if args.suite is not None:

@@ -257,6 +257,16 @@ exit codes:
   130  interrupted (Ctrl-C): what finished is written (--out, --store), marked incomplete"""
 
 
+def _rounds(text: str):
+    """``--rounds``: a positive integer, or ``auto`` (rounds until the planned power)."""
+    if text == "auto":
+        return text
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or auto, got {text!r}") from None
+
+
 def _arms(text: str) -> tuple:
     """The comma-separated arm names (checked against the generation audit's arms when the command runs)."""
     arms = tuple(a.strip() for a in text.split(",") if a.strip())
@@ -303,8 +313,10 @@ def _add_generation_parser(sub) -> None:
                        help="tokens per continuation (default 32; a toy slip's own where it needs more)")
     audit.add_argument("--batch-size", type=_positive_int, default=None, metavar="N",
                        help="rows per generate() call in the equal, ragged and repeated arms (default 4)")
-    audit.add_argument("--rounds", type=_positive_int, default=None, metavar="N",
-                       help="times the whole design runs, with new seeds (default 1)")
+    audit.add_argument("--rounds", type=_rounds, default=None, metavar="N|auto",
+                       help="times the whole design runs, with new seeds (default 1); auto: two rounds of every arm, "
+                            "then rounds of the fastest arm until the min detectable TV is reached or --max-tokens / "
+                            "--max-seconds stops it (the plan is printed first)")
     audit.add_argument("--arms", type=_arms, default=None, metavar="LIST",
                        help="batch designs, comma-separated: single,equal,ragged,repeated (default all)")
     audit.add_argument("--seed", type=int, default=None, help=f"seed of every job (default {defaults.SEED})")

@@ -25,6 +25,7 @@ from spectr_audit.generation.statistical_tests import (
     two_sample_test,
 )
 from spectr_audit.statistical.gof import TestResult, holm
+from spectr_audit.statistical.power import required_samples
 
 #: A stratum is tested when it holds at least this many tokens (the bins' expected count is then >= 5).
 MIN_STRATUM_TOKENS = 5 * NUM_BINS
@@ -166,6 +167,18 @@ def largest_family(request: GenerationRequest, has_reference: bool = False) -> F
     return FamilyPlan.largest(options.orderings, options.arms, options.position_buckets, len(request.prompts),
                               has_reference, kinds, capacity=capacity, min_stratum_tokens=MIN_STRATUM_TOKENS,
                               agreement=agreement)
+
+
+def planned_tokens(request: GenerationRequest) -> tuple:
+    """``(tokens, family size)``: the engine tokens the all-tokens PIT test needs to detect ``min_detectable_tv`` with
+    ``power`` at its share ``alpha / size`` of the largest family ``request``'s planned jobs can give (its decisive
+    checks counted, as the analysis counts them), so that the analysis's own minimum detectable TV, quoted at the
+    family it builds (never larger), is at most the requested one once that many tokens are scored."""
+    options = request.options
+    plan = largest_family(request, request.has_reference)
+    size = plan.holm_size + len(FamilyPlan.decisive_checks(options.eos_token_id, request.has_reference,
+                                                           request.request_checks()))
+    return required_samples(options.min_detectable_tv, NUM_BINS, options.alpha / size, options.power), size
 
 
 def _one_sample(tokens: _Tokens, options: _Options, prompts: list, level: float, label: str = "") -> list:
@@ -497,7 +510,7 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
         power_ordering=options.power_ordering, failed_calls=tuple(outcome.failed_calls),
         allowed_failed_calls=options.allow_failed_calls,
         requests=tuple(dict(r.describe(), kind=r.kind) for r in request.requests),
-        request_findings=tuple(findings[:50]), determinism=determinism)
+        request_findings=tuple(findings[:50]), determinism=determinism, power_plan=outcome.power_plan)
 
 def _mask(tokens: _Tokens, options: _Options, prompts: list, name: str) -> np.ndarray:
     stratum = name.split(" / ", 1)[1]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 from spectr_audit import defaults
 from spectr_audit.errors import InvalidArgument
@@ -59,7 +59,7 @@ def audit_generation(
     draft_score: Any = None,
     max_new_tokens: int = 32,
     batch_size: int = 4,
-    rounds: int = 1,
+    rounds: Union[int, str] = 1,
     arms: Sequence[str] = ARMS,
     seed: int = defaults.SEED,
     alpha: float = defaults.ALPHA,
@@ -101,9 +101,12 @@ def audit_generation(
     draft_score : callable, optional
         The draft model's law at the same positions: the ``ratio`` order, and the expected
         acceptance.
-    max_new_tokens, batch_size, rounds : int
-        Per row; rows per batch (``equal``, ``ragged``, ``repeated`` arms); how many times the
-        whole design runs (with new seeds).
+    max_new_tokens, batch_size : int
+        Per row; rows per batch (``equal``, ``ragged``, ``repeated`` arms).
+    rounds : int or "auto"
+        How many times the whole design runs (with new seeds); ``"auto"``: two rounds of every arm, then rounds
+        of the fastest arm until the all-tokens test reaches ``min_detectable_tv`` at ``power`` or a budget
+        stops the audit (``result.power_plan``; docs/generation.md, "Rounds until the planned power").
     arms : sequence of str
         Batch designs (:data:`~spectr_audit.generation.designs.ARMS`).
     seed : int
@@ -216,8 +219,9 @@ def run_request(request: GenerationRequest, *, store: Optional[str] = None, resu
     seconds["tests"] = 0.0
     test_start = time.perf_counter()
     outcome = RunOutcome(schedule.consumed(), schedule.failed(), schedule.stop_reason, schedule.mixture_p(),
-                         seconds, schedule.interrupted, group.world_size, schedule.failed_calls())
-    result = _analyse(request, outcome)
+                         seconds, schedule.interrupted, group.world_size, schedule.failed_calls(),
+                         schedule.power_plan)
+    result = _analyse(schedule.request, outcome)  # with rounds="auto", the jobs planned as the audit ran
     seconds["tests"] = time.perf_counter() - test_start
     if sink is not None:
         sink.close()

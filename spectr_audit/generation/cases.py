@@ -107,6 +107,8 @@ def _integer(value: Any, where: str, key: str, minimum: int) -> int:
 def _check_case_value(key: str, value: Any, where: str) -> Any:
     from spectr_audit.generation.designs import ARMS
 
+    if key == "rounds" and value == "auto":
+        return value  # rounds until the planned power
     if key in ("max_new_tokens", "batch_size", "rounds", "max_tokens"):
         return _integer(value, where, key, 1)
     if key in ("seed", "toy_seed", "top_k", "eos_token_id", "allow_failed_calls"):

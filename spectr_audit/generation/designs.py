@@ -85,8 +85,11 @@ def _groups(count: int, size: int, offset: int) -> list:
 
 def plan_jobs(prompts: Sequence[Sequence[int]], *, arms: Sequence[str] = ARMS, batch_size: int = 4,
               rounds: int = 1, max_new_tokens: int = 32, seed: int = 0,
-              per_row_max_new_tokens: bool = False) -> list[Job]:
+              per_row_max_new_tokens: bool = False, first_round: int = 0, first_index: int = 0) -> list[Job]:
     """Every job of the audit, arm by arm within each round, rounds in order.
+
+    ``first_round`` and ``first_index`` continue a plan: the rounds ``first_round ... first_round + rounds - 1``,
+    their jobs numbered from ``first_index`` (more rounds of an audit that runs until its planned power).
 
     Examples
     --------
@@ -109,10 +112,10 @@ def plan_jobs(prompts: Sequence[Sequence[int]], *, arms: Sequence[str] = ARMS, b
     jobs: list[Job] = []
 
     def add(arm, round_, ids, rows, limit):
-        index = len(jobs)
+        index = first_index + len(jobs)
         jobs.append(Job(index, arm, round_, tuple(ids), tuple(rows), limit, chunk_seed(seed, _JOB_STREAM, index)))
 
-    for round_ in range(rounds):
+    for round_ in range(first_round, first_round + rounds):
         for arm in ARMS:
             if arm not in arms:
                 continue

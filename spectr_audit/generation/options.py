@@ -15,6 +15,9 @@ from spectr_audit.generation.pit import ORDERINGS
 #: Continuation positions are bucketed at these boundaries (a slip past position 64 must not drown
 #: in the first 64).
 POSITION_BUCKETS = (16, 64, 256)
+#: With ``rounds="auto"``: the rounds of every arm run first (two, so that the independence test across calls
+#: has its pairs), before further rounds of the fastest arm run until the planned power is reached.
+AUTO_FIRST_ROUNDS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +42,9 @@ class _Options:
     timeout: Optional[float]
     eos_token_id: Optional[int]
     allow_failed_calls: int = 0
+    #: ``rounds="auto"``: after the first ``rounds`` of every arm, rounds of the fastest arm until the
+    #: all-tokens test reaches ``min_detectable_tv`` at ``power`` (or a budget stops the audit)
+    until_power: bool = False
 
     @property
     def power_ordering(self) -> str:
@@ -51,6 +57,8 @@ class _Options:
         fields.pop("max_seconds")
         fields.pop("timeout")
         fields.pop("allow_failed_calls")  # how the result is judged, not which jobs run
+        if fields.pop("until_power"):
+            fields["rounds"] = "auto"  # the rounds run depend on what the first ones measured
         return {**{k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}, "prompts": prompts,
                 "reference": reference, "draft_scorer": draft, "per_row_max_new_tokens": per_row_max_new_tokens}
 
@@ -69,7 +77,12 @@ def _check_options(*, vocab_size, max_new_tokens, batch_size, rounds, arms, seed
     vocab_size = integer("vocab_size", vocab_size, 2)
     max_new_tokens = integer("max_new_tokens", max_new_tokens, 1)
     batch_size = integer("batch_size", batch_size, 2)
-    rounds = integer("rounds", rounds, 1)
+    until_power = rounds == "auto"
+    if until_power:
+        rounds = AUTO_FIRST_ROUNDS
+    elif isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise InvalidArgument(f"rounds: expected an integer >= 1 or 'auto' (rounds until the planned power), got "
+                              f"{rounds!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):  # any integer: negative seeds are seeds too
         raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
     alpha, power = check_prob("alpha", alpha), check_prob("power", power)
@@ -114,7 +127,7 @@ def _check_options(*, vocab_size, max_new_tokens, batch_size, rounds, arms, seed
                     orderings=orderings, position_buckets=buckets, zero_mass_tol=zero_mass_tol, logit_tol=logit_tol,
                     max_tokens=max_tokens, max_seconds=None if max_seconds is None else float(max_seconds),
                     timeout=None if timeout is None else float(timeout), eos_token_id=eos_token_id,
-                    allow_failed_calls=allow_failed_calls)
+                    allow_failed_calls=allow_failed_calls, until_power=until_power)
 
 
 def _check_flags(**flags) -> None:

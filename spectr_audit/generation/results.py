@@ -178,6 +178,13 @@ class GenerationAuditResult:
         Where the generator declares it honours seeds and a request carries one: rows rerun in another batch
         composition (``checked``), how many gave other tokens (``differing``), which (``rows``), and ``passed``.
         Its own line: not part of the fidelity verdict.
+    power_plan : dict, optional
+        With ``rounds="auto"``: the tokens the all-tokens test needs for ``requested_tv`` at ``power``
+        (``tokens_needed``, at ``alpha / family_size``), the rounds of every arm run first, the arm the further
+        rounds ran (``extension_arm``: the fastest in engine tokens per second of generation, ``tokens_per_second``
+        by arm), the rounds run (``extension_rounds``), whether the planned power was reached (``reached``), and
+        the estimate made after the first rounds (``estimated_seconds``).  ``stop_reason`` says what ended the
+        audit: ``power``, a budget (``max_tokens``, ``max_seconds``), or a stopping rule.
     seconds : dict of str -> float
         Wall time of generation, reference generation, scoring and the tests.
     num_bins : int
@@ -236,6 +243,7 @@ class GenerationAuditResult:
     requests: tuple = ()
     request_findings: tuple = ()
     determinism: Optional[dict] = None
+    power_plan: Optional[dict] = None
 
     @property
     def passed(self) -> bool:
@@ -269,6 +277,8 @@ class GenerationAuditResult:
             value = getattr(self, field.name)
             if field.name in _REQUEST_FIELDS and not self.requests:
                 continue  # an audit without requests says nothing of them
+            if field.name == "power_plan" and value is None:
+                continue  # an audit of planned rounds has no plan of its power to report
             if field.name == "subtests":
                 value = [t.to_dict() for t in value]
             out[field.name] = _plain(value)

@@ -7,6 +7,7 @@ alone would.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.generation.analysis import largest_family
+from spectr_audit.generation.analysis import largest_family, planned_tokens
 from spectr_audit.generation.contract import GenerationContractError
 from spectr_audit.generation.designs import Job
 from spectr_audit.generation.records import JobRecord
@@ -26,6 +27,9 @@ from spectr_audit.generation.scoring import _run_job
 from spectr_audit.generation.store import SampleStore
 from spectr_audit.generation.statistical_tests import PITEProcess
 from spectr_audit.statistical.sharding import WorkerFailed
+
+#: Where the schedule says its plan (``rounds="auto"``).
+LOG = logging.getLogger("spectr_audit.generation")
 
 
 def _exception_line(exc: BaseException) -> str:
@@ -138,6 +142,25 @@ class _Schedule:
         self.emitted = 0
         self.bar = _progress(progress if group.rank == 0 else False, len(self.jobs))
         self.interrupted = False
+        # rounds="auto": the planned power, checked once the first rounds (every arm) are consumed
+        self.power_from = self.jobs[-1].index if options.until_power and self.jobs else None
+        self.power_plan: Optional[dict] = None
+        # the plan of an audit that runs until its power, said before the engine runs and again after the first
+        # rounds (the command line shows the logger's INFO lines on stderr)
+        self.say = LOG.info if group.rank == 0 else (lambda text: None)
+        if self.power_from is not None:
+            needed, size = planned_tokens(request)
+            self.power_plan = {"requested_tv": options.min_detectable_tv, "power": options.power,
+                               "tokens_needed": needed, "family_size": size, "first_rounds": options.rounds,
+                               "extension_arm": None, "extension_rounds": 0, "tokens_per_second": {},
+                               "estimated_seconds": None, "reached": False}
+            budget = "; ".join(f"{name} {value:g}" for name, value in (("max_tokens", options.max_tokens),
+                                                                        ("max_seconds", options.max_seconds))
+                               if value is not None) or "no budget"
+            self.say(f"plan: min detectable TV {options.min_detectable_tv:g} at power {options.power:g} needs "
+                     f"{needed} engine tokens (alpha {options.alpha:g} over a family of up to {size} tests); "
+                     f"{options.rounds} rounds of every arm ({len(self.jobs)} calls), then rounds of the fastest arm "
+                     f"until then ({budget})")
 
     def mixture_p(self) -> float:
         """The p-value of the orders' averaged e-process (its running maximum)."""
@@ -175,7 +198,53 @@ class _Schedule:
         may_stop = self.greedy is False or self.spread
         if self.stop_level is not None and self.mixture_p() <= self.stop_level and may_stop:
             return "e-process"
+        if self.power_from is not None and job.index >= self.power_from and self._power_reached():
+            return "power"
         return None
+
+    def _power_reached(self) -> bool:
+        reached = self.emitted >= self.power_plan["tokens_needed"]
+        self.power_plan["reached"] = reached
+        return reached
+
+    def _more_rounds(self) -> Optional[tuple]:
+        """With ``rounds="auto"`` once every planned job is consumed: ``(rounds, arm)`` to plan next, or None when
+        the planned power is reached, the audit is greedy (its power is not in tokens) or no arm emitted a token.
+
+        The further rounds run the arm that emitted the most engine tokens per second of generation so far (every
+        process reads the same records, so they all choose alike); their number is what the tokens still needed
+        take at that arm's tokens per round so far, and the plan is made again when they are consumed (the family,
+        hence the tokens needed, may grow as more strata fill)."""
+        plan = self.power_plan
+        needed, size = planned_tokens(self.request)
+        plan.update(tokens_needed=needed, family_size=size)
+        if self._power_reached() or not (self.greedy is False or self.spread):
+            return None
+        arm_of = {job.index: job for job in self.jobs}
+        tokens, seconds, rounds_seen = {}, {}, {}
+        for index, rec in self.records.items():
+            job = arm_of[index]
+            tokens[job.arm] = tokens.get(job.arm, 0) + int(rec.engine.tokens.token.size)
+            seconds[job.arm] = seconds.get(job.arm, 0.0) + float(sum(rec.seconds))
+            rounds_seen.setdefault(job.arm, set()).add(job.round)
+        generation = {}
+        for index, rec in self.records.items():
+            generation[arm_of[index].arm] = generation.get(arm_of[index].arm, 0.0) + float(rec.seconds[0])
+        rates = {arm: tokens[arm] / max(generation[arm], 1e-9) for arm in tokens if tokens[arm] > 0}
+        plan["tokens_per_second"] = {arm: round(rate, 3) for arm, rate in rates.items()}
+        if not rates:
+            return None
+        arm = max(rates, key=lambda a: (rates[a], a == "ragged"))
+        per_round = tokens[arm] / len(rounds_seen[arm])
+        rounds = max(1, math.ceil((needed - self.emitted) / per_round))
+        if plan["extension_arm"] is None:  # the estimate made after the first rounds, in the result
+            plan["estimated_seconds"] = round(rounds * seconds[arm] / len(rounds_seen[arm]), 3)
+            self.say(f"after {plan['first_rounds']} rounds: {self.emitted} tokens; TV {plan['requested_tv']:g} needs "
+                     f"{needed} (family of up to {size}): about {rounds} more rounds of {arm} (the fastest arm, "
+                     f"{rates[arm]:.0f} tokens/s of generation), about {plan['estimated_seconds']:.0f} s")
+        plan["extension_arm"] = arm
+        plan["extension_rounds"] += rounds
+        return rounds, arm
 
     def attempt(self, job: Optional[Job]) -> tuple:
         """Run one job here: ``("ok", records)``, ``("fail", message)``, ``("interrupt",)``, ``("error", text)``."""
@@ -212,9 +281,29 @@ class _Schedule:
         return self.options.max_tokens is not None and self.emitted >= self.options.max_tokens
 
     def _jobs(self) -> str:
-        """Every job in order, stored ones replayed, the others in rounds; the stop reason."""
-        jobs, stored = self.jobs, self.stored
+        """Every job in order, stored ones replayed, the others in rounds; the stop reason.  With
+        ``rounds="auto"`` more rounds are planned whenever the planned ones are consumed short of the power."""
         i = 0
+        while True:
+            reason = self._planned(i)
+            if reason is not None:
+                return reason
+            i = len(self.jobs)
+            more = self._more_rounds() if self.power_plan is not None else None
+            if more is None:
+                return "power" if self.power_plan is not None and self.power_plan["reached"] else "planned"
+            self.request = self.request.extended(*more)
+            self.jobs = list(self.request.jobs)
+            # the tokens needed at the largest family the extended jobs can give (it may have grown)
+            needed, size = planned_tokens(self.request)
+            self.power_plan.update(tokens_needed=needed, family_size=size)
+            self.stop_level = _stop_level(self.request)  # the largest family may grow with the jobs
+            if self.bar is not None:
+                self.bar.update(self.bar.task_ids[0], total=len(self.jobs))
+
+    def _planned(self, i: int) -> Optional[str]:
+        """The planned jobs from the ``i``-th on; a stop reason, or None once they are all consumed."""
+        jobs, stored = self.jobs, self.stored
         while i < len(jobs):
             if self._over_tokens():
                 return "max_tokens"
@@ -239,7 +328,7 @@ class _Schedule:
             i = end
             if reason is not None:
                 return reason
-        return "planned"
+        return None
 
     def _exchange(self, batch: list) -> dict:
         """Run this process's job of the round; every job's outcome by index (a process's error raised)."""

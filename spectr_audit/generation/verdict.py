@@ -73,6 +73,19 @@ def _error_line(result: Any) -> str:
     return head + f"first: {_first_failure(result)}; tracebacks: {TRACEBACKS_AT}"
 
 
+def _stopped(result: Any) -> str:
+    """What ended the audit, where the verdict line must say it: a budget, an interruption, the planned power
+    reached (``rounds="auto"``), or a budget before it."""
+    plan = getattr(result, "power_plan", None)
+    if result.stop_reason == "power":
+        return f"; stopped at the planned power ({plan['tokens_needed']} tokens for TV {plan['requested_tv']:g})"
+    if result.stop_reason in ("planned", "e-process", "support"):
+        return ""
+    short = (f" before the planned power ({result.num_tokens} of {plan['tokens_needed']} tokens)"
+             if plan is not None and not plan.get("reached") else "")
+    return f"; stopped: {result.stop_reason}{short}"
+
+
 def verdict_line(result: Any, exit_code: Optional[int] = None) -> str:
     """The first line of every face: verdict, engine, deciding test and p-value, tokens, and power where it fell short.
 
@@ -103,8 +116,7 @@ def verdict_line(result: Any, exit_code: Optional[int] = None) -> str:
         line = _error_line(result)
         if getattr(result, "incomplete", False):
             line = "ERROR (INCOMPLETE)" + line[len("ERROR"):]
-        if result.stop_reason not in ("planned", "e-process", "support"):
-            line += f"; stopped: {result.stop_reason}"
+        line += _stopped(result)
         return line if exit_code is None else f"{line}: exit {exit_code}"
     verdict = result.verdict + (" (INCOMPLETE)" if getattr(result, "incomplete", False) else "")
     line = (f"{verdict}: {result.generator} against {result.scorer}: test {result.test!r}, p = {_p(result.pvalue)} "
@@ -114,8 +126,7 @@ def verdict_line(result: Any, exit_code: Optional[int] = None) -> str:
                  f"{_num(result.requested_tv)}")
     elif result.verdict == "PASS":
         line += f"; min detectable TV {_num(result.min_detectable_tv)}"
-    if result.stop_reason not in ("planned", "e-process", "support"):
-        line += f"; stopped: {result.stop_reason}"
+    line += _stopped(result)
     determinism = getattr(result, "determinism", None)
     if determinism and determinism.get("differing"):
         line += (f"; determinism (not part of the verdict): {determinism['differing']} of {determinism['checked']} "

@@ -200,6 +200,8 @@ def _audit(index: int, alpha: float, mode: str):
         extra["reference"] = pair.reference()
     if mode == "draft":
         extra["draft_score"] = pair.draft_scorer()
+    if mode == "auto":  # rounds until the planned power: a stop on the count of tokens
+        extra.update(rounds="auto", min_detectable_tv=0.15)
     return audit_generation(correct_engine(pair), pair.scorer(), prompts, vocab_size=vocab,
                             max_new_tokens=int(rng.integers(16, 33)), batch_size=2, seed=index, alpha=alpha,
                             eos_token_id=eos, progress=False, **extra)
@@ -227,7 +229,7 @@ def test_the_correct_loop_is_rarely_a_finding(alpha):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["plain", "reference", "draft"])
+@pytest.mark.parametrize("mode", ["plain", "reference", "draft", "auto"])
 @pytest.mark.parametrize("alpha", [0.05, defaults.ALPHA])
 def test_the_correct_loop_is_rarely_a_finding_over_many_audits(alpha, mode):
     _check_false_alarms(240, alpha, mode, rows=6)
