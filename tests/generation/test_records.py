@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 
 from spectr_audit.generation.engine_specs import audit_engine, load_generation_engine
-from spectr_audit.generation.library import ToyPair, correct_engine
 from spectr_audit.generation.records import JobRecord
 
 DATA = Path(__file__).parent / "data"
