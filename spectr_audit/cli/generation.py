@@ -143,7 +143,9 @@ def command(args) -> int:
         raise _UsageError(f"--prompts: required: the engine {args.engine!r} gives no prompts of its own")
     requests = None if args.requests is None else gen.read_requests(args.requests, "--requests")
     out = _prepare_out(args)
-    options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, rounds=args.rounds, arms=args.arms,
+    # a TV asked for without a number of rounds: rounds until the power for it (or a budget)
+    rounds = args.rounds if args.rounds is not None or args.min_detectable_tv is None else "auto"
+    options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, rounds=rounds, arms=args.arms,
                    seed=args.seed, alpha=args.alpha, min_detectable_tv=args.min_detectable_tv,
                    max_tokens=args.max_tokens, max_seconds=args.max_seconds, timeout=args.timeout,
                    allow_failed_calls=args.allow_failed_calls, store=None if store is None else str(store), resume=args.resume,

@@ -314,9 +314,10 @@ def _add_generation_parser(sub) -> None:
     audit.add_argument("--batch-size", type=_positive_int, default=None, metavar="N",
                        help="rows per generate() call in the equal, ragged and repeated arms (default 4)")
     audit.add_argument("--rounds", type=_rounds, default=None, metavar="N|auto",
-                       help="times the whole design runs, with new seeds (default 1); auto: two rounds of every arm, "
-                            "then rounds of the fastest arm until the min detectable TV is reached or --max-tokens / "
-                            "--max-seconds stops it (the plan is printed first)")
+                       help="times the whole design runs, with new seeds (default 1, or auto when "
+                            "--min-detectable-tv is given); auto: two rounds of every arm, then rounds of the fastest "
+                            "arm until the min detectable TV is reached or --max-tokens / --max-seconds stops it (the "
+                            "plan is printed first)")
     audit.add_argument("--arms", type=_arms, default=None, metavar="LIST",
                        help="batch designs, comma-separated: single,equal,ragged,repeated (default all)")
     audit.add_argument("--seed", type=int, default=None, help=f"seed of every job (default {defaults.SEED})")
@@ -324,7 +325,8 @@ def _add_generation_parser(sub) -> None:
                        help=f"familywise false-alarm rate (default {defaults.ALPHA:g})")
     audit.add_argument("--min-detectable-tv", type=_probability, default=None, metavar="TV",
                        help="the TV the PASS verdict needs the power to detect (default "
-                       f"{defaults.GENERATION_MIN_DETECTABLE_TV:g}); below that power nothing rejected is INCONCLUSIVE")
+                       f"{defaults.GENERATION_MIN_DETECTABLE_TV:g}); below that power nothing rejected is INCONCLUSIVE; "
+                       "given without --rounds, the audit runs rounds until that power (--rounds auto)")
     audit.add_argument("--max-tokens", type=_positive_int, default=None, metavar="N",
                        help="stop after this many engine tokens (the result says how far it got)")
     audit.add_argument("--max-seconds", type=_positive_seconds, default=None, metavar="S",
