@@ -98,8 +98,9 @@ class RecursiveRejectionRule(NodeRule):
         """:meth:`__call__`'s acceptances and residual with the residual and the drafting law kept unnormalised.
 
         With ``R = s R_n`` and ``D = d D_n`` (totals s, d), draft s_i is accepted with
-        ``min(1, R(s_i) d / (s D(s_i)))`` and the residual after a rejection is ``(R - (s/d) D)_+ =
-        s (R_n - D_n)_+``: one fused multiply-add, a clip and a sum per draft instead of a normalisation;
+        ``min(1, R(s_i) d / (s D(s_i)))`` and the residual after a rejection is ``(d R - s D)_+ =
+        s d (R_n - D_n)_+``: a product, a fused multiply-add, a clip and a sum per draft instead of a normalisation
+        (where ``R_n = D_n`` at a token the two products cancel exactly, as in the exact law);
         without replacement the rejected token is zeroed in place and ``d`` summed again.  The same law
         to rounding (the normalisations are only rescalings), on the rows as given.  A rule that
         changes :meth:`_residual_after_rejection` keeps :meth:`__call__`.
@@ -180,7 +181,11 @@ class RecursiveRejectionRule(NodeRule):
                     owned = True
                     if kept == 0:  # every row is settled: no residual is ever drawn
                         break
-            after = torch.addcmul(residual, drafting, -(res_total / draft_total)).clamp_(min=0)  # (R - (s/d) D)_+
+            # (d R - s D)_+, the residual (R / s - D / d)_+ scaled by s d: where R and D hold the same share of
+            # their totals at a token the two products are the same float and cancel exactly, as the exact law's
+            # normalised rows do (R - (s/d) D leaves a rounding residue there, which outweighs a residual mass
+            # far below the rows' rounding)
+            after = torch.addcmul(residual * draft_total, drafting, -res_total).clamp_(min=0)
             after_total = after.sum(-1, keepdim=True)
             # no mass left (or the draft did not reach this node): the residual stays as it was
             keep_old = ~active | ~(after_total > 0)

@@ -511,3 +511,20 @@ def test_kseq_rho_shortcut_keeps_its_last_solves_and_repeats_them_bit_for_bit():
         row = (draft_row + scale) / (draft_row + scale).sum()
         _rho_per_distinct_k(kseq_rho_star, row.expand(6, -1).contiguous(), target_dist, k)
     assert len(kseq_module._SOLVED) == kseq_module._SOLVED_PAIRS
+
+
+def test_rrs_without_replacement_cancels_where_the_exact_law_does():
+    """A residual mass far below the rows' rounding (5.7e-247) beside a token where the residual and the renormalised
+    draft law agree exactly: the exact law gives that tiny mass the whole residual, and so must the sampler (found
+    by hypothesis: the sampler's residue of rounding, about 1e-17, once took the whole residual instead)."""
+    verifier = load_verifier("rrs-wor")
+    tokens = torch.tensor([[[2], [0]]])
+    draft = torch.tensor([[[[1.9778e-308, 0.0, 1 / 9, 8 / 9]]] * 2], dtype=torch.float64)
+    target = torch.tensor([[[[0.0, 5.6972e-247, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]]] * 2], dtype=torch.float64)
+    law = verifier.output_probs(tokens, draft, target)[0]
+    walked = tree_law(_sampler_rule(verifier.rule), tokens[0].tolist(), draft[0].tolist(), target[0].tolist())
+    dense = torch.zeros_like(law)
+    for (k, n, y), mass in walked.items():
+        dense[k, n, y] += mass
+    assert law[0, 0, 1] == 1.0
+    torch.testing.assert_close(dense, law, atol=TOL, rtol=0)
