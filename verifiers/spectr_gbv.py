@@ -239,7 +239,8 @@ def _cover_sums(draft_rows, target_rows, joint_p, joint_q, num_drafts: int, inde
     step = max(1, min(count, _COVER_CHUNK // vocab_size))
     buffers = torch.empty(3, step, vocab_size, dtype=torch.float64, device=device)
     if index is not None:
-        picked = torch.empty(2, step, vocab_size, dtype=target_rows.dtype, device=device)
+        picked_p = torch.empty(step, vocab_size, dtype=draft_rows.dtype, device=device)
+        picked_q = torch.empty(step, vocab_size, dtype=target_rows.dtype, device=device)
         joint_p, joint_q = joint_p[index], joint_q[index]
     joint_p, joint_q = joint_p.unsqueeze(-1), joint_q.unsqueeze(-1)
     # the K = 2 series 1 + (1 - m) = 2 - m in one step; 1 - m for the longer series
@@ -251,8 +252,8 @@ def _cover_sums(draft_rows, target_rows, joint_p, joint_q, num_drafts: int, inde
         if index is None:
             rows_p, rows_q = draft_rows[start:stop], target_rows[start:stop]
         else:
-            rows_p = torch.index_select(draft_rows, 0, index[start:stop], out=picked[0, : stop - start])
-            rows_q = torch.index_select(target_rows, 0, index[start:stop], out=picked[1, : stop - start])
+            rows_p = torch.index_select(draft_rows, 0, index[start:stop], out=picked_p[: stop - start])
+            rows_q = torch.index_select(target_rows, 0, index[start:stop], out=picked_q[: stop - start])
         child_p.copy_(rows_p).mul_(joint_p[start:stop])  # float64 p(yx)
         child_q.copy_(rows_q).mul_(joint_q[start:stop])
         low = torch.minimum(child_p, child_q, out=child_p)  # min(p, q) = q min(1, p/q)

@@ -56,6 +56,19 @@ def test_lazy_scan_is_the_full_scan(num_drafts, draft_len, vocab_size, zeros, sh
             assert torch.equal(getattr(lazy, name), getattr(full, name)), name
 
 
+@pytest.mark.parametrize("draft_dtype,target_dtype", [(torch.float16, torch.float32), (torch.float64, torch.bfloat16)])
+def test_lazy_scan_with_mixed_dtypes(draft_dtype, target_dtype):
+    """Rows gathered for a subset keep each tensor's own dtype (the draft's and the target's may differ)."""
+    tokens, draft_probs, target_probs = _tree(64, 3, 3, 50, 9, shared=True)
+    draft_probs, target_probs = draft_probs.to(draft_dtype), target_probs.to(target_dtype)
+    draft_joint, target_joint = spectr_gbv._joints(tokens, draft_probs, target_probs)
+    same_prefix = spectr_gbv._same_prefix(tokens)
+    u = uniform(torch.Generator().manual_seed(1), (64, 10), torch.device("cpu"))
+    lazy = spectr_gbv._scan(draft_probs, target_probs, draft_joint, target_joint, same_prefix, u, lazy=True)
+    full = spectr_gbv._scan(draft_probs, target_probs, draft_joint, target_joint, same_prefix, u, lazy=False)
+    assert torch.equal(lazy.tau, full.tau) and torch.equal(lazy.sel, full.sel)
+
+
 @pytest.mark.parametrize("num_drafts,draft_len,vocab_size", CASES)
 def test_cover_of_a_subset_of_rows_is_the_same_numbers(num_drafts, draft_len, vocab_size):
     """A row's children's cover does not depend on the rows computed with it (chunks, index lists)."""
