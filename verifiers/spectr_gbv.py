@@ -59,17 +59,19 @@ independently, so the full draft is emitted with probability
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import torch
 
+from spectr_audit.contract.correction import (
+    JointResidualCorrection,
+    has_carried_correction,
+)
+from spectr_audit.contract.randomness import uniform
 from spectr_audit.contract.verifier import Verifier, VerifyOutput
-from spectr_audit.contract.correction import JointResidualCorrection, has_carried_correction
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.contract.randomness import sample_categorical, uniform
 from spectr_audit.verifiers._walk import _sample_or_fallback, normalise
 
-__all__ = ["PublishedSpecTrGBV", "PublishedSpecTrGBVWithCorrection", "MAX_EXACT_TESTS"]
+__all__ = ["MAX_EXACT_TESTS", "PublishedSpecTrGBV", "PublishedSpecTrGBVWithCorrection"]
 
 #: The exact law enumerates the verifier's coin outcomes: at most K * L tests.
 MAX_EXACT_TESTS = 12
@@ -88,7 +90,7 @@ class _Quantities:
     final_pass: torch.Tensor
     # [batch_size, num_drafts, draft_len, vocab_size]: unnormalised residual after x_k[1..tau], tau < L
     # (None in the sampler, which builds only the row each scan ends at)
-    residual: Optional[torch.Tensor]
+    residual: torch.Tensor | None
     # [batch_size, num_drafts, num_drafts, draft_len + 1]: x_j[1..i] == x_k[1..i]
     same_prefix: torch.Tensor
 
@@ -110,7 +112,7 @@ class _ScanState:
     # [n]: probability of the coin path (exact law only)
     weight: torch.Tensor
 
-    def take(self, index: torch.Tensor) -> "_ScanState":
+    def take(self, index: torch.Tensor) -> _ScanState:
         return _ScanState(*(getattr(self, f.name)[index] for f in dataclasses.fields(self)))
 
 
@@ -197,43 +199,88 @@ _COVER_CHUNK = 1 << 17
 _SMALLEST = 5e-324
 
 
-def _child_cover_sampler(draft_probs, target_probs, draft_joint, target_joint, num_drafts: int) -> torch.Tensor:
-    """``sum_x c(yx)`` below x_k[1..i] for i = 1 .. L-1 (index 0, which no test reads, left 0), ``[B, K, L]``.
+def _row_view(probs: torch.Tensor):
+    """``probs [B, K, N, V]`` as rows ``[R, V]`` with row ``(b, k, l)`` at ``b * stride_b + k * stride_k + l``:
+    ``(rows, stride_b, stride_k)``, or None where the strides allow no such view."""
+    stride_b, stride_k, stride_l, stride_v = probs.stride()
+    if stride_v != 1 or stride_l <= 0 or stride_b % stride_l or stride_k % stride_l:
+        return None
+    batch_size, num_drafts, num_levels, vocab_size = probs.shape
+    count = ((batch_size - 1) * stride_b + (num_drafts - 1) * stride_k) // stride_l + num_levels
+    return probs.as_strided((count, vocab_size), (stride_l, 1)), stride_b // stride_l, stride_k // stride_l
+
+
+def _gather_rows(probs: torch.Tensor, batch_rows, drafts, levels) -> torch.Tensor:  # [n, V]
+    """``probs[batch_rows, drafts, levels]`` (``[n]`` each): by ``index_select`` on a flat view where the strides
+    allow one (a contiguous copy of the rows, several times faster on the CPU than advanced indexing)."""
+    view = _row_view(probs)
+    if view is None:
+        return probs[batch_rows, drafts, levels]
+    rows, stride_b, stride_k = view
+    return rows.index_select(0, batch_rows * stride_b + drafts * stride_k + levels)
+
+
+def _cover_sums(draft_rows, target_rows, joint_p, joint_q, num_drafts: int, index=None) -> torch.Tensor:
+    """``sum_x c(yx)`` below the rows ``[R, V]`` (p and q after y) with joint prefix probabilities ``[R]``,
+    for the rows ``index`` ``[n]`` (all R when None): ``[n]`` float64.
 
     The sampler's form of :func:`_covered`: ``c = min(p(yx), q(yx)) S(m)`` with ``m = min(1, p(yx)/q(yx))`` and
     ``S(m) = sum_{j < K} (1 - m)^j = (1 - (1 - m)^K) / m`` by Horner's rule: a sum of non-negative terms, so it
     keeps the relative accuracy of the ``expm1``/``log1p`` form (a few ulps) with no transcendental function.
     Rows of a few vocabularies at a time go through every step while they are in cache; each row is read once.
+    Each row's sum depends on that row alone (not on which rows share its chunk).
     """
-    batch_size, _, draft_len = draft_joint.shape
-    draft_len -= 1
-    vocab_size = draft_probs.shape[-1]
-    out = torch.zeros(draft_joint.shape[:-1] + (draft_len,), dtype=torch.float64, device=draft_probs.device)
-    if draft_len < 2:
-        return out
-    # [n, V] views of the rows at levels 1 .. L-1, and their joint prefix probabilities [n, 1]
-    rows_p = draft_probs[:, :, 1:draft_len].reshape(-1, vocab_size)
-    rows_q = target_probs[:, :, 1:draft_len].reshape(-1, vocab_size)
-    joint_p = draft_joint[..., 1:draft_len].reshape(-1, 1)
-    joint_q = target_joint[..., 1:draft_len].reshape(-1, 1)
-    sums = torch.empty(rows_p.shape[0], dtype=torch.float64, device=draft_probs.device)
-    step = max(1, _COVER_CHUNK // vocab_size)
-    buffers = torch.empty(3, min(step, rows_p.shape[0]), vocab_size, dtype=torch.float64, device=draft_probs.device)
-    for start in range(0, rows_p.shape[0], step):
-        stop = min(start + step, rows_p.shape[0])
+    count = target_rows.shape[0] if index is None else index.shape[0]
+    vocab_size = target_rows.shape[-1]
+    device = target_rows.device
+    sums = torch.empty(count, dtype=torch.float64, device=device)
+    if count == 0:
+        return sums
+    step = max(1, min(count, _COVER_CHUNK // vocab_size))
+    buffers = torch.empty(3, step, vocab_size, dtype=torch.float64, device=device)
+    if index is not None:
+        picked_p = torch.empty(step, vocab_size, dtype=draft_rows.dtype, device=device)
+        picked_q = torch.empty(step, vocab_size, dtype=target_rows.dtype, device=device)
+        joint_p, joint_q = joint_p[index], joint_q[index]
+    joint_p, joint_q = joint_p.unsqueeze(-1), joint_q.unsqueeze(-1)
+    # the K = 2 series 1 + (1 - m) = 2 - m in one step; 1 - m for the longer series
+    first = torch.full((), 2.0 if num_drafts == 2 else 1.0, dtype=torch.float64, device=device)
+    one = torch.ones((), dtype=torch.float64, device=device)
+    for start in range(0, count, step):
+        stop = min(start + step, count)
         child_p, child_q, series = buffers[:, : stop - start]
-        child_p.copy_(rows_p[start:stop]).mul_(joint_p[start:stop])  # float64 p(yx)
-        child_q.copy_(rows_q[start:stop]).mul_(joint_q[start:stop])
+        if index is None:
+            rows_p, rows_q = draft_rows[start:stop], target_rows[start:stop]
+        else:
+            rows_p = torch.index_select(draft_rows, 0, index[start:stop], out=picked_p[: stop - start])
+            rows_q = torch.index_select(target_rows, 0, index[start:stop], out=picked_q[: stop - start])
+        child_p.copy_(rows_p).mul_(joint_p[start:stop])  # float64 p(yx)
+        child_q.copy_(rows_q).mul_(joint_q[start:stop])
         low = torch.minimum(child_p, child_q, out=child_p)  # min(p, q) = q min(1, p/q)
-        # 1 - m, m = min(p, q) / q (0 where q = 0, where min(p, q) = 0 as well)
-        rest = torch.div(low, child_q.clamp_(min=_SMALLEST), out=child_q).neg_().add_(1)
         if num_drafts > 1:
-            torch.add(rest, 1, out=series)
-            for _ in range(num_drafts - 2):
-                series.mul_(rest).add_(1)
-            low.mul_(series)
+            # m = min(p, q) / q (0 where q = 0, where min(p, q) = 0 as well)
+            child_q.clamp_(min=_SMALLEST)
+            if num_drafts == 2:
+                low.mul_(torch.addcdiv(first, low, child_q, value=-1, out=series))  # 2 - m
+            else:
+                rest = torch.addcdiv(first, low, child_q, value=-1, out=child_q)  # 1 - m
+                torch.add(rest, 1, out=series)
+                for _ in range(num_drafts - 2):
+                    torch.addcmul(one, series, rest, out=series)
+                low.mul_(series)
         torch.sum(low, -1, out=sums[start:stop])
-    out[..., 1:] = sums.reshape(batch_size, -1, draft_len - 1)
+    return sums
+
+
+def _child_cover_sampler(draft_probs, target_probs, draft_joint, target_joint, num_drafts: int) -> torch.Tensor:
+    """``sum_x c(yx)`` below x_k[1..i] for i = 1 .. L-1 (index 0, which no test reads, left 0), ``[B, K, L]``:
+    :func:`_cover_sums` on every draft's rows at levels 1 .. L-1."""
+    draft_len = draft_joint.shape[-1] - 1
+    out = torch.zeros(draft_joint.shape[:-1] + (draft_len,), dtype=torch.float64, device=draft_probs.device)
+    for draft in range(draft_joint.shape[1]):
+        for level in range(1, draft_len):
+            out[:, draft, level] = _cover_sums(draft_probs[:, draft, level], target_probs[:, draft, level],
+                                               draft_joint[:, draft, level], target_joint[:, draft, level], num_drafts)
     return out
 
 
@@ -243,17 +290,38 @@ def _residual_sampler(draft_rows, target_rows, joint_p, joint_q, num_drafts: int
     ``q (1 - m^K) = (q - p)_+ sum_{j < K} m^j`` with ``m = min(1, p/q)`` (Horner's rule): the same values
     to a few ulps, a sum of non-negative terms, no transcendental function.
     """
-    child_p = draft_rows.double().mul_(joint_p.unsqueeze(-1))
-    child_q = target_rows.double().mul_(joint_q.unsqueeze(-1))
-    excess = torch.sub(child_q, child_p).clamp_(min=0)  # (q - p)_+ = q (1 - m)
-    if num_drafts > 1:
-        # m = min(p, q) / q in [0, 1] (0 where q = 0, where the excess is 0 as well)
-        ratio = torch.minimum(child_p, child_q, out=child_p).div_(child_q.clamp_(min=_SMALLEST))
-        series = ratio + 1
-        for _ in range(num_drafts - 2):
-            series.mul_(ratio).add_(1)
-        excess.mul_(series)
-    return excess
+    out = torch.empty(target_rows.shape, dtype=torch.float64, device=target_rows.device)
+    return _residual_into(out, draft_rows, target_rows, joint_p, joint_q, num_drafts)
+
+
+def _residual_into(out, draft_rows, target_rows, joint_p, joint_q, num_drafts: int) -> torch.Tensor:
+    """:func:`_residual_sampler` written into ``out`` ``[n, V]`` float64, a few rows at a time (in cache)."""
+    count, vocab_size = out.shape
+    if count == 0:
+        return out
+    step = max(1, min(count, _COVER_CHUNK // vocab_size))
+    buffers = torch.empty(2, step, vocab_size, dtype=torch.float64, device=out.device)
+    one = torch.ones((), dtype=torch.float64, device=out.device)
+    joint_p, joint_q = joint_p.unsqueeze(-1), joint_q.unsqueeze(-1)
+    for start in range(0, count, step):
+        stop = min(start + step, count)
+        child_p, child_q = buffers[:, : stop - start]
+        excess = out[start:stop]
+        child_p.copy_(draft_rows[start:stop]).mul_(joint_p[start:stop])
+        child_q.copy_(target_rows[start:stop]).mul_(joint_q[start:stop])
+        torch.sub(child_q, child_p, out=excess).clamp_(min=0)  # (q - p)_+ = q (1 - m)
+        if num_drafts == 2:
+            # 1 + m, m = min(p, q) / q in [0, 1] (0 where q = 0, where the excess is 0 as well), in one step
+            # (the quotient rounded, then the sum: the same value as a division and an addition)
+            low = torch.minimum(child_p, child_q, out=child_p)
+            excess.mul_(torch.addcdiv(one, low, child_q.clamp_(min=_SMALLEST), out=child_q))
+        elif num_drafts > 2:
+            ratio = torch.minimum(child_p, child_q, out=child_p).div_(child_q.clamp_(min=_SMALLEST))
+            series = torch.add(ratio, 1, out=child_q)
+            for _ in range(num_drafts - 2):
+                series.mul_(ratio).add_(1)
+            excess.mul_(series)
+    return out
 
 
 def _sampler_tests(draft_tokens, draft_probs, target_probs):
@@ -313,6 +381,39 @@ def _initial_state(rows: torch.Tensor, num_drafts: int, draft_len: int) -> _Scan
     )
 
 
+def _scan(draft_probs, target_probs, draft_joint, target_joint, same_prefix, u, *, lazy: bool) -> _ScanState:
+    """The published scan of every batch row with its uniforms ``u`` ``[B, K L + 1]`` (one per test, in order).
+
+    With ``lazy``, draft k's children's covers are computed just before its tests, for the rows that
+    test it at each length and for no other: whether draft k is tested at length i is fixed when its
+    tests begin (a test of draft k moves tau only to a length below the next one, and H changes only
+    by draft k's own lengths), so :func:`_inner_active` on the state then says which.  The values read
+    are the same either way (each row's cover depends on that row alone).
+    """
+    batch_size, num_drafts, draft_len = draft_joint.shape
+    draft_len -= 1
+    state = _initial_state(torch.arange(batch_size, device=u.device), num_drafts, draft_len)
+    if lazy:
+        child_cover = torch.zeros(batch_size, num_drafts, draft_len, dtype=torch.float64, device=u.device)
+    else:
+        child_cover = _child_cover_sampler(draft_probs, target_probs, draft_joint, target_joint, num_drafts)
+    quantities = _Quantities(*_tests_from_cover(draft_joint, target_joint, child_cover, num_drafts), None, same_prefix)
+    for index, (draft, length, final) in enumerate(_tests(num_drafts, draft_len)):
+        if lazy and length == 1 and draft_len > 1:
+            for level in range(1, draft_len):
+                tested = _inner_active(state, quantities, draft, level)
+                rows = None if bool(tested.all()) else tested.nonzero().squeeze(-1)
+                sums = _cover_sums(draft_probs[:, draft, level], target_probs[:, draft, level],
+                                   draft_joint[:, draft, level], target_joint[:, draft, level], num_drafts, rows)
+                child_cover[:, draft, level] = sums if rows is None else child_cover[:, draft, level].index_put((rows,), sums)
+            inner, final_pass = _tests_from_cover(draft_joint, target_joint, child_cover, num_drafts)
+            quantities = _Quantities(inner, final_pass, None, same_prefix)
+        active = ~state.done if final else _inner_active(state, quantities, draft, length)
+        passed = active & (u[:, index] < _pass_prob(quantities, state, draft, length, final))
+        state = _after_test(state, draft, length, final, active, passed)
+    return state
+
+
 def _pass_prob(quantities: _Quantities, state: _ScanState, draft: int, length: int, final: bool) -> torch.Tensor:
     if final:
         return quantities.final_pass[state.row, draft]
@@ -359,24 +460,26 @@ class PublishedSpecTrGBV(Verifier):
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
         batch_size, num_drafts, draft_len = draft_tokens.shape
         device = draft_tokens.device
-        quantities, draft_joint, target_joint = _sampler_tests(draft_tokens, draft_probs, target_probs)
+        draft_joint, target_joint = _joints(draft_tokens, draft_probs, target_probs)
         u = uniform(generator, (batch_size, num_drafts * draft_len + 1), device)
-        state = _initial_state(torch.arange(batch_size, device=device), num_drafts, draft_len)
-        for index, (draft, length, final) in enumerate(_tests(num_drafts, draft_len)):
-            active = ~state.done if final else _inner_active(state, quantities, draft, length)
-            passed = active & (u[:, index] < _pass_prob(quantities, state, draft, length, final))
-            state = _after_test(state, draft, length, final, active, passed)
-        # the residual of the one node each row ends at, drawn unnormalised (the target where it has no mass);
-        # rows that accepted a full draft draw from the target after it instead
+        same_prefix = _same_prefix(draft_tokens)
+        # On the CPU the children's covers are computed only where a test reads them (a host read of which rows
+        # that is costs nothing there); an accelerator computes them all, with no host sync.
+        state = _scan(draft_probs, target_probs, draft_joint, target_joint, same_prefix, u, lazy=device.type == "cpu")
+        # the residual of the one node each row ends at, drawn unnormalised (the target where it has no mass)
         rows, sel, tau = state.row, state.sel, state.tau
+        full = tau == draft_len
         level = tau.clamp(max=draft_len - 1)
-        mass = _residual_sampler(draft_probs[rows, sel, level], target_probs[rows, sel, level],
-                                 draft_joint[rows, sel, level], target_joint[rows, sel, level], num_drafts)
-        # selected, not gathered by index: the rows' count is data, and a sampler never syncs with the host
-        full = (tau == draft_len).unsqueeze(1)
-        mass = torch.where(full, target_probs[rows, sel, draft_len].double(), mass)
+        # A row that accepted a full draft draws from the target after it: its residual with p = 0 and
+        # joints (0, 1) is that row exactly ((q - 0)_+ (1 + 0) = q), so one formula serves every row.
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        mass = _residual_into(
+            torch.empty(batch_size, draft_probs.shape[-1], dtype=torch.float64, device=device),
+            _gather_rows(draft_probs, rows, sel, level), _gather_rows(target_probs, rows, sel, tau),
+            torch.where(full, zero, draft_joint[rows, sel, level]), torch.where(full, zero + 1, target_joint[rows, sel, level]),
+            num_drafts)
         next_token = _sample_or_fallback(mass, lambda: target_probs[rows, sel, tau].double(), u[:, -1])
-        draft_index = _canonical_index(quantities, state.row, state.tau, state.sel)
+        draft_index = _canonical_index(_Quantities(None, None, None, same_prefix), state.row, state.tau, state.sel)
         correction = None
         if has_carried_correction(self):
             correction = self.carried_correction(draft_tokens, draft_probs, target_probs, state.tau, draft_index, next_token)
@@ -450,8 +553,26 @@ class PublishedSpecTrGBVWithCorrection(PublishedSpecTrGBV):
     min_drafts = 2
 
     def carried_correction(self, draft_tokens, draft_probs, target_probs, num_accepted, draft_index, next_token):
-        """The assumed Algorithm 2 correction after these verdicts (None if no row has one)."""
+        """The assumed Algorithm 2 correction after these verdicts (None if no row has one).
+
+        The correction reads only the probabilities of the emitted string: at each level of the
+        selected draft, its token's and the next token's.  It is handed a two-token tree that holds
+        just those (token 0: the draft's, token 1: the next token; one draft), so it widens and
+        gathers ``[B, L + 1, 2]`` values instead of the selected draft's whole rows: the same numbers.
+        """
+        batch_size, _, draft_len = draft_tokens.shape
+        rows = torch.arange(batch_size, device=draft_tokens.device).unsqueeze(-1)
+        drafts = draft_index.unsqueeze(-1)
+        levels = torch.arange(draft_len + 1, device=draft_tokens.device)
+        path = draft_tokens[rows, drafts, levels[:draft_len]]  # [B, L]
+        following = next_token.unsqueeze(-1)
+        draft_pair = torch.stack([draft_probs[rows, drafts, levels[:draft_len], path],
+                                  draft_probs[rows, drafts, levels[:draft_len], following]], -1)  # [B, L, 2]
+        # the target's level L: no drafted token there (token 0 is never read at it)
+        target_pair = torch.stack([target_probs[rows, drafts, levels, torch.cat([path, following], -1)],
+                                   target_probs[rows, drafts, levels, following]], -1)  # [B, L + 1, 2]
         return JointResidualCorrection.after_emission(
-            draft_tokens, draft_probs, target_probs, num_accepted, draft_index, next_token,
-            horizon=draft_tokens.shape[-1], exponent=draft_tokens.shape[1],
+            torch.zeros_like(path).unsqueeze(1), draft_pair.unsqueeze(1), target_pair.unsqueeze(1),
+            num_accepted, torch.zeros_like(draft_index), torch.ones_like(next_token),
+            horizon=draft_len, exponent=draft_tokens.shape[1],
         )
