@@ -20,6 +20,7 @@ import torch
 
 from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.contract.randomness import sample_categorical, sample_categorical_with_total, uniform
+from spectr_audit.verifiers import triton_kernels
 from spectr_audit.verifiers.triton_kernels import LazyResidual
 
 __all__ = ["NodeRule", "ChainWalkVerifier", "gather_tokens", "normalise"]
@@ -70,6 +71,22 @@ class NodeRule:
         """
         return self(tokens, survivors, draft_dist, target_dist)
 
+    def sampler_accept_probs(
+        self,
+        tokens: torch.Tensor,  # [n, num_drafts] int64
+        survivors: torch.Tensor,  # [n, num_drafts] bool
+        draft_dist: torch.Tensor,  # [n, vocab_size] float32 or float64, as for sampler_parts
+        target_dist: torch.Tensor,  # [n, vocab_size] same dtype
+    ) -> torch.Tensor | None:  # [n, num_drafts], or None
+        """:meth:`sampler_parts`'s acceptance probabilities alone, bit for bit, where they need no residual; ``None``
+        (this default) where the rule has none cheaper than :meth:`sampler_parts` itself.
+
+        A rule that returns them lets :class:`ChainWalkVerifier` decide acceptance first and build the residual
+        (a full pass over the row) only for the rows that reject every draft.  Optional: rules that do not
+        override it are walked as before.
+        """
+        return None
+
     def chain_sampler_parts(
         self,
         tokens: torch.Tensor,  # [n, num_drafts] int64
@@ -110,18 +127,20 @@ def _sample_or_fallback(
     residual: torch.Tensor,  # [n, vocab_size] non-negative, possibly unnormalised or all zero
     fallback,  # [n, vocab_size], or a function returning it (built only when some row needs it)
     u: torch.Tensor,  # [n]
+    needed: torch.Tensor | None = None,  # [n] bool: the rows whose draw is used (default: all)
 ) -> torch.Tensor:  # [n] int64
     """A draw from ``residual``, or from ``fallback`` on rows where the residual has no mass.
 
     On the CPU a check of the residuals' totals costs no device round trip, and skips the fallback
-    draw (a full pass over its rows) in the usual case where every residual has mass; on an
-    accelerator both draws run and a ``where`` picks, with no host sync.
+    draw (a full pass over its rows) in the usual case where every residual has mass (every row in
+    ``needed``: a row whose draw the caller discards may have none); on an accelerator both draws
+    run and a ``where`` picks, with no host sync.
     """
     if isinstance(residual, LazyResidual):  # block sums from a kernel, values recomputed in the drawn block
         drawn, total = residual.sample_with_total(u)
     else:
         drawn, total = sample_categorical_with_total(residual, u)
-    if u.device.type == "cpu" and bool((total > 0).all()):
+    if u.device.type == "cpu" and bool(((total > 0) if needed is None else (total > 0) | ~needed).all()):
         return drawn
     rows = fallback() if callable(fallback) else fallback
     return torch.where(total > 0, drawn, sample_categorical(rows, u))
@@ -183,6 +202,43 @@ class ChainWalkVerifier(Verifier):
             draft_dist, target_dist = _rows_of(draft_probs[:, :, level], canon), _rows_of(target_probs[:, :, level], canon)
         return draft_tokens[:, :, level], _sampler_dtype(draft_dist), _sampler_dtype(target_dist)
 
+    def _split_node(self, draft_tokens, draft_probs, target_probs, level, survivors, alive, generator):
+        """One level decided acceptance first, with the residual built only on the rows that need it, or ``None``.
+
+        On the CPU (where counting rows costs no device round trip), for float32/float64 rows read in place
+        (one draft, or the root, where the canonical draft is the first), and for a rule that has its
+        acceptance probabilities apart (:meth:`NodeRule.sampler_accept_probs`): the acceptance probabilities of
+        every row (a gather of the drafted tokens), then the level's uniforms, then the residual of the rows
+        that are still walking and reject every draft only.  Each row's numbers depend on that row alone, so
+        the tokens are those of evaluating every row; the uniforms are drawn as in :meth:`_verify`.
+        Returns the level's output token ``[B]`` (meaningful on the walking rows), or ``None`` where the level is
+        evaluated as a whole (:meth:`_verify`).
+        """
+        batch_size, num_drafts, _ = draft_tokens.shape
+        device = draft_tokens.device
+        if device.type != "cpu" or (num_drafts > 1 and level > 0) or draft_probs.dtype not in (
+                torch.float32, torch.float64):
+            return None
+        draft_dist, target_dist = draft_probs[:, 0, level], target_probs[:, 0, level]
+        if triton_kernels.fused_rows(draft_dist):
+            return None
+        tokens = draft_tokens[:, :, level]
+        accept_probs = self.rule.sampler_accept_probs(tokens, survivors, draft_dist, target_dist)
+        if accept_probs is None:
+            return None
+        u = uniform(generator, (batch_size, num_drafts + 1), device)
+        passed = survivors & (u[:, :num_drafts] < accept_probs)
+        output = tokens.gather(1, _first_true(passed).unsqueeze(1)).squeeze(1)
+        rejected = (alive & ~passed.any(-1)).nonzero().squeeze(1)
+        if rejected.numel() > 0:
+            node_draft, node_target = draft_dist.index_select(0, rejected), target_dist.index_select(0, rejected)
+            _, residual = self.rule.chain_sampler_parts(
+                tokens.index_select(0, rejected), survivors.index_select(0, rejected), node_draft, node_target
+            )
+            drawn = _sample_or_fallback(residual, node_target, u[:, num_drafts].index_select(0, rejected))
+            output = output.index_copy(0, rejected, drawn)
+        return output
+
     def _verify(self, draft_tokens, draft_probs, target_probs, generator) -> VerifyOutput:
         batch_size, num_drafts, draft_len = draft_tokens.shape
         device = draft_tokens.device
@@ -203,19 +259,24 @@ class ChainWalkVerifier(Verifier):
                 if rows.numel() == 0:  # every walk has stopped: the level's uniforms are drawn all the same
                     uniform(generator, (batch_size, num_drafts + 1), device)
                     continue
-            node = self._node_inputs(draft_tokens, draft_probs, target_probs, level, canon, rows)
-            tokens, draft_dist, target_dist = node
-            at_node = survivors if rows is None else survivors.index_select(0, rows)
-            accept_probs, residual = self.rule.chain_sampler_parts(tokens, at_node, draft_dist, target_dist)
-            u = uniform(generator, (batch_size, num_drafts + 1), device)
-            u_node = u if rows is None else u.index_select(0, rows)
-            passed = at_node & (u_node[:, :num_drafts] < accept_probs)
-            accepted_token = tokens.gather(1, _first_true(passed).unsqueeze(1)).squeeze(1)
-            output = torch.where(passed.any(-1), accepted_token,
-                                 _sample_or_fallback(residual, target_dist, u_node[:, num_drafts]))
-            if rows is not None:
-                output = torch.zeros(batch_size, dtype=torch.int64, device=device).index_copy_(0, rows, output)
+            output = self._split_node(draft_tokens, draft_probs, target_probs, level, survivors, alive, generator)
+            if output is not None:
                 tokens = draft_tokens[:, :, level]
+            else:
+                node = self._node_inputs(draft_tokens, draft_probs, target_probs, level, canon, rows)
+                tokens, draft_dist, target_dist = node
+                at_node = survivors if rows is None else survivors.index_select(0, rows)
+                accept_probs, residual = self.rule.chain_sampler_parts(tokens, at_node, draft_dist, target_dist)
+                u = uniform(generator, (batch_size, num_drafts + 1), device)
+                u_node = u if rows is None else u.index_select(0, rows)
+                passed = at_node & (u_node[:, :num_drafts] < accept_probs)
+                accepted_token = tokens.gather(1, _first_true(passed).unsqueeze(1)).squeeze(1)
+                rejected = ~passed.any(-1)
+                output = torch.where(rejected.logical_not(), accepted_token,
+                                     _sample_or_fallback(residual, target_dist, u_node[:, num_drafts], rejected))
+                if rows is not None:
+                    output = torch.zeros(batch_size, dtype=torch.int64, device=device).index_copy_(0, rows, output)
+                    tokens = draft_tokens[:, :, level]
             matching = survivors & (tokens == output.unsqueeze(1))
             stop = alive & ~matching.any(-1)
             next_token = torch.where(stop, output, next_token)
@@ -224,9 +285,19 @@ class ChainWalkVerifier(Verifier):
             alive = alive & ~stop
             survivors = torch.where(alive.unsqueeze(1), matching, survivors)
         canon = _first_true(survivors)
-        bonus_dist = target_probs[:, 0, draft_len] if num_drafts == 1 else _rows_of(target_probs[:, :, draft_len], canon)
-        bonus = sample_categorical(_sampler_dtype(bonus_dist), uniform(generator, (batch_size,), device))
-        next_token = torch.where(alive, bonus, next_token)
+        u = uniform(generator, (batch_size,), device)
+        bonus_rows = target_probs[:, :, draft_len]
+        walking = alive.nonzero().squeeze(1) if device.type == "cpu" else None
+        if walking is not None and 3 * walking.numel() <= batch_size:
+            # On the CPU, few rows pass every level: draw the bonus of those rows only, from a copy of their rows
+            # (each row's draw depends on that row and its uniform alone)
+            if walking.numel() > 0:
+                bonus = sample_categorical(_sampler_dtype(_rows_of(bonus_rows, canon, walking)), u.index_select(0, walking))
+                next_token = next_token.index_copy(0, walking, bonus)
+        else:
+            bonus_dist = bonus_rows[:, 0] if num_drafts == 1 else _rows_of(bonus_rows, canon)
+            bonus = sample_categorical(_sampler_dtype(bonus_dist), u)
+            next_token = torch.where(alive, bonus, next_token)
         num_accepted = torch.where(alive, draft_len, num_accepted)
         draft_index = torch.where(alive, canon, draft_index)
         return VerifyOutput(num_accepted, draft_index, next_token)

@@ -30,7 +30,7 @@ from spectr_audit.contract.verifier import Verifier, VerifyOutput
 from spectr_audit.contract.correction import has_carried_correction
 from spectr_audit.contract.randomness import sample_categorical, uniform
 from spectr_audit.verifiers import triton_kernels
-from spectr_audit.verifiers._walk import _sample_or_fallback, _sampler_dtype, normalise
+from spectr_audit.verifiers._walk import _rows_of, _sample_or_fallback, _sampler_dtype, normalise
 
 __all__ = ["BlockVerification", "LastPassingVerifier"]
 
@@ -105,22 +105,57 @@ class LastPassingVerifier(Verifier):
         """:meth:`_levels` for the sampler: the rows' own dtype (float32 stays float32), fewer passes.
 
         Returns pass probabilities ``[B, L]`` (float64) and unnormalised residuals ``[B, L, V]`` in the
-        rows' dtype.  ``s_i`` comes from the identity ``s_i = r_i - sum_x (w_i q - p)`` (one sum over the
-        signed difference) instead of a second clamped pass; the residual is clamped in place.
+        rows' dtype: :meth:`_signed_sampler_levels` at every level, with the residuals' sign made positive.
+        """
+        pass_probs, residual, negated, _ = self._signed_sampler_levels(draft_tokens, draft_probs, target_probs)
+        return pass_probs, residual.neg_() if negated else residual
+
+    def _signed_sampler_levels(self, draft_tokens, draft_probs, target_probs, first_level=0):
+        """:meth:`_sampler_levels` from level ``first_level`` (0 or 1) on, with residuals that may come negated.
+
+        Returns ``(pass_probs, residual, negated, rows)``: pass probabilities ``[B, L]``; the residuals
+        ``[B, L - first_level, V]`` of levels ``first_level .. L-1``, negated where ``negated`` is True;
+        ``rows = (draft, target, a, b)``, the rows in the sampler's dtype and the per-level factors
+        ``[B, L, 1]`` that make level ``i``'s residual ``(a p + b q)_+`` (``a = -1 / max(w_i, 1)``,
+        ``b = min(w_i, 1)``, in the rows' dtype, in that order of operations).
+
+        ``s_i`` comes from the identity ``s_i = r_i - sum_x (w_i q - p)`` (one sum over the signed
+        difference) instead of a second clamped pass; the residual is clamped in place.  Level 0's sums
+        are never read (``h_0 = 1``), so ``first_level = 1`` leaves that level out: its residual is then
+        needed only on the rows that stop there, built from ``rows`` by whoever draws them.  Where every
+        weight is at most 1 (always for block verification, whose weights are clamped), ``a = -1`` and
+        the difference is ``-(p - w q)``: one fused ``addcmul`` writes ``p - w q``, whose rounding is
+        that of the two-op form negated, bit for bit (negation is exact, and ``addcmul``'s fused
+        multiply-add rounds ``-x`` to minus what it rounds ``x`` to).  The residual then stays negated,
+        which saves the pass that would flip it: the sampler reads one row per batch row of it.
         """
         draft_len = draft_tokens.shape[-1]
         draft = _sampler_dtype(draft_probs[:, 0])  # [batch_size, draft_len, vocab_size]
         target = _sampler_dtype(target_probs[:, 0])  # [batch_size, draft_len + 1, vocab_size]
         weights = self._path_weights(draft_tokens, draft, target)
         level_weight = weights[:, :draft_len].unsqueeze(-1)
-        # (w q - p) / max(w, 1), as in _levels, in one allocation and one fused in-place pass
-        diff = torch.mul(draft, (-1 / level_weight.clamp(min=1.0)).to(draft.dtype))
-        diff.addcmul_(target[:, :draft_len], level_weight.clamp(max=1.0).to(draft.dtype))
-        net = diff.sum(-1).double()  # r_i - s_i
-        residual = diff.clamp_(min=0)
-        wanted = residual.sum(-1).double()  # r_i
+        # (w q - p) / max(w, 1), as in _levels: a p + b q
+        a = (-1 / level_weight.clamp(min=1.0)).to(draft.dtype)
+        b = level_weight.clamp(max=1.0).to(draft.dtype)
+        levels = slice(first_level, draft_len)
+        negated = bool((level_weight[:, levels] <= 1.0).all())
+        if negated:
+            # p - w q, one allocation and one fused pass; the sums of its negation are its sums negated
+            diff = torch.addcmul(draft[:, levels], target[:, levels], b[:, levels], value=-1)
+            net = diff.sum(-1).double().neg_()  # r_i - s_i
+            residual = diff.clamp_(max=0)  # -(w q - p)_+
+            wanted = residual.sum(-1).double().neg_()  # r_i
+        else:
+            # one allocation and one fused in-place pass
+            diff = torch.mul(draft[:, levels], a[:, levels])
+            diff.addcmul_(target[:, levels], b[:, levels])
+            net = diff.sum(-1).double()  # r_i - s_i
+            residual = diff.clamp_(min=0)
+            wanted = residual.sum(-1).double()  # r_i
+        if first_level:  # level 0's sums, never read
+            wanted, net = (torch.cat([torch.zeros_like(weights[:, :first_level]), x], dim=1) for x in (wanted, net))
         surplus = (wanted - net).clamp(min=0)  # s_i
-        return _pass_probs(wanted, surplus, weights), residual
+        return _pass_probs(wanted, surplus, weights), residual, negated, (draft, target, a, b)
 
     def _triton_levels(self, draft_tokens, draft_probs, target_probs):
         """:meth:`_sampler_levels` with the Triton kernels (spectr_audit.verifiers.triton_kernels): one read.
@@ -148,27 +183,87 @@ class LastPassingVerifier(Verifier):
         # Subclasses that redefine _levels (e.g. the historic-bug library) keep it on the sampler path too.
         fast = type(self)._levels is LastPassingVerifier._levels
         lazy = fast and triton_kernels.fused_rows(draft_probs)
-        levels = self._triton_levels if lazy else self._sampler_levels if fast else self._levels
-        pass_probs, residual = levels(draft_tokens, draft_probs, target_probs)
+        by_rows = device.type == "cpu" and not lazy
+        negated, first_level, rows_at = False, 0, None
+        if lazy:
+            pass_probs, residual = self._triton_levels(draft_tokens, draft_probs, target_probs)
+        elif fast:
+            # on the CPU, level 0's residual is built on the rows that stop there only (_next_tokens_by_rows)
+            first_level = 1 if by_rows else 0
+            pass_probs, residual, negated, rows_at = self._signed_sampler_levels(
+                draft_tokens, draft_probs, target_probs, first_level
+            )
+        else:
+            pass_probs, residual = self._levels(draft_tokens, draft_probs, target_probs)
         u = uniform(generator, (batch_size, draft_len + 1), device)
         passed = u[:, :draft_len] < pass_probs
         level_ids = torch.arange(1, draft_len + 1, device=device)
         tau = (passed * level_ids).amax(-1)  # the last passing level, 0 if none
-        # Draw the correction from the residual row at tau (rows with no residual mass: the target there),
-        # and the bonus from the target at the end of the draft; keep the one that applies.
-        rows = torch.arange(batch_size, device=device)
-        level = tau.clamp(max=draft_len - 1)
         target = target_probs[:, 0]
-        correction = _sample_or_fallback(
-            residual.take(rows, level) if lazy else residual[rows, level], lambda: _sampler_dtype(target[rows, level]), u[:, draft_len]
-        )
-        bonus = sample_categorical(_sampler_dtype(target[:, draft_len]), u[:, draft_len])
-        next_token = torch.where(tau < draft_len, correction, bonus)
+        if by_rows:
+            next_token = self._next_tokens_by_rows(residual, negated, first_level, rows_at, target, tau, u[:, draft_len])
+        else:
+            # Draw the correction from the residual row at tau (rows with no residual mass: the target there),
+            # and the bonus from the target at the end of the draft; keep the one that applies.
+            rows = torch.arange(batch_size, device=device)
+            level = tau.clamp(max=draft_len - 1)
+            if lazy:
+                at_tau = residual.take(rows, level)
+            else:
+                at_tau = residual[rows, level]
+                at_tau = at_tau.neg_() if negated else at_tau
+            correction = _sample_or_fallback(at_tau, lambda: _sampler_dtype(target[rows, level]), u[:, draft_len])
+            bonus = sample_categorical(_sampler_dtype(target[:, draft_len]), u[:, draft_len])
+            next_token = torch.where(tau < draft_len, correction, bonus)
         draft_index = torch.zeros_like(tau)
         correction = None
         if has_carried_correction(self):
             correction = self.carried_correction(draft_tokens, draft_probs, target_probs, tau, draft_index, next_token)
         return VerifyOutput(tau, draft_index, next_token, correction=correction)
+
+    @staticmethod
+    def _next_tokens_by_rows(residual, negated, first_level, rows_at, target, tau, u):
+        """The correction or bonus token of each row, reading only the rows it is drawn from (the CPU path).
+
+        ``residual [B, L - first_level, V]``: the residuals of levels ``first_level ..`` (negated where
+        ``negated``); ``rows_at``: the rows and factors that build a level's residual
+        (:meth:`_signed_sampler_levels`), or None where ``first_level`` is 0; ``target [B, L + 1, V]``.  On
+        the CPU, where counting rows costs no device round trip, a row that stopped at ``tau < L`` copies
+        out its residual row at ``tau`` (one row, not the ``L`` levels; below ``first_level``, built from
+        that row's ``p`` and ``q`` with the same operations as the other levels) and draws its correction
+        from it, and the target's row at the end of the draft is read only for the rows that passed every
+        level: by a copy of those rows when they are few, else in place.  Each row's draw depends on that
+        row and its uniform only, so the tokens are those of drawing every row from both.
+        """
+        batch_size, draft_len = tau.shape[0], target.shape[1] - 1
+        next_token = torch.zeros(batch_size, dtype=torch.int64, device=tau.device)
+        stopped = tau < draft_len
+        for below in (True, False):  # the rows that stopped below first_level, then the others
+            corrected = (stopped & ((tau < first_level) if below else (tau >= first_level))).nonzero().squeeze(1)
+            if corrected.numel() == 0:
+                continue
+            level = tau.index_select(0, corrected)
+            if below:
+                draft, rows_target, a, b = rows_at
+                at_tau = torch.mul(_rows_of(draft, tau, corrected), _rows_of(a, tau, corrected))
+                at_tau = at_tau.addcmul_(_rows_of(rows_target, tau, corrected), _rows_of(b, tau, corrected))
+                at_tau = at_tau.clamp_(min=0)
+            else:
+                at_tau = _rows_of(residual, tau - first_level, corrected)  # a copy: negated in place
+                at_tau = at_tau.neg_() if negated else at_tau
+            drawn = _sample_or_fallback(
+                at_tau, lambda rows=corrected, at=level: _sampler_dtype(target[rows, at]), u.index_select(0, corrected)
+            )
+            next_token.index_copy_(0, corrected, drawn)
+        finished = (~stopped).nonzero().squeeze(1)
+        if finished.numel() > 0:
+            end = target[:, draft_len]
+            if 3 * finished.numel() <= batch_size:
+                drawn = sample_categorical(_sampler_dtype(end.index_select(0, finished)), u.index_select(0, finished))
+            else:
+                drawn = sample_categorical(_sampler_dtype(end), u).index_select(0, finished)
+            next_token.index_copy_(0, finished, drawn)
+        return next_token
 
     def _output_probs(self, draft_tokens, draft_probs, target_probs) -> torch.Tensor:
         batch_size, _, draft_len = draft_tokens.shape

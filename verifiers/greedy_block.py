@@ -79,8 +79,22 @@ class RepairedGreedyBlockVerification(GreedyBlockVerification):
     expected = "exact"
 
     def carried_correction(self, draft_tokens, draft_probs, target_probs, num_accepted, draft_index, next_token):
-        """The repair carried after these verdicts (None when no row has anything to repair)."""
+        """The repair carried after these verdicts (None when no row has anything to repair).
+
+        The correction reads the rows only at the drafted tokens and at the emitted token (the joint
+        probabilities of the emitted string): it is handed those two columns of every row, ``[..., 2]``
+        (the drafted token's probability, then the emitted token's), with token ids 0 and 1 pointing at
+        them.  The same numbers, without a float64 copy of every row.
+        """
+        draft_len = draft_tokens.shape[-1]
+        drafted = draft_tokens.unsqueeze(-1)  # [batch_size, num_drafts, draft_len, 1]
+        # the emitted token, at every level (the end of the draft included, for the target)
+        emitted = next_token.view(-1, 1, 1, 1).expand(-1, draft_tokens.shape[1], draft_len + 1, 1)
+        # the target's rows at the end of the draft have no drafted token: any column will do there
+        target_drafted = torch.cat([drafted, torch.zeros_like(drafted[:, :, :1])], dim=2)
+        draft_columns = torch.cat([draft_probs.gather(-1, drafted), draft_probs.gather(-1, emitted[:, :, :draft_len])], -1)
+        target_columns = torch.cat([target_probs.gather(-1, target_drafted), target_probs.gather(-1, emitted)], -1)
         return JointResidualCorrection.after_emission(
-            draft_tokens, draft_probs, target_probs, num_accepted, draft_index, next_token,
-            horizon=draft_tokens.shape[-1], exponent=1,
+            torch.zeros_like(draft_tokens), draft_columns, target_columns, num_accepted, draft_index,
+            torch.ones_like(next_token), horizon=draft_len, exponent=1,
         )

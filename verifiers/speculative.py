@@ -30,6 +30,13 @@ class MaximalCouplingRule(NodeRule):
             return self._accept_probs(tokens, draft_dist, target_dist), excess
         return self.sampler_parts(tokens, survivors, draft_dist, target_dist)
 
+    def sampler_accept_probs(self, tokens, survivors, draft_dist, target_dist):
+        # those of sampler_parts, unless a subclass changes how it samples
+        if type(self).sampler_parts is not MaximalCouplingRule.sampler_parts or (
+                type(self).chain_sampler_parts is not MaximalCouplingRule.chain_sampler_parts):
+            return None
+        return self._accept_probs(tokens, draft_dist, target_dist)
+
     @staticmethod
     def _accept_probs(tokens, draft_dist, target_dist):  # [n, num_drafts]: min(1, q(x) / p(x)), 0 where p(x) = 0
         drafted = gather_tokens(draft_dist, tokens)
