@@ -111,8 +111,9 @@ def has_carried_correction(verifier) -> bool:
 
 
 def _picked(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # [..., vocab_size], [...] -> [...]
-    """The probability of each token under its law, in float64."""
-    return probs.double().gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    """The probability of each token under its law, in float64 (gathered first: the same values as converting the
+    whole rows, without reading them)."""
+    return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).double()
 
 
 def emitted_path_probs(
@@ -133,16 +134,17 @@ def emitted_path_probs(
     batch_size, _, draft_len = draft_tokens.shape
     rows = torch.arange(batch_size, device=draft_tokens.device)
     path = draft_tokens[rows, draft_index]  # [batch_size, draft_len]
-    drafted = _picked(draft_probs[rows, draft_index], path)
-    targeted = _picked(target_probs[rows, draft_index, :draft_len], path)
+    # the probabilities read one by one (no copy of the selected draft's rows), in float64
+    at = (rows.unsqueeze(-1), draft_index.unsqueeze(-1), torch.arange(draft_len, device=draft_tokens.device), path)
+    drafted, targeted = draft_probs[at].double(), target_probs[at].double()
     accepted = torch.arange(draft_len, device=draft_tokens.device) < num_accepted.unsqueeze(-1)
     one = torch.ones_like(drafted)
     draft_joint = torch.where(accepted, drafted, one).prod(-1)
     target_joint = torch.where(accepted, targeted, one).prod(-1)
     level = num_accepted.clamp(max=draft_len - 1)
-    last_draft = _picked(draft_probs[rows, draft_index, level], next_token)
+    last_draft = draft_probs[rows, draft_index, level, next_token].double()
     last_draft = torch.where(num_accepted < draft_len, last_draft, torch.ones_like(last_draft))
-    last_target = _picked(target_probs[rows, draft_index, num_accepted], next_token)
+    last_target = target_probs[rows, draft_index, num_accepted, next_token].double()
     return draft_joint * last_draft, target_joint * last_target
 
 
