@@ -68,10 +68,24 @@ def _drop_pow(free: torch.Tensor, mass: torch.Tensor, exponent: torch.Tensor) ->
                        torch.zeros_like(free))
 
 
-def _absent(refused, free, exponent):
-    """``1 - (1 - refused / free) ** n``: the chance that a residual draw's token is among the n failed drafts."""
+def _all_drafted(draft: torch.Tensor) -> bool:
+    """Whether every entry of ``draft`` is positive, checked only on the CPU (no device round trip elsewhere).
+
+    Lets the callers skip a pass that only matters at tokens the draft never proposes.
+    """
+    return draft.device.type == "cpu" and bool(draft.amin() > 0)  # a min is cheaper than a mask and its all()
+
+
+def _hit_chance(refused, free, exponent):
+    """``1 - (1 - refused / free) ** n``: the chance that a residual draw's token is among the n failed drafts.
+
+    ``exponent`` (n) may be None for n = 1: the product with 1 is the identity.
+    """
     safe = torch.where(free > 0, free, torch.ones_like(free))
-    out = (refused / safe).clamp_(max=1.0).neg_().log1p_().mul_(exponent).exp_()
+    out = (refused / safe).clamp_(max=1.0).neg_().log1p_()
+    if exponent is not None:
+        out.mul_(exponent)
+    out.exp_()
     return out.neg_().add_(1)  # 1 - absent, as -absent + 1 (the same rounding)
 
 
@@ -87,9 +101,9 @@ def _hits(target, draft, coins, accepted, exponent):
     ``accepted``: no case split is needed.  The in-place steps round as the written formula does
     (``-x + 1`` is ``1 - x``; products commute).
     """
-    refused = torch.neg(coins).add_(1).mul_(draft)  # draft (1 - coins)
+    refused = torch.rsub(coins, 1).mul_(draft)  # draft (1 - coins)
     free = refused.sum(-1, keepdim=True)  # 1 - sum_x p theta, as a sum of non-negative terms
-    hit_chance = _absent(refused, free, exponent)
+    hit_chance = _hit_chance(refused, free, exponent)
     hits = torch.sub(target, accepted).clamp_(min=0).mul_(hit_chance).add_(accepted)
     return hits, free
 
@@ -105,18 +119,20 @@ def _single_rule(draft, target, exponent, tokens):
     proposes the coin is 1 or 0 here instead of 0, which changes nothing there (``p = 0``); the coins at the
     drafted ``tokens`` are recomputed by the written formula.
     """
-    coins = torch.div(target, draft).clamp_(max=1.0).nan_to_num_(nan=0.0)  # min(1, t / p); 0 / 0 -> 0
+    coins = torch.div(target, draft).clamp_(max=1.0)  # min(1, t / p)
+    if not _all_drafted(draft):
+        coins.nan_to_num_(nan=0.0)  # 0 / 0
     accepted = torch.mul(draft, coins)
-    refused = coins.neg_().add_(1).mul_(draft)  # draft (1 - coins)
+    refused = torch.rsub(coins, 1).mul_(draft)  # draft (1 - coins)
     free = refused.sum(-1, keepdim=True)
-    missing = torch.sub(target, accepted).clamp_(min=0)
+    missing = torch.sub(target, accepted)  # (t - accepted)_+ where it is positive, all that is read of it
     vocab_size = draft.shape[-1]
     flat = torch.minimum(missing, refused).view(-1).gt(0).nonzero().squeeze(1)
     hits = accepted  # patched in place below
     if flat.numel():
         rows = torch.div(flat, vocab_size, rounding_mode="floor")
-        chance = _absent(refused.view(-1).index_select(0, flat), free.view(-1).index_select(0, rows),
-                         exponent.reshape(-1).index_select(0, rows))
+        # n = 1 on these rows: the product with it is the identity, so it is left out
+        chance = _hit_chance(refused.view(-1).index_select(0, flat), free.view(-1).index_select(0, rows), None)
         patched = missing.view(-1).index_select(0, flat).mul_(chance).add_(accepted.view(-1).index_select(0, flat))
         hits.view(-1).index_copy_(0, flat, patched)
     coin_at, missing_at = _at_tokens_single(draft, target, tokens)
@@ -153,24 +169,31 @@ def _priority_coins(draft, target, raw_target, exponent, max_sweeps, safe_draft,
     # Stored lowest priority first, so that the free mass is a prefix sum (no flips).
     order = order.flip(-1)
     p_sorted, t_sorted = draft.gather(-1, order), target.gather(-1, order)
-    safe_p, keep_sorted = safe_draft.gather(-1, order), keep.gather(-1, order)
+    keep_sorted = keep.gather(-1, order)
+    # -p (-1 where p = 0) and -t: the signs folded into the divisions below (a quotient's rounding is symmetric)
+    neg_safe_p = torch.rsub(keep_sorted, 1).add_(p_sorted).neg_()  # p + 0 is p; 0 + 1 is 1
+    neg_t = torch.neg(t_sorted)
+    every_drafted = _all_drafted(keep)
     coins = torch.zeros_like(p_sorted)
     new, free, work = torch.empty_like(coins), torch.empty_like(coins), torch.empty_like(coins)
 
     def free_before(coins):
         # 1 - sum_{b before a} p theta = sum_{b from a on} p theta + sum_b p (1 - theta): no cancellation
         torch.cumsum(torch.mul(p_sorted, coins, out=work), -1, out=free)
-        return free.add_(torch.neg(coins, out=work).add_(1).mul_(p_sorted).sum(-1, keepdim=True))
+        return free.add_(torch.rsub(coins, 1).mul_(p_sorted).sum(-1, keepdim=True))
 
     for _ in range(min(vocab_size, max_sweeps)):
         free_before(coins)
         room = torch.log(free, out=work).mul_(exponent).exp_()  # free ** n
         # The largest m with free^n - (free - m)^n <= t: free (1 - (1 - t / free^n)^(1/n)), or all of free where
         # free^n <= t.  One expression gives both: there t / free^n >= 1 (0 / 0 taken as 1), log1p(-1) = -inf,
-        # expm1(-inf) = -1, and the cap is exactly free; no case split, no branch computed in vain.
-        cap = torch.div(t_sorted, room, out=new).clamp_(max=1.0).nan_to_num_(nan=1.0)
-        cap.neg_().log1p_().div_(exponent).expm1_().mul_(free).neg_()
-        new = cap.div_(safe_p).clamp_(max=1.0).mul_(keep_sorted)  # 0 where the draft never proposes the token
+        # expm1(-inf) = -1, and the cap is exactly free; no case split, no branch computed in vain.  Computed
+        # as -(-t / free^n) and -cap = free expm1(...), the minus signs exact.
+        neg_cap = torch.div(neg_t, room, out=new).clamp_(min=-1.0).nan_to_num_(nan=-1.0)
+        neg_cap.log1p_().div_(exponent).expm1_().mul_(free)
+        new = neg_cap.div_(neg_safe_p).clamp_(max=1.0)  # cap / p
+        if not every_drafted:
+            new.mul_(keep_sorted)  # 0 where the draft never proposes the token
         torch.maximum(new, coins, out=new)  # monotone in exact arithmetic; keeps rounding from undoing it
         if torch.equal(new, coins):  # converged bit for bit: more sweeps change nothing, in any row
             break
@@ -229,14 +252,9 @@ def _node_rule(draft, target, raw_target, beta, exponent, max_sweeps, tokens):
 
 
 def _as_law(rows: torch.Tensor) -> torch.Tensor:
-    """float64 rows renormalised to sum to 1, as the exact law receives them.
-
-    From float32 rows: their float64 sum and a division with type promotion give the bits of ``rows.double()``
-    summed and divided (the widening is exact), without a float64 copy of the rows.
-    """
-    if rows.dtype != torch.float32:
-        rows = rows.double()
-    return torch.div(rows, rows.sum(-1, keepdim=True, dtype=torch.float64))
+    """float64 rows renormalised to sum to 1, as the exact law receives them (a new contiguous tensor)."""
+    rows = rows.to(torch.float64, copy=True, memory_format=torch.contiguous_format)
+    return rows.div_(rows.sum(-1, keepdim=True))  # in place: one pass less than a new quotient
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,8 +340,14 @@ class MultiDraftBlockVerification(Verifier):
             # The node rules run on the canonical nodes only (one row per distinct prefix).
             nodes = canonical.reshape(-1).nonzero().squeeze(1)
             flat = lambda x: x.reshape(batch_size * num_drafts, -1).index_select(0, nodes)  # noqa: E731
-            draft = _as_law(flat(draft_probs[:, :, depth]))  # [m, V]
-            raw_target = _as_law(flat(target_probs[:, :, depth]))
+            if depth == 0:  # the root: draft 0 of every row, read in place
+                rows = lambda x: x[:, 0]  # noqa: E731
+            elif nodes.shape[0] == batch_size * num_drafts:  # every slot is a node (all prefixes distinct)
+                rows = lambda x: x.reshape(batch_size * num_drafts, -1)  # noqa: E731
+            else:
+                rows = flat
+            draft = _as_law(rows(draft_probs[:, :, depth]))  # [m, V]
+            raw_target = _as_law(rows(target_probs[:, :, depth]))
             node_beta = flat(beta.unsqueeze(-1))
             target = node_beta * raw_target
 
