@@ -68,12 +68,12 @@ def _drop_pow(free: torch.Tensor, mass: torch.Tensor, exponent: torch.Tensor) ->
                        torch.zeros_like(free))
 
 
-def _all_drafted(draft: torch.Tensor) -> bool:
-    """Whether every entry of ``draft`` is positive, checked only on the CPU (no device round trip elsewhere).
+def _all_positive(values: torch.Tensor) -> bool:
+    """Whether every entry of ``values`` is positive, checked only on the CPU (no device round trip elsewhere).
 
-    Lets the callers skip a pass that only matters at tokens the draft never proposes.
+    Lets the callers skip a pass that only matters at zeros (tokens the draft never proposes, or 0 / 0).
     """
-    return draft.device.type == "cpu" and bool(draft.amin() > 0)  # a min is cheaper than a mask and its all()
+    return values.device.type == "cpu" and bool(values.amin() > 0)  # a min is cheaper than a mask and its all()
 
 
 def _hit_chance(refused, free, exponent):
@@ -120,7 +120,7 @@ def _single_rule(draft, target, exponent, tokens):
     drafted ``tokens`` are recomputed by the written formula.
     """
     coins = torch.div(target, draft).clamp_(max=1.0)  # min(1, t / p)
-    if not _all_drafted(draft):
+    if not _all_positive(draft):
         coins.nan_to_num_(nan=0.0)  # 0 / 0
     accepted = torch.mul(draft, coins)
     refused = torch.rsub(coins, 1).mul_(draft)  # draft (1 - coins)
@@ -173,7 +173,8 @@ def _priority_coins(draft, target, raw_target, exponent, max_sweeps, safe_draft,
     # -p (-1 where p = 0) and -t: the signs folded into the divisions below (a quotient's rounding is symmetric)
     neg_safe_p = torch.rsub(keep_sorted, 1).add_(p_sorted).neg_()  # p + 0 is p; 0 + 1 is 1
     neg_t = torch.neg(t_sorted)
-    every_drafted = _all_drafted(keep)
+    every_drafted = _all_positive(keep)
+    positive_target = _all_positive(t_sorted)  # then t / free^n is never 0 / 0
     coins = torch.zeros_like(p_sorted)
     new, free, work = torch.empty_like(coins), torch.empty_like(coins), torch.empty_like(coins)
 
@@ -189,7 +190,9 @@ def _priority_coins(draft, target, raw_target, exponent, max_sweeps, safe_draft,
         # free^n <= t.  One expression gives both: there t / free^n >= 1 (0 / 0 taken as 1), log1p(-1) = -inf,
         # expm1(-inf) = -1, and the cap is exactly free; no case split, no branch computed in vain.  Computed
         # as -(-t / free^n) and -cap = free expm1(...), the minus signs exact.
-        neg_cap = torch.div(neg_t, room, out=new).clamp_(min=-1.0).nan_to_num_(nan=-1.0)
+        neg_cap = torch.div(neg_t, room, out=new).clamp_(min=-1.0)
+        if not positive_target:
+            neg_cap.nan_to_num_(nan=-1.0)
         neg_cap.log1p_().div_(exponent).expm1_().mul_(free)
         new = neg_cap.div_(neg_safe_p).clamp_(max=1.0)  # cap / p
         if not every_drafted:
@@ -340,14 +343,16 @@ class MultiDraftBlockVerification(Verifier):
             # The node rules run on the canonical nodes only (one row per distinct prefix).
             nodes = canonical.reshape(-1).nonzero().squeeze(1)
             flat = lambda x: x.reshape(batch_size * num_drafts, -1).index_select(0, nodes)  # noqa: E731
-            if depth == 0:  # the root: draft 0 of every row, read in place
-                rows = lambda x: x[:, 0]  # noqa: E731
+            # The nodes' rows [m, V], read in place where they are a regular slice (no float32 copy first).
+            draft_rows, target_rows = draft_probs[:, :, depth], target_probs[:, :, depth]
+            if depth == 0:  # the root: draft 0 of every row
+                draft_rows, target_rows = draft_rows[:, 0], target_rows[:, 0]
             elif nodes.shape[0] == batch_size * num_drafts:  # every slot is a node (all prefixes distinct)
-                rows = lambda x: x.reshape(batch_size * num_drafts, -1)  # noqa: E731
+                draft_rows, target_rows = (x.reshape(batch_size * num_drafts, -1) for x in (draft_rows, target_rows))
             else:
-                rows = flat
-            draft = _as_law(rows(draft_probs[:, :, depth]))  # [m, V]
-            raw_target = _as_law(rows(target_probs[:, :, depth]))
+                draft_rows, target_rows = flat(draft_rows), flat(target_rows)
+            draft = _as_law(draft_rows)  # [m, V]
+            raw_target = _as_law(target_rows)
             node_beta = flat(beta.unsqueeze(-1))
             target = node_beta * raw_target
 
