@@ -62,6 +62,9 @@ def _pow(base: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
 
 def _drop_pow(free: torch.Tensor, mass: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
     """``free ** n - (free - mass) ** n`` for ``0 <= mass <= free``, without cancellation."""
+    if _all_positive(free):  # no case split: the same operations, in place, without the two masks
+        drop = (mass / free).clamp_(max=1.0).neg_().log1p_().mul_(exponent).expm1_()
+        return drop.mul_(_pow(free, exponent)).neg_()  # -(e free^n) is (-free^n) e
     safe = torch.where(free > 0, free, torch.ones_like(free))
     ratio = (mass / safe).clamp(max=1.0)
     return torch.where(free > 0, -_pow(free, exponent) * torch.expm1(exponent * torch.log1p(-ratio)),
@@ -156,10 +159,13 @@ def _priority_coins(draft, target, raw_target, exponent, max_sweeps, safe_draft,
     Iterating ``theta <- cap(free(theta))`` from 0 increases theta monotonically, every iterate is
     valid (the free mass it was computed from only shrinks), and after V sweeps it is the greedy scan.
 
-    ``safe_draft`` is ``p`` with 1 where ``p = 0``, ``keep`` is ``1(p > 0)`` as floats.
+    ``safe_draft`` is ``p`` with 1 where ``p = 0``, ``keep`` is ``1(p > 0)`` as floats, or None where every
+    ``p > 0`` (then ``safe_draft`` is ``p``).
     """
     vocab_size = draft.shape[-1]
-    ratio = torch.where(keep > 0, raw_target / safe_draft, torch.full_like(draft, float("inf")))
+    ratio = raw_target / safe_draft
+    if keep is not None:
+        ratio = torch.where(keep > 0, ratio, torch.full_like(draft, float("inf")))
     # The stable order of -ratio: ratio is >= 0 or +inf, so its float64 bits (-0 made +0 by adding 0) order as
     # its values, and their complements ascending are -ratio ascending.  The permutation of a stable sort is
     # unique, and the integer sort is about a third faster than the float64 one.
@@ -169,11 +175,13 @@ def _priority_coins(draft, target, raw_target, exponent, max_sweeps, safe_draft,
     # Stored lowest priority first, so that the free mass is a prefix sum (no flips).
     order = order.flip(-1)
     p_sorted, t_sorted = draft.gather(-1, order), target.gather(-1, order)
-    keep_sorted = keep.gather(-1, order)
     # -p (-1 where p = 0) and -t: the signs folded into the divisions below (a quotient's rounding is symmetric)
-    neg_safe_p = torch.rsub(keep_sorted, 1).add_(p_sorted).neg_()  # p + 0 is p; 0 + 1 is 1
+    if keep is None:
+        neg_safe_p = torch.neg(p_sorted)
+    else:
+        keep_sorted = keep.gather(-1, order)
+        neg_safe_p = torch.rsub(keep_sorted, 1).add_(p_sorted).neg_()  # p + 0 is p; 0 + 1 is 1
     neg_t = torch.neg(t_sorted)
-    every_drafted = _all_positive(keep)
     positive_target = _all_positive(t_sorted)  # then t / free^n is never 0 / 0
     coins = torch.zeros_like(p_sorted)
     new, free, work = torch.empty_like(coins), torch.empty_like(coins), torch.empty_like(coins)
@@ -195,7 +203,7 @@ def _priority_coins(draft, target, raw_target, exponent, max_sweeps, safe_draft,
             neg_cap.nan_to_num_(nan=-1.0)
         neg_cap.log1p_().div_(exponent).expm1_().mul_(free)
         new = neg_cap.div_(neg_safe_p).clamp_(max=1.0)  # cap / p
-        if not every_drafted:
+        if keep is not None:
             new.mul_(keep_sorted)  # 0 where the draft never proposes the token
         torch.maximum(new, coins, out=new)  # monotone in exact arithmetic; keeps rounding from undoing it
         if torch.equal(new, coins):  # converged bit for bit: more sweeps change nothing, in any row
@@ -212,7 +220,9 @@ def _kseq_coins(draft, target, beta, exponent, safe_draft, keep):
     rho = kseq_rho_star(torch.cat([draft, torch.zeros_like(stop)], -1), torch.cat([target, stop], -1),
                         exponent.squeeze(-1))
     rho = rho.unsqueeze(-1)
-    coins = (target / (rho * safe_draft)).clamp_(max=1.0).mul_(keep)  # 0 where the draft never proposes the token
+    coins = (target / (rho * safe_draft)).clamp_(max=1.0)
+    if keep is not None:
+        coins.mul_(keep)  # 0 where the draft never proposes the token
     mass = (draft * coins).sum(-1, keepdim=True)
     free = (draft * (1 - coins)).sum(-1, keepdim=True)
     accept_any = 1 - _pow(free, exponent)
@@ -240,8 +250,11 @@ def _node_rule(draft, target, raw_target, beta, exponent, max_sweeps, tokens):
         order = torch.cat([single, several])
         return tuple(torch.empty_like(joined).index_copy_(0, order, joined)
                      for joined in (torch.cat([a, b]) for a, b in zip(*parts)))
-    keep = (draft > 0).to(draft.dtype)  # 1(p > 0): a product with it is the written where(p > 0, x, 0) for finite x
-    safe_draft = torch.where(draft > 0, draft, torch.ones_like(draft))
+    if _all_positive(draft):
+        keep, safe_draft = None, draft
+    else:
+        keep = (draft > 0).to(draft.dtype)  # 1(p > 0): a product with it is where(p > 0, x, 0) for finite x
+        safe_draft = torch.where(draft > 0, draft, torch.ones_like(draft))
     prio_coins, prio_acc, ranks = _priority_coins(draft, target, raw_target, exponent, max_sweeps, safe_draft, keep)
     kseq_coins, kseq_acc = _kseq_coins(draft, target, beta.squeeze(-1), exponent, safe_draft, keep)
     prio_hits, prio_free = _hits(target, draft, prio_coins, prio_acc, exponent)
