@@ -76,7 +76,8 @@ def _all_positive(values: torch.Tensor) -> bool:
 
     Lets the callers skip a pass that only matters at zeros (tokens the draft never proposes, or 0 / 0).
     """
-    return values.device.type == "cpu" and bool(values.amin() > 0)  # a min is cheaper than a mask and its all()
+    # a min is cheaper than a mask and its all(); an empty tensor takes the general path
+    return values.device.type == "cpu" and values.numel() > 0 and bool(values.amin() > 0)
 
 
 def _hit_chance(refused, free, exponent):
