@@ -62,10 +62,35 @@ def _pow(base: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
 
 def _drop_pow(free: torch.Tensor, mass: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
     """``free ** n - (free - mass) ** n`` for ``0 <= mass <= free``, without cancellation."""
+    if _all_positive(free):  # no case split: the same operations, in place, without the two masks
+        drop = (mass / free).clamp_(max=1.0).neg_().log1p_().mul_(exponent).expm1_()
+        return drop.mul_(_pow(free, exponent)).neg_()  # -(e free^n) is (-free^n) e
     safe = torch.where(free > 0, free, torch.ones_like(free))
     ratio = (mass / safe).clamp(max=1.0)
     return torch.where(free > 0, -_pow(free, exponent) * torch.expm1(exponent * torch.log1p(-ratio)),
                        torch.zeros_like(free))
+
+
+def _all_positive(values: torch.Tensor) -> bool:
+    """Whether every entry of ``values`` is positive, checked only on the CPU (no device round trip elsewhere).
+
+    Lets the callers skip a pass that only matters at zeros (tokens the draft never proposes, or 0 / 0).
+    """
+    # a min is cheaper than a mask and its all(); an empty tensor takes the general path
+    return values.device.type == "cpu" and values.numel() > 0 and bool(values.amin() > 0)
+
+
+def _hit_chance(refused, free, exponent):
+    """``1 - (1 - refused / free) ** n``: the chance that a residual draw's token is among the n failed drafts.
+
+    ``exponent`` (n) may be None for n = 1: the product with 1 is the identity.
+    """
+    safe = torch.where(free > 0, free, torch.ones_like(free))
+    out = (refused / safe).clamp_(max=1.0).neg_().log1p_()
+    if exponent is not None:
+        out.mul_(exponent)
+    out.exp_()
+    return out.neg_().add_(1)  # 1 - absent, as -absent + 1 (the same rounding)
 
 
 def _hits(target, draft, coins, accepted, exponent):
@@ -75,17 +100,58 @@ def _hits(target, draft, coins, accepted, exponent):
     ``t(a) - accepted(a)`` from its residual after every coin failed.  Given that, the drafted tokens are
     i.i.d. with law ``p (1 - theta) / free``, so the residual draw hits a drafted ``a`` with
     probability ``1 - (1 - p(a) (1 - theta(a)) / free) ** n``.
+
+    On a row with ``free = 0`` every ``refused`` is 0, the hit chance is exactly 0 and the hits are
+    ``accepted``: no case split is needed.  The in-place steps round as the written formula does
+    (``-x + 1`` is ``1 - x``; products commute).
     """
-    refused = draft * (1 - coins)
+    refused = torch.rsub(coins, 1).mul_(draft)  # draft (1 - coins)
     free = refused.sum(-1, keepdim=True)  # 1 - sum_x p theta, as a sum of non-negative terms
-    safe = torch.where(free > 0, free, torch.ones_like(free))
-    absent = torch.exp(exponent * torch.log1p(-(refused / safe).clamp(max=1.0)))
-    missing = (target - accepted).clamp(min=0)
-    hits = torch.where(free > 0, accepted + missing * (1 - absent), accepted)
+    hit_chance = _hit_chance(refused, free, exponent)
+    hits = torch.sub(target, accepted).clamp_(min=0).mul_(hit_chance).add_(accepted)
     return hits, free
 
 
-def _priority_coins(draft, target, raw_target, exponent, max_sweeps):
+def _single_rule(draft, target, exponent, tokens):
+    """Speculative sampling against ``t`` on rows with one survivor: ``(coin, missing)`` at ``tokens``, hits, free.
+
+    ``coins = min(1, t / p)``, ``accepted = p coins``; the hits are ``accepted + (t - accepted)_+ (1 - (1 -
+    refused / free))``, which is ``accepted`` itself wherever ``(t - accepted)_+`` or ``refused`` is 0: where
+    ``t >= p`` (coin 1, nothing refused) and wherever ``p min(1, t / p)`` rounds to ``t`` or above.  Only the
+    other tokens (a few percent) take the transcendental functions, each with the same operations as
+    :func:`_hits`, so the values are those of the dense formula bit for bit.  At tokens the draft never
+    proposes the coin is 1 or 0 here instead of 0, which changes nothing there (``p = 0``); the coins at the
+    drafted ``tokens`` are recomputed by the written formula.
+    """
+    coins = torch.div(target, draft).clamp_(max=1.0)  # min(1, t / p)
+    if not _all_positive(draft):
+        coins.nan_to_num_(nan=0.0)  # 0 / 0
+    accepted = torch.mul(draft, coins)
+    refused = torch.rsub(coins, 1).mul_(draft)  # draft (1 - coins)
+    free = refused.sum(-1, keepdim=True)
+    missing = torch.sub(target, accepted)  # (t - accepted)_+ where it is positive, all that is read of it
+    vocab_size = draft.shape[-1]
+    flat = torch.minimum(missing, refused).view(-1).gt(0).nonzero().squeeze(1)
+    hits = accepted  # patched in place below
+    if flat.numel():
+        rows = torch.div(flat, vocab_size, rounding_mode="floor")
+        # n = 1 on these rows: the product with it is the identity, so it is left out
+        chance = _hit_chance(refused.view(-1).index_select(0, flat), free.view(-1).index_select(0, rows), None)
+        patched = missing.view(-1).index_select(0, flat).mul_(chance).add_(accepted.view(-1).index_select(0, flat))
+        hits.view(-1).index_copy_(0, flat, patched)
+    coin_at, missing_at = _at_tokens_single(draft, target, tokens)
+    return coin_at, missing_at, hits, free
+
+
+def _at_tokens_single(draft, target, tokens):
+    """Speculative sampling's coin ``min(1, t / p)`` (0 where ``p = 0``) and ``(t - p coin)_+`` at ``tokens`` ``[m, K]``."""
+    p, t = draft.gather(-1, tokens), target.gather(-1, tokens)
+    drafted = p > 0
+    coin = torch.where(drafted, (t / torch.where(drafted, p, torch.ones_like(p))).clamp(max=1.0), torch.zeros_like(p))
+    return coin, (t - p * coin).clamp(min=0)
+
+
+def _priority_coins(draft, target, raw_target, exponent, max_sweeps, safe_draft, keep):
     """Coins, accepted law and token ranks ``[n, V]`` of the priority rule.
 
     Tokens are ranked by ``q/p`` descending (ties: smaller id first; tokens the draft never proposes
@@ -93,49 +159,71 @@ def _priority_coins(draft, target, raw_target, exponent, max_sweeps):
     ``free_a^n - (free_a - p(a) theta(a))^n <= t(a)``, ``free_a = 1 - sum_{b before a} p(b) theta(b)``.
     Iterating ``theta <- cap(free(theta))`` from 0 increases theta monotonically, every iterate is
     valid (the free mass it was computed from only shrinks), and after V sweeps it is the greedy scan.
+
+    ``safe_draft`` is ``p`` with 1 where ``p = 0``, ``keep`` is ``1(p > 0)`` as floats, or None where every
+    ``p > 0`` (then ``safe_draft`` is ``p``).
     """
     vocab_size = draft.shape[-1]
-    ratio = torch.where(draft > 0, raw_target / torch.where(draft > 0, draft, torch.ones_like(draft)),
-                        torch.full_like(draft, float("inf")))
-    order = torch.argsort(-ratio, dim=-1, stable=True)
+    ratio = raw_target / safe_draft
+    if keep is not None:
+        ratio = torch.where(keep > 0, ratio, torch.full_like(draft, float("inf")))
+    # The stable order of -ratio: ratio is >= 0 or +inf, so its float64 bits (-0 made +0 by adding 0) order as
+    # its values, and their complements ascending are -ratio ascending.  The permutation of a stable sort is
+    # unique, and the integer sort is about a third faster than the float64 one.
+    key = torch.bitwise_not((ratio + 0.0).view(torch.int64))
+    order = torch.sort(key, dim=-1, stable=True).indices
     ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(vocab_size, device=order.device).expand_as(order))
     # Stored lowest priority first, so that the free mass is a prefix sum (no flips).
     order = order.flip(-1)
     p_sorted, t_sorted = draft.gather(-1, order), target.gather(-1, order)
-    drafted = p_sorted > 0
-    safe_p = torch.where(drafted, p_sorted, torch.ones_like(p_sorted))
+    # -p (-1 where p = 0) and -t: the signs folded into the divisions below (a quotient's rounding is symmetric)
+    if keep is None:
+        neg_safe_p = torch.neg(p_sorted)
+    else:
+        keep_sorted = keep.gather(-1, order)
+        neg_safe_p = torch.rsub(keep_sorted, 1).add_(p_sorted).neg_()  # p + 0 is p; 0 + 1 is 1
+    neg_t = torch.neg(t_sorted)
+    positive_target = _all_positive(t_sorted)  # then t / free^n is never 0 / 0
     coins = torch.zeros_like(p_sorted)
+    new, free, work = torch.empty_like(coins), torch.empty_like(coins), torch.empty_like(coins)
 
     def free_before(coins):
         # 1 - sum_{b before a} p theta = sum_{b from a on} p theta + sum_b p (1 - theta): no cancellation
-        return (p_sorted * coins).cumsum(-1) + (p_sorted * (1 - coins)).sum(-1, keepdim=True)
+        torch.cumsum(torch.mul(p_sorted, coins, out=work), -1, out=free)
+        return free.add_(torch.rsub(coins, 1).mul_(p_sorted).sum(-1, keepdim=True))
 
     for _ in range(min(vocab_size, max_sweeps)):
-        free = free_before(coins)
-        room = _pow(free, exponent)
-        safe_room = torch.where(room > 0, room, torch.ones_like(room))
-        # the largest m with free^n - (free - m)^n <= t: free (1 - (1 - t / free^n)^(1/n)), or all of free
-        cap = torch.where(room > t_sorted,
-                          -free * torch.expm1(torch.log1p(-(t_sorted / safe_room).clamp(max=1.0)) / exponent), free)
-        new = torch.where(drafted, (cap / safe_p).clamp(max=1.0), torch.zeros_like(cap))
-        new = torch.maximum(new, coins)  # monotone in exact arithmetic; keeps rounding from undoing it
+        free_before(coins)
+        room = torch.log(free, out=work).mul_(exponent).exp_()  # free ** n
+        # The largest m with free^n - (free - m)^n <= t: free (1 - (1 - t / free^n)^(1/n)), or all of free where
+        # free^n <= t.  One expression gives both: there t / free^n >= 1 (0 / 0 taken as 1), log1p(-1) = -inf,
+        # expm1(-inf) = -1, and the cap is exactly free; no case split, no branch computed in vain.  Computed
+        # as -(-t / free^n) and -cap = free expm1(...), the minus signs exact.
+        neg_cap = torch.div(neg_t, room, out=new).clamp_(min=-1.0)
+        if not positive_target:
+            neg_cap.nan_to_num_(nan=-1.0)
+        neg_cap.log1p_().div_(exponent).expm1_().mul_(free)
+        new = neg_cap.div_(neg_safe_p).clamp_(max=1.0)  # cap / p
+        if keep is not None:
+            new.mul_(keep_sorted)  # 0 where the draft never proposes the token
+        torch.maximum(new, coins, out=new)  # monotone in exact arithmetic; keeps rounding from undoing it
         if torch.equal(new, coins):  # converged bit for bit: more sweeps change nothing, in any row
             break
-        coins = new
+        coins, new = new, coins
     accepted = _drop_pow(free_before(coins), p_sorted * coins, exponent)
     back = vocab_size - 1 - ranks  # position of each token in the stored order
     return coins.gather(-1, back), accepted.gather(-1, back), ranks
 
 
-def _kseq_coins(draft, target, beta, exponent):
+def _kseq_coins(draft, target, beta, exponent, safe_draft, keep):
     """Coins and accepted law ``[n, V]`` of K-SEQ against ``t`` with the stop mass ``1 - beta`` as a token."""
     stop = (1 - beta).clamp(min=0).unsqueeze(-1)
     rho = kseq_rho_star(torch.cat([draft, torch.zeros_like(stop)], -1), torch.cat([target, stop], -1),
                         exponent.squeeze(-1))
     rho = rho.unsqueeze(-1)
-    drafted = draft > 0
-    coins = torch.where(drafted, (target / (rho * torch.where(drafted, draft, torch.ones_like(draft)))).clamp(max=1.0),
-                        torch.zeros_like(draft))
+    coins = (target / (rho * safe_draft)).clamp_(max=1.0)
+    if keep is not None:
+        coins.mul_(keep)  # 0 where the draft never proposes the token
     mass = (draft * coins).sum(-1, keepdim=True)
     free = (draft * (1 - coins)).sum(-1, keepdim=True)
     accept_any = 1 - _pow(free, exponent)
@@ -143,42 +231,47 @@ def _kseq_coins(draft, target, beta, exponent):
     return coins, scale * draft * coins
 
 
-def _node_rule(draft, target, raw_target, beta, exponent, max_sweeps):
+def _node_rule(draft, target, raw_target, beta, exponent, max_sweeps, tokens):
     """One node's rule on rows ``[m, V]``: the priority rule where it allocates over 1% more than K-SEQ, else K-SEQ.
 
-    Returns coins, accepted law, hits ``[m, V]``, ``free = 1 - sum_x p theta`` ``[m, 1]``, the priority
-    ranks ``[m, V]`` and whether K-SEQ is used ``[m, 1]``.
+    Returns, at the survivors' ``tokens`` ``[m, K]``, the coins, the priority ranks and ``(t - accepted)_+``
+    ``[m, K]``; the hits ``[m, V]``; ``free = 1 - sum_x p theta`` ``[m, 1]``; whether K-SEQ is used ``[m, 1]``.
+    Nothing else of the ``[m, V]`` coins and accepted laws is read afterwards, so none of it is returned.
     """
     single = (exponent.squeeze(-1) == 1).nonzero().squeeze(1)
     if single.numel() == draft.shape[0]:
         # One survivor everywhere: both rules are speculative sampling against t (block verification's step).
-        drafted = draft > 0
-        coins = torch.where(drafted, (target / torch.where(drafted, draft, torch.ones_like(draft))).clamp(max=1.0),
-                            torch.zeros_like(draft))
-        accepted = draft * coins
-        hits, free = _hits(target, draft, coins, accepted, exponent)
-        return coins, accepted, hits, free, torch.zeros_like(draft, dtype=torch.int64), torch.ones_like(free, dtype=torch.bool)
+        coin, missing, hits, free = _single_rule(draft, target, exponent, tokens)
+        return coin, torch.zeros_like(tokens), missing, hits, free, torch.ones_like(free, dtype=torch.bool)
     if single.numel() > 0:  # rows with one survivor take the closed form, the others the full rules
         several = (exponent.squeeze(-1) != 1).nonzero().squeeze(1)
-        parts = [_node_rule(*(x.index_select(0, rows) for x in (draft, target, raw_target, beta, exponent)), max_sweeps)
+        parts = [_node_rule(*(x.index_select(0, rows) for x in (draft, target, raw_target, beta, exponent)), max_sweeps,
+                            tokens.index_select(0, rows))
                  for rows in (single, several)]
         order = torch.cat([single, several])
         return tuple(torch.empty_like(joined).index_copy_(0, order, joined)
                      for joined in (torch.cat([a, b]) for a, b in zip(*parts)))
-    prio_coins, prio_acc, ranks = _priority_coins(draft, target, raw_target, exponent, max_sweeps)
-    kseq_coins, kseq_acc = _kseq_coins(draft, target, beta.squeeze(-1), exponent)
+    if _all_positive(draft):
+        keep, safe_draft = None, draft
+    else:
+        keep = (draft > 0).to(draft.dtype)  # 1(p > 0): a product with it is where(p > 0, x, 0) for finite x
+        safe_draft = torch.where(draft > 0, draft, torch.ones_like(draft))
+    prio_coins, prio_acc, ranks = _priority_coins(draft, target, raw_target, exponent, max_sweeps, safe_draft, keep)
+    kseq_coins, kseq_acc = _kseq_coins(draft, target, beta.squeeze(-1), exponent, safe_draft, keep)
     prio_hits, prio_free = _hits(target, draft, prio_coins, prio_acc, exponent)
     kseq_hits, kseq_free = _hits(target, draft, kseq_coins, kseq_acc, exponent)
     use_kseq = prio_hits.sum(-1, keepdim=True) <= (1 + PRIORITY_MARGIN) * kseq_hits.sum(-1, keepdim=True)
     pick = lambda a, b: torch.where(use_kseq, b, a)  # noqa: E731
-    return (pick(prio_coins, kseq_coins), pick(prio_acc, kseq_acc), pick(prio_hits, kseq_hits),
-            pick(prio_free, kseq_free), ranks, use_kseq)
+    at = lambda x: x.gather(-1, tokens)
+    missing = (at(target) - pick(at(prio_acc), at(kseq_acc))).clamp(min=0)
+    return (pick(at(prio_coins), at(kseq_coins)), at(ranks), missing, pick(prio_hits, kseq_hits),
+            pick(prio_free, kseq_free), use_kseq)
 
 
 def _as_law(rows: torch.Tensor) -> torch.Tensor:
-    """float64 rows renormalised to sum to 1, as the exact law receives them."""
-    rows = rows.double()
-    return rows / rows.sum(-1, keepdim=True)
+    """float64 rows renormalised to sum to 1, as the exact law receives them (a new contiguous tensor)."""
+    rows = rows.to(torch.float64, copy=True, memory_format=torch.contiguous_format)
+    return rows.div_(rows.sum(-1, keepdim=True))  # in place: one pass less than a new quotient
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,12 +357,18 @@ class MultiDraftBlockVerification(Verifier):
             # The node rules run on the canonical nodes only (one row per distinct prefix).
             nodes = canonical.reshape(-1).nonzero().squeeze(1)
             flat = lambda x: x.reshape(batch_size * num_drafts, -1).index_select(0, nodes)  # noqa: E731
-            draft = _as_law(flat(draft_probs[:, :, depth]))  # [m, V]
-            raw_target = _as_law(flat(target_probs[:, :, depth]))
+            # The nodes' rows [m, V], read in place where they are a regular slice (no float32 copy first).
+            draft_rows, target_rows = draft_probs[:, :, depth], target_probs[:, :, depth]
+            if depth == 0:  # the root: draft 0 of every row
+                draft_rows, target_rows = draft_rows[:, 0], target_rows[:, 0]
+            elif nodes.shape[0] == batch_size * num_drafts:  # every slot is a node (all prefixes distinct)
+                draft_rows, target_rows = (x.reshape(batch_size * num_drafts, -1) for x in (draft_rows, target_rows))
+            else:
+                draft_rows, target_rows = flat(draft_rows), flat(target_rows)
+            draft = _as_law(draft_rows)  # [m, V]
+            raw_target = _as_law(target_rows)
             node_beta = flat(beta.unsqueeze(-1))
             target = node_beta * raw_target
-            coins, accepted, hits, free, ranks, use_kseq = _node_rule(draft, target, raw_target, node_beta, flat(count),
-                                                                      self.priority_sweeps)
 
             def spread(x):  # back to every (row, draft) slot, zeros at non-canonical ones
                 full = torch.zeros(batch_size * num_drafts, x.shape[-1], dtype=x.dtype, device=device)
@@ -278,10 +377,11 @@ class MultiDraftBlockVerification(Verifier):
             # The node rule on the drafts' actual next tokens: kappa per draft j of node k ([B, k, j]).
             tokens = draft_tokens[:, :, depth]  # [B, j]
             node_tokens = tokens.index_select(0, nodes // num_drafts)  # [m, j]: the tokens below each node
-            coin = torch.where(survivors, spread(coins.gather(-1, node_tokens)),
-                               torch.zeros_like(survivors, dtype=torch.float64))
+            coin, rank, missing, hits, free, use_kseq = _node_rule(draft, target, raw_target, node_beta, flat(count),
+                                                                   self.priority_sweeps, node_tokens)
+            coin = torch.where(survivors, spread(coin), torch.zeros_like(survivors, dtype=torch.float64))
             fail = 1 - coin
-            rank = spread(ranks.gather(-1, node_tokens))
+            rank = spread(rank)
             free, use_kseq = spread(free), spread(use_kseq)
             same_token = tokens.unsqueeze(2) == tokens.unsqueeze(1)  # [B, j, j']
             pair = survivors.unsqueeze(2) & survivors.unsqueeze(3)  # [B, k, j, j']: both survive at k
@@ -302,7 +402,7 @@ class MultiDraftBlockVerification(Verifier):
             residual_share = torch.where(room > 0, none / torch.where(room > 0, room, torch.ones_like(room)),
                                          torch.zeros_like(room))
             # (q - accepted)_+ at the tokens (0 at non-canonical slots, where residual_share is 0)
-            missing = spread((target.gather(-1, node_tokens) - accepted.gather(-1, node_tokens)).clamp(min=0))
+            missing = spread(missing)
             kappa = torch.where(survivors, win + residual_share * missing, torch.zeros_like(win))  # [B, k, j]
             # children: draft j is the canonical child of its token under its parent node
             first_of_token = survivors & ~(mine & before).any(-1)
