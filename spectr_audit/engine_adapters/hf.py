@@ -61,18 +61,30 @@ class TransformersScorer:
 
     @torch.inference_mode()
     def score(self, prompts, continuations):
+        """One forward pass per ``max_rows`` rows: each row's prompt and continuation right-padded to the longest,
+        with an attention mask, so every row keeps the positions it has alone (0, 1, ... from its first token) and
+        no row attends to padding; the logits at the continuation's positions, in the scorer's dtype."""
         out: list = [None] * len(prompts)
-        for start in range(0, len(prompts), self.max_rows):
-            rows = list(range(start, min(start + self.max_rows, len(prompts))))
-            for r in rows:  # one row at a time: no padding, so positions are the engine's
-                sequence = list(prompts[r]) + list(continuations[r])
-                if not continuations[r]:
-                    out[r] = torch.zeros(0, self.model.config.vocab_size, dtype=torch.float64)
-                    continue
-                ids = torch.tensor([sequence], dtype=torch.int64)
-                logits = self.model(input_ids=ids).logits[0].double()
+        vocab_size = self.model.config.vocab_size
+        rows = [r for r in range(len(prompts)) if continuations[r]]
+        for r in range(len(prompts)):
+            if not continuations[r]:
+                out[r] = torch.zeros(0, vocab_size, dtype=torch.float64)
+        # rows of similar lengths share a pass (less padding)
+        rows.sort(key=lambda r: len(prompts[r]) + len(continuations[r]))
+        for start in range(0, len(rows), max(1, self.max_rows)):
+            group = rows[start:start + max(1, self.max_rows)]
+            sequences = [list(prompts[r]) + list(continuations[r]) for r in group]
+            width = max(len(seq) for seq in sequences)
+            ids = torch.zeros(len(group), width, dtype=torch.int64)
+            mask = torch.zeros(len(group), width, dtype=torch.int64)
+            for i, seq in enumerate(sequences):
+                ids[i, :len(seq)] = torch.tensor(seq, dtype=torch.int64)
+                mask[i, :len(seq)] = 1
+            logits = self.model(input_ids=ids, attention_mask=mask).logits.double()
+            for i, r in enumerate(group):
                 first = len(prompts[r]) - 1
-                out[r] = logits[first:first + len(continuations[r])]
+                out[r] = logits[i, first:first + len(continuations[r])]
         return ScoredLogits(out, self.params, self.order)
 
 

@@ -217,3 +217,24 @@ def test_served_vllm_greedy_speculation_equals_the_server_without_it(served_resu
 @pytest.mark.xfail(strict=True, reason=VLLM_EXPAND)
 def test_served_vllm_speculative_sampling_follows_the_target_law(served_results):
     assert served_results["T0.7"].verdict != "FINDING", served_results["T0.7"].test
+
+
+def test_the_batched_scorer_equals_one_row_at_a_time(checkpoints):
+    """The scorer's padded batches (right padding, an attention mask) against one row per pass, in float64:
+    ragged prompts and continuations, empty continuations among them."""
+    import torch
+
+    from spectr_audit.engine_adapters.hf import TransformersScorer
+
+    model, _ = checkpoints
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 20, (13,), generator=generator).tolist()
+    prompts = [torch.randint(0, 512, (n,), generator=generator).tolist() for n in lengths]
+    continuations = [torch.randint(0, 512, (n,), generator=generator).tolist()
+                     for n in torch.randint(0, 25, (13,), generator=generator).tolist()]
+    continuations[4] = []
+    alone = TransformersScorer(model, max_rows=1).score(prompts, continuations).logits
+    batched = TransformersScorer(model, max_rows=5).score(prompts, continuations).logits
+    for row, (one, many) in enumerate(zip(alone, batched)):
+        assert one.shape == many.shape == (len(continuations[row]), 512)
+        torch.testing.assert_close(many, one, atol=1e-12, rtol=0)
