@@ -239,11 +239,13 @@ def _segment_gap(rho, draft_high, target_high, draft_low, target_low, k):
     For ``beta < 1/2`` the direct form ``rho beta + expm1(K log1p(-beta))`` is the accurate one
     (exactly 0 for disjoint supports), as in :func:`_kseq_gap`.
     """
-    # the arithmetic of _segment_gap_and_slope, without the slope (this one runs inside grid searches)
-    beta = target_low / rho + draft_high
-    one_minus_beta = (draft_low - target_low / rho).clamp(min=0)
-    near_one = rho * draft_high - target_high + one_minus_beta ** (k - 1) * one_minus_beta
-    small = rho * beta + torch.expm1(k * torch.log1p(-beta.clamp(max=1.0)))
+    # the arithmetic of _segment_gap_and_slope, without the slope (this one runs inside grid searches, on
+    # [n, columns, 64] points: the same operations in the same order, in place on fresh temporaries)
+    scaled = target_low / rho
+    beta = scaled + draft_high
+    one_minus_beta = (draft_low - scaled).clamp_(min=0)
+    near_one = rho * draft_high - target_high + one_minus_beta.pow(k - 1).mul_(one_minus_beta)
+    small = rho * beta + (k * beta.clamp(max=1.0).neg_().log1p_()).expm1_()
     return torch.where(beta < 0.5, small, near_one)
 
 
@@ -539,33 +541,36 @@ class _AboveOneTokens:
         self.mask = torch.empty_like(values)
 
     @classmethod
-    def of(cls, draft, target, ratio, totals, snap):
-        """From the rows ``[n, V]``, ``ratio [n, V]`` (q/p in their dtype) and ``totals [n, 2, 1]``; None where
-        the padded rows would hold over :data:`_INSIDE_FRACTION` of the tokens."""
-        n, vocab_size = ratio.shape
-        above = torch.gt(ratio, 1.0)  # [n, V] bool; nan (0/0) is not above, inf (p = 0 < q) is
-        # (summed as int8 into int32: several times faster than a bool sum; a count of at most V fits)
-        counts = above.view(torch.int8).sum(-1, dtype=torch.int32).long()  # [n]
+    def of(cls, draft, target, totals, snap):
+        """From the rows ``[n, V]`` and their ``totals [n, 2, 1]``; None where the padded rows would hold over
+        :data:`_INSIDE_FRACTION` of the tokens."""
+        n, vocab_size = draft.shape
+        # [n, V] bool: q/p > 1 in the rows' dtype is q > p (if q > p, q is at least p plus an ulp of p, and the
+        # quotient, above 1 by more than half an ulp of 1, rounds above 1; if q <= p it is at most 1), also
+        # where p = 0 (q/p = inf is above, 0/0 = nan is not): the same tokens, without forming the quotient
+        above = torch.gt(target, draft)
+        flat = above.view(-1).nonzero().squeeze(1)  # row * V + token, row-major: each row's tokens in order
+        # each row's first position in `flat` (n + 1 binary searches rather than a count over the vocabulary)
+        starts = torch.searchsorted(flat, torch.arange(n + 1, device=flat.device) * vocab_size)
+        counts = starts.diff()  # [n]
         width = int(counts.max()) if n else 0
         if width > _INSIDE_FRACTION * vocab_size:
             return None
         width = max(width, 1)
-        # flat positions (1-D index_select and index_copy_: several times faster than advanced indexing)
-        flat = above.view(-1).nonzero().squeeze(1)  # row * V + token, row-major: each row's tokens in order
         rows = flat.div(vocab_size, rounding_mode="floor")
-        tokens = flat - rows * vocab_size
-        slot = torch.arange(flat.shape[0], device=flat.device) - (counts.cumsum(0) - counts).index_select(0, rows)
-        place = rows * (2 * width) + slot  # its place in the flat [n, 2, W]; q is W further
-        values = torch.zeros(n * 2 * width, dtype=torch.float64, device=ratio.device)
-        for offset, rows_of in ((0, draft), (width, target)):
-            # the rows may be a strided view (one draft's rows of [B, K, L, V]): read them in place, as a
-            # flat view of their storage, rather than copy them to flatten them
-            span = (n - 1) * rows_of.stride(0) + (vocab_size - 1) * rows_of.stride(1) + 1
-            source = rows * rows_of.stride(0) + tokens * rows_of.stride(1)
-            values.index_copy_(0, place + offset, rows_of.as_strided((span,), (1,)).index_select(0, source).double())
-        values = values.view(n, 2, width)
+        slot = torch.arange(flat.shape[0], device=flat.device) - starts.index_select(0, rows)
+        # [n, W] each row's tokens left-aligned (1-D index_copy_: several times faster than advanced indexing);
+        # the padding points at token 0 and is zeroed below
+        index = torch.zeros(n * width, dtype=torch.int64, device=flat.device)
+        index.index_copy_(0, rows * width + slot, flat - rows * vocab_size)
+        index = index.view(n, width)
+        values = torch.empty(n, 2, width, dtype=torch.float64, device=draft.device)
+        values[:, 0].copy_(draft.gather(-1, index))  # the rows read in place, strided views or not
+        values[:, 1].copy_(target.gather(-1, index))
+        padding = torch.arange(width, device=flat.device) >= counts.unsqueeze(-1)  # [n, W]
+        values.masked_fill_(padding.unsqueeze(1), 0.0)
         # their q/p as the full pass forms it (the same division of the same numbers); padding 0, never above
-        ratios = torch.div(values[:, 1:], values[:, :1]).to(ratio.dtype).nan_to_num_(nan=0.0, posinf=float("inf"))
+        ratios = torch.div(values[:, 1:], values[:, :1]).to(draft.dtype).nan_to_num_(nan=0.0, posinf=float("inf"))
         return cls(values, ratios, totals, snap)
 
     def low_sums(self, candidates):  # [n, 2] -> [n, 2, 2]: sums of p and q (dim 1) at each candidate (dim 2)
@@ -658,17 +663,16 @@ def kseq_rho_star_sampler(
     ).unsqueeze(-1)
     above = None  # the tokens with q/p > 1, where few enough (eager path): every pass reads only those
     if not fused:
-        # [n, V] q/p in the rows' dtype (a token within its rounding of a candidate is within the margin, as
-        # in the fused pass's q <= c p); inf (p = 0 < q), nan (0/0): never "low"
-        ratio = torch.div(target_probs, draft_probs)
-        above = _AboveOneTokens.of(draft_probs, target_probs, ratio, totals, snap)
+        above = _AboveOneTokens.of(draft_probs, target_probs, totals, snap)
     if not fused and above is None:
+        # [n, 1, V] q/p in the rows' dtype (a token within its rounding of a candidate is within the margin, as
+        # in the fused pass's q <= c p); inf (p = 0 < q), nan (0/0): never "low"
+        ratio = torch.div(target_probs, draft_probs).unsqueeze(1)
         # [n, 2, V] float64 p and q, so one bmm against the low masks sums both in float64: a float32
         # product rounds V terms far above the margin (and may run in TF32 on a GPU)
         stacked = torch.empty(n, 2, vocab_size, dtype=torch.float64, device=device)
         stacked[:, 0].copy_(draft_probs)
         stacked[:, 1].copy_(target_probs)
-        ratio = ratio.unsqueeze(1)  # [n, 1, V]
         # [n, 2, V], reused by every pass: a comparison written straight into a float buffer is one cheap
         # pass, where a bool mask and its conversion cost an allocation and two more
         low_mask = torch.empty(n, 2, vocab_size, dtype=torch.float64, device=device)
