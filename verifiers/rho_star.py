@@ -549,16 +549,16 @@ class _AboveOneTokens:
         # quotient, above 1 by more than half an ulp of 1, rounds above 1; if q <= p it is at most 1), also
         # where p = 0 (q/p = inf is above, 0/0 = nan is not): the same tokens, without forming the quotient
         above = torch.gt(target, draft)
-        flat = above.view(-1).nonzero().squeeze(1)  # row * V + token, row-major: each row's tokens in order
-        # each row's first position in `flat` (n + 1 binary searches rather than a count over the vocabulary)
-        starts = torch.searchsorted(flat, torch.arange(n + 1, device=flat.device) * vocab_size)
-        counts = starts.diff()  # [n]
+        # counted before the positions are found, whose cost grows with the count (where the rows are dense, the
+        # full passes run without it); summed as int8 into int32: several times faster than a bool sum
+        counts = above.view(torch.int8).sum(-1, dtype=torch.int32).long()  # [n]
         width = int(counts.max()) if n else 0
         if width > _INSIDE_FRACTION * vocab_size:
             return None
         width = max(width, 1)
+        flat = above.view(-1).nonzero().squeeze(1)  # row * V + token, row-major: each row's tokens in order
         rows = flat.div(vocab_size, rounding_mode="floor")
-        slot = torch.arange(flat.shape[0], device=flat.device) - starts.index_select(0, rows)
+        slot = torch.arange(flat.shape[0], device=flat.device) - (counts.cumsum(0) - counts).index_select(0, rows)
         # [n, W] each row's tokens left-aligned (1-D index_copy_: several times faster than advanced indexing);
         # the padding points at token 0 and is zeroed below
         index = torch.zeros(n * width, dtype=torch.int64, device=flat.device)
