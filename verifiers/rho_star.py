@@ -239,11 +239,13 @@ def _segment_gap(rho, draft_high, target_high, draft_low, target_low, k):
     For ``beta < 1/2`` the direct form ``rho beta + expm1(K log1p(-beta))`` is the accurate one
     (exactly 0 for disjoint supports), as in :func:`_kseq_gap`.
     """
-    # the arithmetic of _segment_gap_and_slope, without the slope (this one runs inside grid searches)
-    beta = target_low / rho + draft_high
-    one_minus_beta = (draft_low - target_low / rho).clamp(min=0)
-    near_one = rho * draft_high - target_high + one_minus_beta ** (k - 1) * one_minus_beta
-    small = rho * beta + torch.expm1(k * torch.log1p(-beta.clamp(max=1.0)))
+    # the arithmetic of _segment_gap_and_slope, without the slope (this one runs inside grid searches, on
+    # [n, columns, 64] points: the same operations in the same order, in place on fresh temporaries)
+    scaled = target_low / rho
+    beta = scaled + draft_high
+    one_minus_beta = (draft_low - scaled).clamp_(min=0)
+    near_one = rho * draft_high - target_high + one_minus_beta.pow(k - 1).mul_(one_minus_beta)
+    small = rho * beta + (k * beta.clamp(max=1.0).neg_().log1p_()).expm1_()
     return torch.where(beta < 0.5, small, near_one)
 
 
@@ -515,6 +517,69 @@ class _InsideTokens:
         return self.base.unsqueeze(-1) + torch.bmm(self.values, self.mask.transpose(1, 2))
 
 
+class _AboveOneTokens:
+    """The tokens with ``q/p > 1`` of the sort-free solve's rows, gathered once from the rows themselves.
+
+    Every candidate c lies in ``[1, K]``, so a token with ``q/p <= 1`` is low at every candidate: the low
+    sums at c are the rows' totals less the sums over the gathered tokens with ``q/p > c``.  That is the
+    full pass's classification (``q/p <= c`` in the rows' dtype) summed in float64 in another order (within
+    the rounding that the solve's margin allows for float64 sums over the vocabulary), and it needs neither
+    a float64 copy of the rows nor a mask over every token: one comparison, one count and the gathering
+    read the vocabulary, and every pass, the first included, reads the gathered tokens only (a tenth of
+    the vocabulary on peaked rows, where most of the draft's tokens are over-proposed).  The gathered
+    tokens sit left-aligned in rows of the largest row's count (padding: p = q = 0, never above c).
+
+    A difference within ``snap`` (relative to the total) of 0 is set to exactly 0, as a full pass would sum
+    no mass where no low token has any (disjoint supports: beta = 0, f(1) = 0, rho = 1).
+    """
+
+    def __init__(self, values, ratios, totals, snap):
+        self.values = values  # [n, 2, W] float64: p and q of each row's gathered tokens
+        self.ratios = ratios  # [n, 1, W]: their q/p in the rows' dtype
+        self.totals = totals  # [n, 2, 1] float64: the rows' totals
+        self.floor = snap * totals  # [n, 2, 1]: low sums at most this are 0
+        self.mask = torch.empty_like(values)
+
+    @classmethod
+    def of(cls, draft, target, totals, snap):
+        """From the rows ``[n, V]`` and their ``totals [n, 2, 1]``; None where the padded rows would hold over
+        :data:`_INSIDE_FRACTION` of the tokens."""
+        n, vocab_size = draft.shape
+        # [n, V] bool: q/p > 1 in the rows' dtype is q > p (if q > p, q is at least p plus an ulp of p, and the
+        # quotient, above 1 by more than half an ulp of 1, rounds above 1; if q <= p it is at most 1), also
+        # where p = 0 (q/p = inf is above, 0/0 = nan is not): the same tokens, without forming the quotient
+        above = torch.gt(target, draft)
+        # counted before the positions are found, whose cost grows with the count (where the rows are dense, the
+        # full passes run without it); summed as int8 into int32: several times faster than a bool sum
+        counts = above.view(torch.int8).sum(-1, dtype=torch.int32).long()  # [n]
+        width = int(counts.max()) if n else 0
+        if width > _INSIDE_FRACTION * vocab_size:
+            return None
+        width = max(width, 1)
+        flat = above.view(-1).nonzero().squeeze(1)  # row * V + token, row-major: each row's tokens in order
+        rows = flat.div(vocab_size, rounding_mode="floor")
+        slot = torch.arange(flat.shape[0], device=flat.device) - (counts.cumsum(0) - counts).index_select(0, rows)
+        # [n, W] each row's tokens left-aligned (1-D index_copy_: several times faster than advanced indexing);
+        # the padding points at token 0 and is zeroed below
+        index = torch.zeros(n * width, dtype=torch.int64, device=flat.device)
+        index.index_copy_(0, rows * width + slot, flat - rows * vocab_size)
+        index = index.view(n, width)
+        values = torch.empty(n, 2, width, dtype=torch.float64, device=draft.device)
+        values[:, 0].copy_(draft.gather(-1, index))  # the rows read in place, strided views or not
+        values[:, 1].copy_(target.gather(-1, index))
+        padding = torch.arange(width, device=flat.device) >= counts.unsqueeze(-1)  # [n, W]
+        values.masked_fill_(padding.unsqueeze(1), 0.0)
+        # their q/p as the full pass forms it (the same division of the same numbers); padding 0, never above
+        ratios = torch.div(values[:, 1:], values[:, :1]).to(draft.dtype).nan_to_num_(nan=0.0, posinf=float("inf"))
+        return cls(values, ratios, totals, snap)
+
+    def low_sums(self, candidates):  # [n, 2] -> [n, 2, 2]: sums of p and q (dim 1) at each candidate (dim 2)
+        """The low sums at ``candidates`` ``[n, 2]`` (in the ratios' dtype, as a full pass compares them)."""
+        torch.gt(self.ratios, candidates.unsqueeze(-1), out=self.mask)
+        sums = self.totals - torch.bmm(self.values, self.mask.transpose(1, 2))
+        return torch.where(sums > self.floor, sums, torch.zeros_like(sums))
+
+
 def kseq_rho_star_sampler(
     # [n, vocab_size] float32 or float64
     draft_probs: torch.Tensor,
@@ -592,22 +657,22 @@ def kseq_rho_star_sampler(
     margin = torch.finfo(dtype).eps * k.clamp(min=16) + 16 * vocab_size * eps64
     snap = 4 * vocab_size * eps64  # the rounding of 1 - (a float64 sum over the vocabulary)
     fused = compiled_enabled()
-    if fused:  # one fused kernel per pass (spectr_audit.verifiers.compiled), nothing materialised
-        totals = torch.stack(
-            [draft_probs.sum(-1, dtype=torch.float64), target_probs.sum(-1, dtype=torch.float64)], dim=-1
-        ).unsqueeze(-1)  # [n, 2, 1]
-    else:
+    # [n, 2, 1], summed from the rows as given (the same values in float64: a quarter of the bytes read)
+    totals = torch.stack(
+        [draft_probs.sum(-1, dtype=torch.float64), target_probs.sum(-1, dtype=torch.float64)], dim=-1
+    ).unsqueeze(-1)
+    above = None  # the tokens with q/p > 1, where few enough (eager path): every pass reads only those
+    if not fused:
+        above = _AboveOneTokens.of(draft_probs, target_probs, totals, snap)
+    if not fused and above is None:
+        # [n, 1, V] q/p in the rows' dtype (a token within its rounding of a candidate is within the margin, as
+        # in the fused pass's q <= c p); inf (p = 0 < q), nan (0/0): never "low"
+        ratio = torch.div(target_probs, draft_probs).unsqueeze(1)
         # [n, 2, V] float64 p and q, so one bmm against the low masks sums both in float64: a float32
         # product rounds V terms far above the margin (and may run in TF32 on a GPU)
         stacked = torch.empty(n, 2, vocab_size, dtype=torch.float64, device=device)
         stacked[:, 0].copy_(draft_probs)
         stacked[:, 1].copy_(target_probs)
-        # [n, 2, 1], summed from the rows as given (the same values in float64: a quarter of the bytes read)
-        totals = torch.stack([draft_probs.sum(-1, dtype=torch.float64), target_probs.sum(-1, dtype=torch.float64)],
-                             dim=-1).unsqueeze(-1)
-        # [n, 1, V] q/p in the rows' dtype (a token within its rounding of a candidate is within the margin, as
-        # in the fused pass's q <= c p); inf (p = 0 < q), nan (0/0): never "low"
-        ratio = torch.div(target_probs, draft_probs).unsqueeze(1)
         # [n, 2, V], reused by every pass: a comparison written straight into a float buffer is one cheap
         # pass, where a bool mask and its conversion cost an allocation and two more
         low_mask = torch.empty(n, 2, vocab_size, dtype=torch.float64, device=device)
@@ -625,6 +690,8 @@ def kseq_rho_star_sampler(
         high_before = high
         if fused:
             sums = kseq_low_sums(draft_probs, target_probs, threshold)  # [n, 2, 2] float64
+        elif above is not None:
+            sums = above.low_sums(threshold)
         elif inside is not None:
             sums = inside.low_sums(threshold)
         else:
