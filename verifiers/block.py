@@ -138,7 +138,8 @@ class LastPassingVerifier(Verifier):
         a = (-1 / level_weight.clamp(min=1.0)).to(draft.dtype)
         b = level_weight.clamp(max=1.0).to(draft.dtype)
         levels = slice(first_level, draft_len)
-        negated = bool((level_weight[:, levels] <= 1.0).all())
+        # checked on the CPU only, where reading a flag costs no device round trip; elsewhere the general form
+        negated = draft.device.type == "cpu" and bool((level_weight[:, levels] <= 1.0).all())
         if negated:
             # p - w q, one allocation and one fused pass; the sums of its negation are its sums negated
             diff = torch.addcmul(draft[:, levels], target[:, levels], b[:, levels], value=-1)
