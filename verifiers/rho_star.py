@@ -15,6 +15,16 @@ from spectr_audit.verifiers.compiled import compiled_enabled, kseq_low_sums
 _BISECTION_STEPS = 64
 
 
+def _row_slots(mask: torch.Tensor, counts: torch.Tensor, vocab_size: int) -> tuple:
+    """Where ``mask`` (``[n, V]``, contiguous) is true, row-major: ``(flat, rows, slot)``, the flat position
+    ``row * V + token`` (each row's tokens in order), the row, and the entry's place among its row's true entries
+    (``counts``: how many each row holds), for packing each row's entries left-aligned."""
+    flat = mask.view(-1).nonzero().squeeze(1)
+    rows = flat.div(vocab_size, rounding_mode="floor")
+    slot = torch.arange(flat.shape[0], device=flat.device) - (counts.cumsum(0) - counts).index_select(0, rows)
+    return flat, rows, slot
+
+
 def check_num_drafts(num_drafts: object) -> int:
     """num_drafts as a Python int >= 1."""
     if isinstance(num_drafts, bool):
@@ -498,9 +508,7 @@ class _InsideTokens:
             return None
         width = max(width, 1)
         # flat positions (1-D index_select and index_copy_: several times faster than advanced indexing)
-        flat = inside.view(-1).nonzero().squeeze(1)  # row * V + token, row-major: each row's tokens in order
-        rows = flat.div(vocab_size, rounding_mode="floor")
-        slot = torch.arange(flat.shape[0], device=flat.device) - (counts.cumsum(0) - counts).index_select(0, rows)
+        flat, rows, slot = _row_slots(inside, counts, vocab_size)
         source = flat + rows * vocab_size  # p of the token in the flat [n, 2, V]; q is V further
         target = rows * (2 * width) + slot  # its place in the flat [n, 2, W]; q is W further
         values = torch.zeros(n * 2 * width, dtype=stacked.dtype, device=stacked.device)
@@ -556,9 +564,7 @@ class _AboveOneTokens:
         if width > _INSIDE_FRACTION * vocab_size:
             return None
         width = max(width, 1)
-        flat = above.view(-1).nonzero().squeeze(1)  # row * V + token, row-major: each row's tokens in order
-        rows = flat.div(vocab_size, rounding_mode="floor")
-        slot = torch.arange(flat.shape[0], device=flat.device) - (counts.cumsum(0) - counts).index_select(0, rows)
+        flat, rows, slot = _row_slots(above, counts, vocab_size)
         # [n, W] each row's tokens left-aligned (1-D index_copy_: several times faster than advanced indexing);
         # the padding points at token 0 and is zeroed below
         index = torch.zeros(n * width, dtype=torch.int64, device=flat.device)

@@ -47,6 +47,24 @@ __all__ = [
 ]
 
 
+def _walk_step(stop, output, canon, next_token, accepted_node, alive) -> tuple:
+    """``(next token, accepted node, rows still walking)`` after a depth: a row that stops there emits ``output``
+    and ends at the class's canonical node ``canon``."""
+    return torch.where(stop, output, next_token), torch.where(stop, canon, accepted_node), alive & ~stop
+
+
+def _walk_start(tree: DraftTree, node_tokens: torch.Tensor) -> tuple:
+    """The state a tree walk starts from: ``(batch_size, device, level starts, parents, which nodes have children,
+    the current class over its level (the root's), rows still walking, accepted node, next token)``."""
+    batch_size, device = node_tokens.shape[0], node_tokens.device
+    has_children = torch.tensor([bool(kids) for kids in tree.children], device=device)
+    return (batch_size, device, tree.level_starts, tree.parents_tensor(device), has_children,
+            torch.ones(batch_size, 1, dtype=torch.bool, device=device),
+            torch.ones(batch_size, dtype=torch.bool, device=device),
+            torch.zeros(batch_size, dtype=torch.int64, device=device),
+            torch.zeros(batch_size, dtype=torch.int64, device=device))
+
+
 class TargetOnlyRule(NodeRule):
     """Target-only verification at a node: the children's tokens are tried against a shrinking residual.
 
@@ -97,15 +115,8 @@ class RuleTreeVerifier(TreeVerifier):
     def _verify_tree(self, tree: DraftTree, node_tokens, draft_probs, target_probs, generator) -> TreeVerifyOutput:
         if node_tokens.device.type != "cpu":
             return self._verify_tree_batched(tree, node_tokens, draft_probs, target_probs, generator)
-        batch_size = node_tokens.shape[0]
-        device = node_tokens.device
-        starts = tree.level_starts
-        parents = tree.parents_tensor(device)
-        has_children = torch.tensor([bool(kids) for kids in tree.children], device=device)
-        members = torch.ones(batch_size, 1, dtype=torch.bool, device=device)  # the current class, over its level
-        alive = torch.ones(batch_size, dtype=torch.bool, device=device)
-        accepted_node = torch.zeros(batch_size, dtype=torch.int64, device=device)
-        next_token = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        batch_size, device, starts, parents, has_children, members, alive, accepted_node, next_token = \
+            _walk_start(tree, node_tokens)
         for depth in range(tree.max_depth + 1):
             lo = starts[depth]
             canon = lo + _first_true(members)  # [batch_size]
@@ -155,24 +166,15 @@ class RuleTreeVerifier(TreeVerifier):
                     output = bonus if evaluated is None else output.index_copy_(0, evaluated, bonus)
                 matching = None
                 stop = alive
-            next_token = torch.where(stop, output, next_token)
-            accepted_node = torch.where(stop, canon, accepted_node)
-            alive = alive & ~stop
+            next_token, accepted_node, alive = _walk_step(stop, output, canon, next_token, accepted_node, alive)
             members = matching
         return TreeVerifyOutput(accepted_node, next_token)
 
     def _verify_tree_batched(self, tree: DraftTree, node_tokens, draft_probs, target_probs, generator) -> TreeVerifyOutput:
         """:meth:`_verify_tree` off the CPU: every row at every depth, with no host synchronisation."""
-        batch_size = node_tokens.shape[0]
-        device = node_tokens.device
-        starts = tree.level_starts
-        parents = tree.parents_tensor(device)
+        batch_size, device, starts, parents, has_children, members, alive, accepted_node, next_token = \
+            _walk_start(tree, node_tokens)
         rows = torch.arange(batch_size, device=device)
-        has_children = torch.tensor([bool(kids) for kids in tree.children], device=device)
-        members = torch.ones(batch_size, 1, dtype=torch.bool, device=device)  # the current class, over its level
-        alive = torch.ones(batch_size, dtype=torch.bool, device=device)
-        accepted_node = torch.zeros(batch_size, dtype=torch.int64, device=device)
-        next_token = torch.zeros(batch_size, dtype=torch.int64, device=device)
         for depth in range(tree.max_depth + 1):
             lo = starts[depth]
             canon = lo + _first_true(members)  # [batch_size]
@@ -203,9 +205,7 @@ class RuleTreeVerifier(TreeVerifier):
                 output = sample_categorical(target_dist, uniform(generator, (batch_size,), device))
                 matching = None
                 stop = alive
-            next_token = torch.where(stop, output, next_token)
-            accepted_node = torch.where(stop, canon, accepted_node)
-            alive = alive & ~stop
+            next_token, accepted_node, alive = _walk_step(stop, output, canon, next_token, accepted_node, alive)
             members = matching
         return TreeVerifyOutput(accepted_node, next_token)
 
