@@ -11,7 +11,7 @@
 - import cycles: strongly connected components of the module import graph with every import as an
   edge (a cycle held open by a deferred import is still a cycle of the design);
 - private names (a leading underscore) or private modules imported from another package of the
-  project (the root package's shared leaves ``_validation``, ``_files`` and ``_deadline`` excepted);
+  project (the root package's shared leaves ``_validation``, ``_arguments``, ``_files`` and ``_deadline`` excepted);
 - the audit's stage tables (module-level tuples of ``Stage(...)`` entries) and the classes that run
   them (classes with a ``stages`` method or a ``run`` method beside ``_exact``): one of each when chain
   and tree cases run through one table.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"spectr_audit": "spectr_audit", "verifiers": "spectr_audit.verifiers", "reports": "spectr_audit.reports"}
-SHARED_LEAVES = {"spectr_audit._validation", "spectr_audit._files", "spectr_audit._deadline"}
+SHARED_LEAVES = {"spectr_audit._validation", "spectr_audit._arguments", "spectr_audit._files", "spectr_audit._deadline"}
 #: The modules whose imports of the project may sit inside functions, and why (docs/architecture.md).
 LAZY_LOADING = {
     "spectr_audit.plugin": "pytest loads the plugin in every run of every project that has spectr-audit installed",
