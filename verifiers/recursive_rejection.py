@@ -185,7 +185,9 @@ class RecursiveRejectionRule(NodeRule):
             # their totals at a token the two products are the same float and cancel exactly, as the exact law's
             # normalised rows do (R - (s/d) D leaves a rounding residue there, which outweighs a residual mass
             # far below the rows' rounding)
-            after = torch.addcmul(residual * draft_total, drafting, -res_total).clamp_(min=0)
+            # (with replacement the drafting law keeps its total d = 1, and R * 1 is R: no product pass)
+            scaled_residual = residual * draft_total if self.without_replacement else residual
+            after = torch.addcmul(scaled_residual, drafting, -res_total).clamp_(min=0)
             after_total = after.sum(-1, keepdim=True)
             # no mass left (or the draft did not reach this node): the residual stays as it was
             keep_old = ~active | ~(after_total > 0)
