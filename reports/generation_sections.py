@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from spectr_audit.reports.generation_reading import _DECIDED_BY, _list, _subtest
+from spectr_audit.results import power_plan_text
 from spectr_audit.reports.markdown import _detectable, _finite, _fixed, _pvalue
 
 
@@ -139,6 +140,7 @@ def _facts(d: dict) -> list[tuple[str, str]]:
         ("PIT bins", str(d.get("num_bins", "?"))),
         ("processes", str(d.get("num_processes", 1))),
         ("stop reason", str(d.get("stop_reason", "?"))),
+        *([("rounds until the power", power_plan_text(d["power_plan"]))] if d.get("power_plan") else []),
         ("wall time", ", ".join(f"{k} {_fixed(v, 2)} s" for k, v in seconds.items()) or "–"),
     ]
 

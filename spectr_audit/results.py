@@ -35,6 +35,7 @@ from typing import Any, Optional
 from spectr_audit import __version__
 
 __all__ = ["Check", "AuditResult", "AuditReport", "EXIT_ERROR", "EXIT_INCONCLUSIVE", "VERDICTS", "error_origin",
+           "power_plan_text",
            "jsonable"]
 
 #: The verdicts of a result, from :attr:`AuditResult.verdict`.
@@ -308,3 +309,19 @@ class AuditReport:
             "meta": jsonable(self.meta),
             "results": [r.to_dict() for r in self.results],
         }
+
+
+def power_plan_text(plan: dict) -> str:
+    """``rounds="auto"``'s plan in one line: the tokens needed and what ran to get them.
+
+    >>> power_plan_text({"requested_tv": 0.05, "power": 0.99, "tokens_needed": 7547, "family_size": 60,
+    ...                  "first_rounds": 2, "extension_arm": "ragged", "extension_rounds": 11,
+    ...                  "tokens_per_second": {"single": 80.0, "ragged": 144.0}, "reached": True})
+    '7547 tokens for TV 0.05 at power 0.99 (family of up to 60): 2 rounds of every arm, then 11 of ragged (the fastest arm, 144 tokens/s of generation); reached'
+    """
+    arm = plan.get("extension_arm")
+    then = (f", then {plan['extension_rounds']} of {arm} (the fastest arm, "
+            f"{plan['tokens_per_second'].get(arm, 0):.0f} tokens/s of generation)" if arm else "")
+    return (f"{plan['tokens_needed']} tokens for TV {plan['requested_tv']:g} at power "
+            f"{plan['power']:g} (family of up to {plan['family_size']}): {plan['first_rounds']} rounds of every arm"
+            f"{then}; {'reached' if plan.get('reached') else 'not reached'}")

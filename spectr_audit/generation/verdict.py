@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 
 from spectr_audit import __version__
 from spectr_audit._files import write_text_atomic
-from spectr_audit.results import EXIT_ERROR, EXIT_INCONCLUSIVE
+from spectr_audit.results import EXIT_ERROR, EXIT_INCONCLUSIVE, power_plan_text
 
 __all__ = ["detail_lines", "failure_text", "result_json", "status_of", "verdict_line", "write_reports"]
 
@@ -146,6 +146,9 @@ def detail_lines(result: Any, limit: int = 5) -> list:
         f"decided by: {result.decided_by} ({len(result.subtests)} tests, Holm; stop: {result.stop_reason}); "
         f"TV lower bound {_num(result.tv_lower)}; min detectable TV {_num(result.min_detectable_tv)} "
         f"(planned {_num(result.requested_tv)})"]
+    plan = getattr(result, "power_plan", None)
+    if plan is not None and result.num_jobs:
+        lines.append(f"rounds until the power: {power_plan_text(plan)}")
     rejected = sorted((t for t in result.subtests if t.pvalue_adjusted is not None and t.pvalue_adjusted <= result.alpha),
                       key=lambda t: t.pvalue_adjusted)
     for test in rejected[:limit]:

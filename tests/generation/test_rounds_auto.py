@@ -112,3 +112,17 @@ def test_a_suite_case_takes_rounds_auto():
     assert case.audit_options["rounds"] == "auto"
     with pytest.raises(InvalidArgument, match="rounds: expected an integer >= 1"):
         parse_generation_cases([{"name": "c", "engine": "toy", "rounds": "sometimes"}], "suite.toml")
+
+
+def test_the_summary_and_the_report_say_how_the_power_was_reached(tmp_path):
+    from spectr_audit.generation.verdict import detail_lines, write_reports
+
+    result = _audit(min_detectable_tv=0.07)
+    plan = result.power_plan
+    line = next(line for line in detail_lines(result) if line.startswith("rounds until the power: "))
+    assert f"{plan['tokens_needed']} tokens for TV 0.07" in line and line.endswith("; reached")
+    assert f"then {plan['extension_rounds']} of {plan['extension_arm']}" in line or plan["extension_arm"] is None
+    write_reports(result, tmp_path)
+    assert f"| rounds until the power | {plan['tokens_needed']} tokens" in (tmp_path / "report.md").read_text()
+    planned = audit_generation(correct_engine(PAIR), PAIR.scorer(), PROMPTS, vocab_size=VOCAB, progress=False)
+    assert not any(line.startswith("rounds until the power") for line in detail_lines(planned))
