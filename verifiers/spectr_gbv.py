@@ -220,6 +220,15 @@ def _gather_rows(probs: torch.Tensor, batch_rows, drafts, levels) -> torch.Tenso
     return rows.index_select(0, batch_rows * stride_b + drafts * stride_k + levels)
 
 
+def _chunk_rows(count: int, vocab_size: int, device: torch.device) -> int:
+    """Rows per chunk of the sampler's float64 passes: on the CPU a few vocabularies, so that every step of a chunk
+    runs while its rows are in cache; elsewhere every row at once (a loop of small kernels would only add launches).
+    Each row's numbers depend on that row alone, whatever the chunk."""
+    if device.type != "cpu":
+        return max(1, count)
+    return max(1, min(count, _COVER_CHUNK // vocab_size))
+
+
 def _cover_sums(draft_rows, target_rows, joint_p, joint_q, num_drafts: int, index=None) -> torch.Tensor:
     """``sum_x c(yx)`` below the rows ``[R, V]`` (p and q after y) with joint prefix probabilities ``[R]``,
     for the rows ``index`` ``[n]`` (all R when None): ``[n]`` float64.
@@ -236,7 +245,7 @@ def _cover_sums(draft_rows, target_rows, joint_p, joint_q, num_drafts: int, inde
     sums = torch.empty(count, dtype=torch.float64, device=device)
     if count == 0:
         return sums
-    step = max(1, min(count, _COVER_CHUNK // vocab_size))
+    step = _chunk_rows(count, vocab_size, device)
     buffers = torch.empty(3, step, vocab_size, dtype=torch.float64, device=device)
     if index is not None:
         picked_p = torch.empty(step, vocab_size, dtype=draft_rows.dtype, device=device)
@@ -299,7 +308,7 @@ def _residual_into(out, draft_rows, target_rows, joint_p, joint_q, num_drafts: i
     count, vocab_size = out.shape
     if count == 0:
         return out
-    step = max(1, min(count, _COVER_CHUNK // vocab_size))
+    step = _chunk_rows(count, vocab_size, out.device)
     buffers = torch.empty(2, step, vocab_size, dtype=torch.float64, device=out.device)
     one = torch.ones((), dtype=torch.float64, device=out.device)
     joint_p, joint_q = joint_p.unsqueeze(-1), joint_q.unsqueeze(-1)

@@ -11,6 +11,7 @@ run ended.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Optional, Sequence
 
@@ -68,7 +69,7 @@ class GenerationRequest:
         request's row gets a seed of its own, derived from the request's seed and the row's place."""
         if not self.requests:
             return None
-        start = sum(len(j.prompts) for j in self.jobs if j.index < job.index)
+        start = self._row_starts[job.index]
         out = []
         for i in range(len(job.prompts)):
             if job.arm in ("single", "repeated"):
@@ -83,6 +84,16 @@ class GenerationRequest:
                 request = dataclasses.replace(request, seed=(request.seed * 1_000_003 + start + i) % (1 << 31))
             out.append(request)
         return out
+
+    @functools.cached_property
+    def _row_starts(self) -> dict:
+        """Job index -> how many rows the jobs before it hold (the requests' turn at its first row), counted once:
+        an audit that runs until its power plans thousands of jobs, and every one reads it."""
+        starts, count = {}, 0
+        for job in sorted(self.jobs, key=lambda j: j.index):
+            starts[job.index] = count
+            count += len(job.prompts)
+        return starts
 
     def request_kinds(self) -> tuple:
         """The strata of the requests, fixed before any engine call: each distinct ``Request.kind`` in the order

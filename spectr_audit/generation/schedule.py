@@ -215,21 +215,18 @@ class _Schedule:
         process reads the same records, so they all choose alike); their number is what the tokens still needed
         take at that arm's tokens per round so far, and the plan is made again when they are consumed (the family,
         hence the tokens needed, may grow as more strata fill)."""
-        plan = self.power_plan
-        needed, size = planned_tokens(self.request)
-        plan.update(tokens_needed=needed, family_size=size)
+        plan = self.power_plan  # its tokens needed are those of the jobs planned so far
+        needed, size = plan["tokens_needed"], plan["family_size"]
         if self._power_reached() or not (self.greedy is False or self.spread):
             return None
         arm_of = {job.index: job for job in self.jobs}
-        tokens, seconds, rounds_seen = {}, {}, {}
+        tokens, seconds, generation, rounds_seen = {}, {}, {}, {}
         for index, rec in self.records.items():
             job = arm_of[index]
             tokens[job.arm] = tokens.get(job.arm, 0) + int(rec.engine.tokens.token.size)
             seconds[job.arm] = seconds.get(job.arm, 0.0) + float(sum(rec.seconds))
+            generation[job.arm] = generation.get(job.arm, 0.0) + float(rec.seconds[0])
             rounds_seen.setdefault(job.arm, set()).add(job.round)
-        generation = {}
-        for index, rec in self.records.items():
-            generation[arm_of[index].arm] = generation.get(arm_of[index].arm, 0.0) + float(rec.seconds[0])
         rates = {arm: tokens[arm] / max(generation[arm], 1e-9) for arm in tokens if tokens[arm] > 0}
         plan["tokens_per_second"] = {arm: round(rate, 3) for arm, rate in rates.items()}
         if not rates:

@@ -215,10 +215,7 @@ def statistical_check(request, checks, metrics, details, subject=None, draft_sch
     tree = getattr(case, "tree", None)
     tree_args = {} if tree is None else {"tree": tree, "draft_scheme": draft_scheme}
     if subject is not None:
-        if request.params is not None and takes_logits(subject):
-            raise InvalidArgument("params: a verifier that takes logits verifies chains; a tree audit hands "
-                                  "processed probabilities to tree verifiers")
-        verifier = subject  # a tree verifier takes the processed laws as they are
+        verifier = subject  # a tree case (its suite refuses sampling parameters): the tree verifier
     elif isinstance(verifier, BoundLogitsVerifier):
         verifier = verifier.trusting()  # the audit hands it only the processed laws at the drafted nodes
     result = statistical_audit(
