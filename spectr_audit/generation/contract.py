@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -82,6 +82,11 @@ class GenerationOutput:
         ``"raw"`` (the log-softmax of the raw logits), ``"raw-masked"`` (of the raw logits over the tokens a
         request's constraint allows, as vLLM returns them under structured outputs; ``"raw"`` without one) or
         ``"processed"`` (of the law the engine samples from).
+    stats : dict, optional
+        What the engine's serving state did during this call, as counters ``{name: int >= 0}``: the
+        conditions of the audit read them (:data:`~spectr_audit.generation.conditions.STAT_NAMES`:
+        ``cached_tokens``, ``chunked_prompts``, ``preemptions``, ``joined_running``, ``draft_depth``); other
+        names are kept and reported.
     """
 
     continuations: list
@@ -92,6 +97,7 @@ class GenerationOutput:
     finish_reasons: Optional[list] = None
     completion_tokens: Optional[list] = None
     logprobs_mode: str = "raw"
+    stats: Optional[dict] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,7 +232,27 @@ class Generator:
             counters[field] = [int(v) for v in values]
         extra = (_request_fields(self.component, case, output, checked, requests)
                  if requests is not None and self.accepts_requests else {})
-        return GenerationOutput(checked, **counters, **extra)
+        return GenerationOutput(checked, **counters, **extra, stats=_check_stats(self.component, case, output.stats))
+
+
+def _check_stats(component: str, case: str, stats: Any) -> Optional[dict]:
+    """The engine's serving counters: a mapping of names to integers >= 0 (None: none reported)."""
+    if stats is None:
+        return None
+    if not isinstance(stats, Mapping):
+        raise GenerationContractError(f"{component} on {case}: stats must be a mapping of counter names to integers, "
+                                      f"got {type(stats).__name__}")
+    out = {}
+    for name, value in stats.items():
+        if not isinstance(name, str) or not name:
+            raise GenerationContractError(f"{component} on {case}: stats: counter names must be strings, got {name!r}")
+        if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0:
+            value = value.item()
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 0:
+            raise GenerationContractError(f"{component} on {case}: stats[{name!r}] must be an integer >= 0, got "
+                                          f"{value!r}")
+        out[name] = int(value)
+    return out
 
 
 def _per_row(component: str, case: str, field: str, values: Any, rows: list) -> Optional[list]:
