@@ -24,6 +24,9 @@ from spectr_audit.reports.generation_reading import (
     generation_dict,
 )
 from spectr_audit.reports.generation_sections import (
+    CONDITIONS_HEAD,
+    CONDITIONS_NOTE,
+    _condition_rows,
     _acceptance_lines,
     _after_eos_checked,
     _agreement_rows,
@@ -165,6 +168,13 @@ def render_generation_html(result: Any, figures: bool = True) -> str:
     else:
         parts.append("<p>No stratum was tested (no token scored).</p>")
     parts += _figure(drawn, "pit")
+    conditions = _condition_rows(d)
+    if conditions:
+        parts += ['<h2 id="conditions">Serving conditions</h2>', f'<p class="note">{_e(CONDITIONS_NOTE)}</p>',
+                  _html_table(tuple((h, h in ("condition", "status", "reached", "engine counters"))
+                                    for h in CONDITIONS_HEAD),
+                              [tuple(_e(v) for v in row) for row in conditions],
+                              row_css=["finding" if row[1] == "FINDING" else "" for row in conditions])]
     parts += _html_held_out(d, drawn)
     floor = _floor_text(d)
     if floor:

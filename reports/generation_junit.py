@@ -17,7 +17,7 @@ from spectr_audit.reports.generation_reading import (
     _verdict_text,
     generation_dict,
 )
-from spectr_audit.reports.markdown import _detectable, _finite, _fixed
+from spectr_audit.reports.markdown import _detectable, _finite, _fixed, _pvalue
 
 __all__ = ["render_generation_junit"]
 
@@ -59,6 +59,13 @@ def render_generation_junit(result: Any) -> str:
         _property(properties, key, d.get(key))
     counts = {"failures": 0, "errors": 0, "skipped": 0}
     verdict_text = " ".join(_verdict_text(d, lambda s: f"'{s}'"))
+    conditions = [c for c in d.get("conditions") or () if isinstance(c, Mapping)]
+    unreached = [str(c.get("name")) for c in conditions if c.get("reached") is not True]
+    short = not (_finite(d.get("min_detectable_tv")) is not None and _finite(d.get("requested_tv")) is not None
+                 and d["min_detectable_tv"] <= d["requested_tv"] * (1 + 1e-9))
+    why_inconclusive = (f"the audit's minimum detectable TV {_detectable(d.get('min_detectable_tv'))} is above the "
+                        f"{_fixed(d.get('requested_tv'))} requested" if short or not unreached else
+                        f"the engine did not show the serving conditions {', '.join(unreached)} reached")
 
     def case(name: str, test: Optional[dict] = None):
         element = ET.SubElement(suite, "testcase", classname=classname, name=name, time="0")
@@ -94,10 +101,9 @@ def render_generation_junit(result: Any) -> str:
                 counts["failures"] += 1
             elif verdict == "INCONCLUSIVE" and name not in _CHECKS:
                 skipped = ET.SubElement(element, "skipped", message=(
-                    f"INCONCLUSIVE: {outcome}, but the audit's minimum detectable TV "
-                    f"{_detectable(d.get('min_detectable_tv'))} is above the {_fixed(d.get('requested_tv'))} "
-                    "requested")[:500])
-                skipped.text = "nothing rejected, but below the planned power"
+                    f"INCONCLUSIVE: {outcome}, but {why_inconclusive}")[:500])
+                skipped.text = ("nothing rejected, but below the planned power" if short or not unreached else
+                                "nothing rejected, but a serving condition was not shown reached")
                 counts["skipped"] += 1
             else:
                 ET.SubElement(element, "system-out").text = f"{outcome}. {what}".strip()
@@ -106,7 +112,7 @@ def render_generation_junit(result: Any) -> str:
             _property(element.find("properties"), "min_detectable_tv", d.get("min_detectable_tv"))
             _property(element.find("properties"), "requested_tv", d.get("requested_tv"))
             reached, requested = _detectable(d.get("min_detectable_tv")), _fixed(d.get("requested_tv"))
-            if verdict == "INCONCLUSIVE":
+            if verdict == "INCONCLUSIVE" and short:
                 skipped = ET.SubElement(element, "skipped", message=(
                     f"INCONCLUSIVE: the minimum detectable TV reached, {reached}, is above the {requested} "
                     f"requested ({d.get('num_tokens', 0)} tokens scored)")[:500])
@@ -117,6 +123,29 @@ def render_generation_junit(result: Any) -> str:
             else:
                 ET.SubElement(element, "system-out").text = (f"the minimum detectable TV reached, {reached}, is "
                                                             f"within the {requested} requested")
+    for condition in conditions if verdict != "ERROR" else ():
+        # each serving condition its own test case: a finding in its stratum fails, a state not shown reached is
+        # skipped (it was not tested), and the counters it rests on are properties
+        element = case(f"condition {condition.get('name')}")
+        props = element.find("properties")
+        _property(props, "pvalue_adjusted", condition.get("pvalue_adjusted"))
+        _property(props, "num_samples", condition.get("tokens"))
+        for key, value in (condition.get("stats") or {}).items():
+            _property(props, f"engine.{key}", value)
+        status, how = str(condition.get("status")), str(condition.get("how"))
+        if status == "FINDING":
+            failure = ET.SubElement(element, "failure", type="Finding", message=(
+                f"FINDING in condition {condition.get('name')}: Holm-adjusted p = "
+                f"{_pvalue(condition.get('pvalue_adjusted'))}; {how}")[:500])
+            failure.text = ", ".join(condition.get("tests") or ())
+            counts["failures"] += 1
+        elif status in ("NOT REACHED", "NOT SHOWN", "TOO FEW TOKENS"):
+            ET.SubElement(element, "skipped", message=f"{status}: {how}"[:500]).text = (
+                "the condition's state was not shown reached: its tokens did not test it" if status != "TOO FEW TOKENS"
+                else "its stratum held too few tokens to be tested")
+            counts["skipped"] += 1
+        else:
+            ET.SubElement(element, "system-out").text = f"PASS: {how}"
     det = d.get("determinism")
     if isinstance(det, dict) and verdict != "ERROR":
         # its own test case: the engine promised seeds; apart from the fidelity verdict

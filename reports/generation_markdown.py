@@ -16,6 +16,9 @@ from spectr_audit.reports.generation_reading import (
     generation_dict,
 )
 from spectr_audit.reports.generation_sections import (
+    CONDITIONS_HEAD,
+    CONDITIONS_NOTE,
+    _condition_rows,
     _acceptance_lines,
     _after_eos_checked,
     _agreement_rows,
@@ -61,6 +64,10 @@ def render_generation_markdown(result: Any) -> str:
                          "; ".join(x for x in (t.get("detail"), t.get("null")) if x))
                         for t in _subtests(d)])
     lines += _md_strata(d)
+    conditions = _condition_rows(d)
+    if conditions:
+        lines += ["", "## Serving conditions", "", CONDITIONS_NOTE, ""]
+        lines += _md_table(CONDITIONS_HEAD, conditions)
     lines += _md_held_out(d)
     floor = _floor_text(d)
     if floor:

@@ -217,11 +217,19 @@ def _verdict_text(d: dict, quote: Callable[[str], str]) -> list[str]:
     else:
         smallest = (f"the smallest Holm-adjusted p over the deciding tests is {_pvalue(d.get('pvalue'))} > alpha "
                     f"{alpha_text} (deciding test {quote(test_name)}, {on})")
-        if verdict == "INCONCLUSIVE":
+        unreached = [c for c in _list(d.get("conditions")) if c.get("reached") is not True]
+        short = not (_finite(d.get("min_detectable_tv")) is not None and _finite(d.get("requested_tv")) is not None
+                     and d["min_detectable_tv"] <= d["requested_tv"] * (1 + 1e-9))
+        if verdict == "INCONCLUSIVE" and (short or not unreached):
             needed = _tokens_needed(d)
             lines.append(f"INCONCLUSIVE: nothing was rejected, but {power_text}, above the {requested} requested: "
                          f"this is not a PASS. Not rejected: {smallest}; decided {mode}."
                          + (f" At this rate about {needed} tokens would reach the requested TV." if needed else ""))
+        if verdict == "INCONCLUSIVE" and unreached:
+            lines.append("INCONCLUSIVE: nothing was rejected, but the engine did not show these serving conditions "
+                         "reached, so their tokens did not test the state they name: "
+                         + "; ".join(f"{quote(str(c.get('name')))} ({c.get('how')})" for c in unreached)
+                         + f". Not rejected: {smallest}; decided {mode}.")
         elif verdict == "PASS" and d.get("greedy") and d.get("decided_by") == "greedy":
             near = sum(bool(v.get("numerics")) for v in _list(d.get("divergences")))
             lines.append("PASS: every greedy continuation matched the reference token for token"

@@ -85,6 +85,27 @@ def _floor_text(d: dict) -> list[str]:
     return lines
 
 
+def _condition_rows(d: dict) -> list:
+    """One row per serving condition: name, status, tokens, jobs, what it reached, the engine's counters, and the
+    smallest Holm-adjusted p-value of its stratum's tests."""
+    rows = []
+    for c in _list(d.get("conditions")):
+        stats = c.get("stats")
+        counters = ", ".join(f"{k} {v}" for k, v in stats.items()) if isinstance(stats, Mapping) else "none reported"
+        p = c.get("pvalue_adjusted")
+        rows.append((c.get("name"), c.get("status"), c.get("tokens"), c.get("jobs"), c.get("how"), counters,
+                     _pvalue(p) if p is not None else "– (untested)"))
+    return rows
+
+
+#: What the conditions section says above its table.
+CONDITIONS_NOTE = ("Serving conditions, each run on its own design by the engine under that setting: its tokens are "
+                   "a stratum of their own (a prefix-cache condition's: the follow-up calls after a cache hit); "
+                   "reached: what the engine's counters (or, for long contexts, the audit's own count) show. A "
+                   "condition not shown reached keeps the verdict from PASS.")
+CONDITIONS_HEAD = ("condition", "status", "tokens", "jobs", "reached", "engine counters", "adjusted p")
+
+
 def _agreement_rows(d: dict) -> list:
     a = d.get("agreement") if isinstance(d.get("agreement"), Mapping) else {}
     rows = []

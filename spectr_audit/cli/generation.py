@@ -38,7 +38,8 @@ def _given(args, flags: Sequence[str]) -> list:
 
 _TOY_FLAGS = ("--toy-seed", "--draft-noise", "--temperature", "--top-k", "--top-p")
 _SAMPLING_FLAGS = ("--temperature", "--top-k", "--top-p")
-_ENGINE_FLAGS = ("--prompts", "--max-new-tokens", "--batch-size", "--rounds", "--arms", "--min-detectable-tv",
+_ENGINE_FLAGS = ("--prompts", "--max-new-tokens", "--batch-size", "--rounds", "--arms", "--conditions",
+                 "--min-detectable-tv",
                  "--reference", "--eos-token-id", "--vocab-size", "--requests", "--logprob-tolerance") + _TOY_FLAGS
 
 
@@ -152,7 +153,8 @@ def command(args) -> int:
                    progress=_progress_flag(args.progress), logprob_tolerance=args.logprob_tolerance)
     interrupted = False
     try:
-        result = gen.audit_engine(engine, prompts, reference=args.reference, requests=requests, **options)
+        result = gen.audit_engine(engine, prompts, reference=args.reference, requests=requests,
+                                  conditions=args.conditions, **options)
     except GenerationInterrupted as exc:
         if exc.result is None:
             raise KeyboardInterrupt from None
@@ -170,6 +172,7 @@ def command(args) -> int:
         for line in gen.detail_lines(result):
             print(f"  {line}")
         arms = ", ".join(f"{arm} {n}" for arm, n in result.tokens_by_arm.items() if n)
+        arms += "".join(f", {c['name']} {c['tokens']}" for c in result.conditions if c["tokens"])
         if arms:
             print(f"  tokens by arm: {arms}")
         if result.acceptance:

@@ -320,6 +320,11 @@ def _add_generation_parser(sub) -> None:
                             "plan is printed first)")
     audit.add_argument("--arms", type=_arms, default=None, metavar="LIST",
                        help="batch designs, comma-separated: single,equal,ragged,repeated (default all)")
+    audit.add_argument("--conditions", type=_arms, default=None, metavar="LIST",
+                       help="serving conditions run as arms of their own, comma-separated: prefix-cache, "
+                            "chunked-prefill[=N], preemption, concurrency, draft-depth=N, long-context[=N], or 'all' "
+                            "(every one the engine offers); the engine (its factory's 'conditions') makes the engine "
+                            "under each, and a condition it does not show reached keeps the verdict from PASS")
     audit.add_argument("--seed", type=int, default=None, help=f"seed of every job (default {defaults.SEED})")
     audit.add_argument("--alpha", type=_probability, default=None, metavar="ALPHA",
                        help=f"familywise false-alarm rate (default {defaults.ALPHA:g})")

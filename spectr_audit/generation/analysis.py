@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from scipy import stats
 
+from spectr_audit.generation.conditions import condition_reached
 from spectr_audit.generation.designs import ARMS
 from spectr_audit.generation.family import AGREEMENT_TESTS, FamilyPlan
 from spectr_audit.generation.options import _bucket_names, _Options
@@ -51,6 +52,10 @@ class _Tokens:
     #: With requests of more than one kind: each token's request kind (an index into ``kind_names``).
     kind: Optional[np.ndarray] = None
     kind_names: tuple = ()
+    #: What ``arm`` indexes: the arms, then the serving conditions' names.
+    arm_names: tuple = ARMS
+    #: Whether the token counts in its condition's stratum (False: a follow-up job's first pass; True elsewhere).
+    counted: Optional[np.ndarray] = None
 
     @property
     def size(self) -> int:
@@ -58,11 +63,12 @@ class _Tokens:
 
 
 def _collect(jobs: dict, stored: list, options: _Options, reference: bool,
-             row_kinds: Optional[tuple] = None) -> _Tokens:
+             row_kinds: Optional[tuple] = None, arm_names: tuple = ARMS) -> _Tokens:
     """The engine's tokens over every job (the reference's with ``reference=True``); with ``row_kinds``
-    (``(kind names, {job index: kind index per row})``) each token's request kind."""
+    (``(kind names, {job index: kind index per row})``) each token's request kind; ``arm_names``: the arms and
+    the serving conditions' names."""
     columns = {k: [] for k in ("arm", "job", "row", "prompt", "position", "token", "mass", "surprisal", "entropy",
-                               "var", "margin", "accept", "kind")}
+                               "var", "margin", "accept", "kind", "counted")}
     pits = {o: [] for o in options.orderings}
     for index, _, rec in stored:
         job = jobs[index]
@@ -70,7 +76,9 @@ def _collect(jobs: dict, stored: list, options: _Options, reference: bool,
         rows = tokens.row.astype(np.int64)
         if rows.size == 0:
             continue
-        columns["arm"].append(np.full(rows.size, ARMS.index(job.arm)))
+        columns["arm"].append(np.full(rows.size, arm_names.index(job.arm)))
+        # a follow-up job's first pass comes before any cache hit: all tokens, not its condition's stratum
+        columns["counted"].append(rows >= len(job.prompts) // 2 if job.follow_up else np.ones(rows.size, dtype=bool))
         columns["job"].append(np.full(rows.size, index))
         columns["row"].append(rows)
         columns["prompt"].append(np.asarray(job.prompt_ids)[rows])
@@ -94,15 +102,19 @@ def _collect(jobs: dict, stored: list, options: _Options, reference: bool,
                    **{name: cat(columns[name], np.int64 if name in integers else np.float64)
                       for name in (*integers, "mass", "surprisal", "entropy", "var", "margin")},
                    accept=accept, kind=cat(columns["kind"], np.int64) if row_kinds is not None else None,
-                   kind_names=tuple(row_kinds[0]) if row_kinds is not None else ())
+                   kind_names=tuple(row_kinds[0]) if row_kinds is not None else (), arm_names=tuple(arm_names),
+                   counted=cat(columns["counted"], bool))
 
 
 def _strata(tokens: _Tokens, options: _Options, prompts: list) -> list:
-    """``(name, mask)`` of every stratum worth a test: all, each arm, each position bucket, each prompt."""
+    """``(name, mask)`` of every stratum worth a test: all, each arm, each serving condition, each position bucket,
+    each prompt."""
     out = [("all", np.ones(tokens.size, dtype=bool))]
     for a, arm in enumerate(ARMS):
         if arm in options.arms:
             out.append((f"arm {arm}", tokens.arm == a))
+    for c in range(len(ARMS), len(tokens.arm_names)):
+        out.append((f"condition {tokens.arm_names[c]}", (tokens.arm == c) & tokens.counted))
     edges = (0,) + options.position_buckets + (np.iinfo(np.int64).max,)
     for name, low, high in zip(_bucket_names(options.position_buckets), edges, edges[1:]):
         out.append((name, (tokens.position >= low) & (tokens.position < high)))
@@ -152,7 +164,9 @@ def largest_family(request: GenerationRequest, has_reference: bool = False) -> F
     for job in request.jobs:
         row_kinds = [r.kind for r in request.row_requests(job)] if kinds else None
         for i, limit in enumerate(job.limits):
-            names = [f"arm {job.arm}", f"prompt {job.prompt_ids[i]}"]
+            counted = not job.follow_up or i >= len(job.prompts) // 2
+            names = [f"{'condition' if job.is_condition else 'arm'} {job.arm}"] if counted else []
+            names += [f"prompt {job.prompt_ids[i]}"]
             names += [f"request {row_kinds[i]}"] if row_kinds else []
             for name in names:
                 capacity[name] = capacity.get(name, 0) + limit
@@ -166,7 +180,7 @@ def largest_family(request: GenerationRequest, has_reference: bool = False) -> F
         ((AGREEMENT_TESTS[1],) if any(n >= 2 for n in leads.values()) else ())
     return FamilyPlan.largest(options.orderings, options.arms, options.position_buckets, len(request.prompts),
                               has_reference, kinds, capacity=capacity, min_stratum_tokens=MIN_STRATUM_TOKENS,
-                              agreement=agreement)
+                              agreement=agreement, conditions=tuple(c.name for c in request.conditions))
 
 
 def planned_tokens(request: GenerationRequest) -> tuple:
@@ -313,7 +327,7 @@ def _zero_mass_tokens(tokens: _Tokens, options: _Options, tolerance: float) -> l
     zero = []
     for i in np.flatnonzero(tokens.mass <= options.zero_mass_tol)[:1000]:
         margin = None if not np.isfinite(tokens.margin[i]) else float(tokens.margin[i])
-        zero.append(ZeroMassToken(ARMS[tokens.arm[i]], int(tokens.job[i]), int(tokens.row[i]), int(tokens.prompt[i]),
+        zero.append(ZeroMassToken(tokens.arm_names[tokens.arm[i]], int(tokens.job[i]), int(tokens.row[i]), int(tokens.prompt[i]),
                                   int(tokens.position[i]), int(tokens.token[i]), margin,
                                   margin is not None and margin <= tolerance))
     return zero
@@ -421,12 +435,15 @@ def _power(tokens: _Tokens, one: list, options: _Options, confidence: float) -> 
 
 
 def _verdict(stored: list, pvalue: float, options: _Options, greedy: bool, has_reference: bool, violations: list,
-             mdtv: float) -> str:
-    """ERROR (no job finished), FINDING, PASS, or INCONCLUSIVE (the power falls short of the request)."""
+             mdtv: float, unreached: bool = False) -> str:
+    """ERROR (no job finished), FINDING, PASS, or INCONCLUSIVE (the power falls short of the request, or a serving
+    condition was not shown reached: ``unreached``)."""
     if not stored:
         return "ERROR"
     if pvalue <= options.alpha:
         return "FINDING"
+    if unreached:
+        return "INCONCLUSIVE"
     if greedy and not has_reference and not violations:
         return "PASS"  # greedy against the scorer: every token was the scorer's argmax (or a near-tie)
     if greedy and has_reference:
@@ -442,10 +459,12 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
     kinds = request.request_kinds()
     row_kinds = (kinds, {j.index: [kinds.index(r.kind) for r in request.row_requests(j)] for j in request.jobs}) \
         if kinds else None
-    tokens = _collect(jobs, stored, options, reference=False, row_kinds=row_kinds)
+    arm_names = ARMS + tuple(c.name for c in request.conditions)
+    tokens = _collect(jobs, stored, options, reference=False, row_kinds=row_kinds, arm_names=arm_names)
     if greedy is None:  # detected: every scored law one-hot (on every job, whichever ran first)
         greedy = bool(tokens.size) and bool(np.all((tokens.var <= 1e-12) & (tokens.entropy <= 1e-12)))
-    reference = _collect(jobs, stored, options, reference=True, row_kinds=row_kinds) if has_reference else None
+    reference = (_collect(jobs, stored, options, reference=True, row_kinds=row_kinds, arm_names=arm_names)
+                 if has_reference else None)
     confidence = 1.0 - options.alpha
     agreement_tests, agreement = _agreement(jobs, stored)
     eprocess = _eprocess_tests(eprocess_p, tokens)
@@ -491,7 +510,9 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
         if found and pvalue > 0.0:
             pvalue, test = 0.0, name
     held, mdtv, z = _power(tokens, one, options, confidence)
-    verdict = _verdict(stored, pvalue, options, greedy, has_reference, violations, mdtv)
+    conditions = _conditions(request, jobs, stored, tokens, family)
+    verdict = _verdict(stored, pvalue, options, greedy, has_reference, violations, mdtv,
+                       any(c["reached"] is not True for c in conditions))
     if len(failures) > options.allow_failed_calls and verdict != "FINDING":
         verdict = "ERROR"  # more engine calls failed than allowed: the gate fails whatever the tests say
     strata_rows = tuple(_stratum_row(t, tokens, options, prompts) for t in family if t.name.startswith("pit "))
@@ -510,7 +531,50 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
         power_ordering=options.power_ordering, failed_calls=tuple(outcome.failed_calls),
         allowed_failed_calls=options.allow_failed_calls,
         requests=tuple(dict(r.describe(), kind=r.kind) for r in request.requests),
-        request_findings=tuple(findings[:50]), determinism=determinism, power_plan=outcome.power_plan)
+        request_findings=tuple(findings[:50]), determinism=determinism, power_plan=outcome.power_plan,
+        conditions=tuple(conditions))
+
+
+def _conditions(request: GenerationRequest, jobs: dict, stored: list, tokens: _Tokens, family: list) -> list:
+    """One row per serving condition: its jobs and counted tokens, the engine's counters over its counted calls
+    (summed; ``draft_depth``: the largest), whether it was reached and how, its stratum's tests (the smallest
+    Holm-adjusted p-value) and its status: FINDING (its stratum rejected), NOT REACHED, NOT SHOWN (no counter
+    reported), TOO FEW TOKENS (its stratum untested) or PASS (tested, reached, nothing rejected)."""
+    rows = []
+    alpha = request.options.alpha
+    for c, condition in enumerate(request.conditions, start=len(ARMS)):
+        mine = [(index, rec) for index, _, rec in stored if jobs[index].arm == condition.name]
+        stats: Optional[dict] = None
+        for _, rec in mine:
+            if rec.stats is None:
+                continue
+            stats = stats or {}
+            for key, value in rec.stats.items():
+                stats[key] = max(stats.get(key, 0), value) if key == "draft_depth" else stats.get(key, 0) + value
+        long_tokens = 0
+        if condition.kind == "long-context":
+            for index, rec in mine:
+                starts = np.asarray([len(p) for p in jobs[index].prompts])[rec.engine.tokens.row.astype(np.int64)]
+                long_tokens += int(((starts + rec.engine.tokens.position) >= condition.value).sum())
+        reached, how = condition_reached(condition, stats, long_tokens)
+        stratum = f"condition {condition.name}"
+        tests = [t for t in family if t.name.endswith(" / " + stratum)]
+        p = min((t.pvalue_adjusted for t in tests if t.pvalue_adjusted is not None), default=None)
+        counted = int(((tokens.arm == c) & tokens.counted).sum())
+        if p is not None and p <= alpha:
+            status = "FINDING"
+        elif reached is False:
+            status = "NOT REACHED"
+        elif reached is None:
+            status = "NOT SHOWN"
+        elif not tests:
+            status = "TOO FEW TOKENS"
+        else:
+            status = "PASS"
+        rows.append({"name": condition.name, "kind": condition.kind, "value": condition.value, "jobs": len(mine),
+                     "tokens": counted, "stats": stats, "reached": reached, "how": how, "pvalue_adjusted": p,
+                     "tests": [t.name for t in tests], "status": status})
+    return rows
 
 def _mask(tokens: _Tokens, options: _Options, prompts: list, name: str) -> np.ndarray:
     stratum = name.split(" / ", 1)[1]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from spectr_audit import defaults
 from spectr_audit.errors import InvalidArgument
@@ -84,6 +84,7 @@ def audit_generation(
     requests: Any = None,
     logprob_tolerance: float = 0.1,
     detokenize: Optional[Callable] = None,
+    conditions: Optional[Mapping[str, Any]] = None,
 ) -> GenerationAuditResult:
     """Audit a generation engine's emitted tokens against the target model's law, every token.
 
@@ -169,6 +170,14 @@ def audit_generation(
         The engine's detokenizer, token ids -> text (e.g. its tokenizer's ``decode``): needed when a request
         has stop strings, which end a row at the token that completes one
         (:meth:`~spectr_audit.contract.requests.Request.stop_position`, under the scorer's order).
+    conditions : mapping, optional
+        Serving conditions run as arms of their own: condition name (``prefix-cache``, ``chunked-prefill``,
+        ``preemption``, ``concurrency``, ``draft-depth=N``, ``long-context``;
+        :mod:`~spectr_audit.generation.conditions`) -> the engine under that setting (a generator of the same
+        contract, reporting its serving counters in ``GenerationOutput.stats``).  Each runs on its own design in
+        every planned round, its tokens a stratum of their own; the result's ``conditions`` say what each reached,
+        and a condition not shown reached keeps the verdict from PASS (docs/generation.md, "Serving conditions").
+
     Returns
     -------
     GenerationAuditResult
@@ -192,7 +201,8 @@ def audit_generation(
     request = GenerationRequest.build(
         generate, score, prompts, vocab_size=vocab_size, reference=reference, draft_score=draft_score, greedy=greedy,
         per_row_max_new_tokens=per_row_max_new_tokens, name=name, requests=requests,
-        logprob_tolerance=logprob_tolerance, detokenize=detokenize, max_new_tokens=max_new_tokens,
+        logprob_tolerance=logprob_tolerance, detokenize=detokenize, conditions=conditions,
+        max_new_tokens=max_new_tokens,
         batch_size=batch_size, rounds=rounds, arms=arms, seed=seed, alpha=alpha, power=power,
         min_detectable_tv=min_detectable_tv, orderings=orderings, position_buckets=position_buckets,
         zero_mass_tol=zero_mass_tol, logit_tol=logit_tol, max_tokens=max_tokens, max_seconds=max_seconds,

@@ -27,7 +27,8 @@ __all__ = ["AUDIT_KEYS", "CASE_KEYS", "EXPECTED", "GenerationCase", "TOY_KEYS", 
 
 #: The audit's options a case may set.
 AUDIT_KEYS = ("max_new_tokens", "batch_size", "rounds", "arms", "seed", "alpha", "power", "min_detectable_tv",
-              "max_tokens", "max_seconds", "timeout", "greedy", "logit_tol", "allow_failed_calls", "logprob_tolerance")
+              "max_tokens", "max_seconds", "timeout", "greedy", "logit_tol", "allow_failed_calls", "logprob_tolerance",
+              "conditions")
 TOY_KEYS = ("vocab_size", "toy_seed", "draft_noise", "temperature", "top_k", "top_p", "eos_token_id")
 CASE_KEYS = ("name", "description", "engine", "expected", "options", "prompts", "reference",
              "requires", "requests") + TOY_KEYS + AUDIT_KEYS
@@ -135,6 +136,16 @@ def _check_case_value(key: str, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise InvalidArgument(f"{where}: {key}: expected true or false, got {value!r}")
         return value
+    if key == "conditions":
+        from spectr_audit.generation.conditions import parse_condition
+
+        if not isinstance(value, list) or not value:
+            raise InvalidArgument(f"{where}: conditions: expected a non-empty list of condition names (or ['all']), "
+                                  f"got {value!r}")
+        for name in value:
+            if name != "all":
+                parse_condition(name, f"{where}: conditions")
+        return tuple(value)
     if key == "arms":
         if not isinstance(value, list) or not value or any(a not in ARMS for a in value):
             raise InvalidArgument(f"{where}: arms: expected a non-empty list drawn from {list(ARMS)}, got {value!r}")
@@ -150,6 +161,7 @@ def parse_generation_cases(raw: Any, source: str = "suite", base: Optional[Union
     """
     from spectr_audit.generation.library import SLIPS
     from spectr_audit.generation.library.request_slips import REQUEST_SLIPS
+    from spectr_audit.generation.library.serving import SERVING_SLIPS
 
     if not isinstance(raw, list) or not raw or not all(isinstance(t, dict) for t in raw):
         raise InvalidArgument(f"{source}: generation: expected [[generation]] tables")
@@ -176,9 +188,10 @@ def parse_generation_cases(raw: Any, source: str = "suite", base: Optional[Union
         toy = kind != "factory"
         default_expected = "pass"
         if kind == "toy" and engine != "toy":
-            if engine[4:] not in SLIPS:
-                raise InvalidArgument(f"{where}: engine: no toy slip {engine[4:]!r}{_suggest(engine[4:], SLIPS)}; "
-                                      f"the slips: {', '.join(SLIPS)}")
+            if engine[4:] not in SLIPS and engine[4:] not in SERVING_SLIPS:
+                names = list(SLIPS) + list(SERVING_SLIPS)
+                raise InvalidArgument(f"{where}: engine: no toy slip {engine[4:]!r}{_suggest(engine[4:], names)}; "
+                                      f"the slips: {', '.join(names)}")
             default_expected = "finding"
         if kind == "toy-requests" and engine != "toy-requests":
             slip = engine[len("toy-requests:"):]

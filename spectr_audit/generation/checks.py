@@ -38,6 +38,8 @@ Suite format (a suite may hold ``[[case]]`` verifier cases, ``[[generation]]`` c
     reference = true                      # audit with the engine's reference generator (default: a
                                           # factory's when it gives one; not the toy's)
     requires = ["vllm"]                   # modules the engine needs: without one the case is skipped
+    conditions = ["preemption", "draft-depth=5"]   # serving conditions run as arms of their own (the engine
+                                          # makes the engine under each; "all": every one it offers)
     requests = [                          # whole requests, given to the rows in turn (keys: Request's
       {temperature = 0.0, repetition_penalty = 1.3, stop_token_ids = [3], logprobs = 2},   # fields;
       {temperature = 0.7, seed = 5, logit_bias = {"7" = -1.5}, bad_words = [[4, 4]]},     # checked on

@@ -14,7 +14,10 @@ random stream.  The audit therefore decides the batches itself:
 ``repeated``
     ``batch_size`` copies of one prompt in one batch (independence across requests).
 
-A job is one generator call: its arm, round, prompts, limits and seed.  Seeds are functions of
+Serving conditions (:mod:`~spectr_audit.generation.conditions`) add their own jobs to each round, after the
+arms: the ``arm`` of such a job is the condition's name.
+
+A job is one generator call (a follow-up job: two): its arm, round, prompts, limits and seed.  Seeds are functions of
 the audit's seed and the job's index, so a resumed or sharded audit runs the very same jobs.
 """
 
@@ -52,6 +55,10 @@ class Job:
         The token ids each row gets (a prompt, or its prefix in the ``equal`` arm).
     max_new_tokens : int or tuple of int
     seed : int
+    follow_up : bool
+        The job runs two calls (a ``prefix-cache`` condition): the first on the first half of ``prompts``, the
+        second on each of them followed by what the first call emitted for it (the rows of the second half,
+        whose ``prompts`` entries are the first half's again: the follow-ups' are known only once it ran).
     """
 
     index: int
@@ -61,11 +68,18 @@ class Job:
     prompts: tuple
     max_new_tokens: Union[int, tuple]
     seed: int
+    follow_up: bool = False
+
+    @property
+    def is_condition(self) -> bool:
+        """A serving condition's job (its arm is the condition's name)."""
+        return self.arm not in ARMS
 
     @property
     def case(self) -> str:
         """The job in words, for error messages."""
-        return f"arm {self.arm}, round {self.round}, job {self.index} ({len(self.prompts)} rows)"
+        what = "condition" if self.is_condition else "arm"
+        return f"{what} {self.arm}, round {self.round}, job {self.index} ({len(self.prompts)} rows)"
 
     @property
     def limits(self) -> tuple:
@@ -85,8 +99,10 @@ def _groups(count: int, size: int, offset: int) -> list:
 
 def plan_jobs(prompts: Sequence[Sequence[int]], *, arms: Sequence[str] = ARMS, batch_size: int = 4,
               rounds: int = 1, max_new_tokens: int = 32, seed: int = 0,
-              per_row_max_new_tokens: bool = False, first_round: int = 0, first_index: int = 0) -> list[Job]:
-    """Every job of the audit, arm by arm within each round, rounds in order.
+              per_row_max_new_tokens: bool = False, first_round: int = 0, first_index: int = 0,
+              conditions: Sequence = ()) -> list[Job]:
+    """Every job of the audit, arm by arm within each round (then each of ``conditions``, the
+    :class:`~spectr_audit.generation.conditions.Condition` objects, on its design), rounds in order.
 
     ``first_round`` and ``first_index`` continue a plan: the rounds ``first_round ... first_round + rounds - 1``,
     their jobs numbered from ``first_index`` (more rounds of an audit that runs until its planned power).
@@ -111,9 +127,20 @@ def plan_jobs(prompts: Sequence[Sequence[int]], *, arms: Sequence[str] = ARMS, b
     prompts = [tuple(p) for p in prompts]
     jobs: list[Job] = []
 
-    def add(arm, round_, ids, rows, limit):
+    def add(arm, round_, ids, rows, limit, follow_up=False):
         index = first_index + len(jobs)
-        jobs.append(Job(index, arm, round_, tuple(ids), tuple(rows), limit, chunk_seed(seed, _JOB_STREAM, index)))
+        jobs.append(Job(index, arm, round_, tuple(ids), tuple(rows), limit, chunk_seed(seed, _JOB_STREAM, index),
+                        follow_up))
+
+    def ragged(round_):
+        # longest and shortest together: sort by length, then interleave the two ends
+        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+        mixed = [order[(k // 2) if k % 2 == 0 else len(order) - 1 - k // 2] for k in range(len(order))]
+        return mixed[round_ % len(mixed):] + mixed[: round_ % len(mixed)]
+
+    def limits(count):
+        return (tuple(max(1, max_new_tokens * (count - r) // count) for r in range(count))
+                if per_row_max_new_tokens else max_new_tokens)
 
     for round_ in range(first_round, first_round + rounds):
         for arm in ARMS:
@@ -127,16 +154,45 @@ def plan_jobs(prompts: Sequence[Sequence[int]], *, arms: Sequence[str] = ARMS, b
                     shortest = min(len(prompts[i]) for i in ids)
                     add(arm, round_, ids, [prompts[i][:shortest] for i in ids], max_new_tokens)
             elif arm == "ragged":
-                # longest and shortest together: sort by length, then interleave the two ends
-                order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
-                mixed = [order[(k // 2) if k % 2 == 0 else len(order) - 1 - k // 2] for k in range(len(order))]
-                mixed = mixed[round_ % len(mixed):] + mixed[: round_ % len(mixed)]
+                mixed = ragged(round_)
                 for start in range(0, len(mixed), batch_size):
                     ids = mixed[start : start + batch_size]
-                    limit = (tuple(max(1, max_new_tokens * (len(ids) - r) // len(ids)) for r in range(len(ids)))
-                             if per_row_max_new_tokens else max_new_tokens)
-                    add(arm, round_, ids, [prompts[i] for i in ids], limit)
+                    add(arm, round_, ids, [prompts[i] for i in ids], limits(len(ids)))
             else:
                 for i in range(len(prompts)):
                     add(arm, round_, (i,) * batch_size, (prompts[i],) * batch_size, max_new_tokens)
+        for condition in conditions:
+            _condition_jobs(condition, prompts, round_, batch_size, max_new_tokens, per_row_max_new_tokens, add,
+                            ragged, limits)
     return jobs
+
+
+def _condition_jobs(condition, prompts: list, round_: int, batch_size: int, max_new_tokens: int,
+                    per_row: bool, add, ragged, limits) -> None:
+    """The jobs of one serving condition in one round (``docs/generation.md``, "Serving conditions")."""
+    from spectr_audit.generation.conditions import tiled
+
+    name, kind = condition.name, condition.kind
+    if kind == "prefix-cache":
+        for ids in _groups(len(prompts), batch_size, round_):
+            rows = [prompts[i] for i in ids]
+            limit = max_new_tokens if not per_row else (max_new_tokens,) * (2 * len(ids))
+            add(name, round_, tuple(ids) * 2, rows * 2, limit, follow_up=True)
+    elif kind in ("preemption", "concurrency"):
+        count = max(2 * batch_size, len(prompts))
+        ids = [(round_ + k) % len(prompts) for k in range(count)]
+        add(name, round_, ids, [prompts[i] for i in ids], limits(count) if kind == "concurrency" else max_new_tokens)
+    elif kind == "draft-depth":
+        mixed = ragged(round_)
+        for start in range(0, len(mixed), batch_size):
+            ids = mixed[start : start + batch_size]
+            add(name, round_, ids, [prompts[i] for i in ids], limits(len(ids)))
+    elif kind == "chunked-prefill":
+        mixed = ragged(round_)
+        for start in range(0, len(mixed), batch_size):
+            ids = mixed[start : start + batch_size]
+            rows = [tiled(prompts[i], condition.value) if k % 2 == 0 else prompts[i] for k, i in enumerate(ids)]
+            add(name, round_, ids, rows, limits(len(ids)))
+    else:  # long-context
+        for ids in _groups(len(prompts), batch_size, round_):
+            add(name, round_, ids, [tiled(prompts[i], condition.value) for i in ids], limits(len(ids)))

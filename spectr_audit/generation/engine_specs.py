@@ -41,7 +41,11 @@ TOY_VOCAB_SIZE = 16
 #: The end-of-sequence id a toy slip that needs one (``eos-inside-block``) is audited with.
 TOY_EOS_TOKEN_ID = 0
 #: The keys a factory's dict may hold (an object: the same attributes).
-FACTORY_KEYS = ("generate", "score", "vocab_size", "reference", "draft_score", "prompts", "eos_token_id", "name")
+FACTORY_KEYS = ("generate", "score", "vocab_size", "reference", "draft_score", "prompts", "eos_token_id", "name",
+                "conditions")
+#: The serving conditions the toy engines offer (``--conditions all``).
+TOY_CONDITIONS = ("prefix-cache", "chunked-prefill", "preemption", "concurrency", "draft-depth=1", "draft-depth=2",
+                  "draft-depth=3", "draft-depth=4", "draft-depth=5", "long-context")
 #: Keyword arguments of :func:`load_generation_engine` that only the toy engine takes.
 _TOY_ONLY = ("toy_seed", "draft_noise", "temperature", "top_k", "top_p")
 #: The whole-request toy engine's vocabulary and continuation length unless given: those its slips' budgets were
@@ -92,6 +96,52 @@ class GenerationEngine:
     #: Whether the engine takes requests: False for the toy (its scorer returns laws), True for the whole-request
     #: toy, None for a factory's (the audit reads its generator's ``accepts_requests``).
     accepts_requests: Optional[bool] = None
+    #: The serving conditions it offers: a mapping of condition names to the engine under each, or a callable
+    #: ``make(name)`` returning it (its ``names`` attribute: the names ``all`` means); None: none.
+    conditions: Any = None
+    #: The conditions an audit runs unless told which (a serving slip's own).
+    default_conditions: tuple = ()
+
+    def offered_conditions(self) -> tuple:
+        """The condition names ``all`` means: the mapping's keys, or the maker's ``names``."""
+        if isinstance(self.conditions, dict):
+            return tuple(self.conditions)
+        return tuple(getattr(self.conditions, "names", ()) or ())
+
+    def conditions_for(self, names: Optional[Sequence[str]], argument: str = "conditions") -> Optional[dict]:
+        """``{name: the engine under it}`` for ``names`` (None: the default conditions; ``all``: every one
+        offered), made once; None when there are none."""
+        from spectr_audit.generation.conditions import parse_condition
+
+        names = self.default_conditions if names is None else tuple(names)
+        if not names:
+            return None
+        if self.conditions is None:
+            raise InvalidArgument(f"{argument}: the engine {self.name!r} offers no serving conditions (its factory "
+                                  f"gives no 'conditions': a mapping of condition names to the engine under each, or "
+                                  f"a callable make(name))")
+        if "all" in names:
+            names = self.offered_conditions()
+            if not names:
+                raise InvalidArgument(f"{argument}: 'all': the engine {self.name!r} does not list the conditions it "
+                                      f"offers (give a mapping, or a maker with a 'names' attribute); name them")
+        out = {}
+        for name in names:
+            parse_condition(name, argument)
+            if isinstance(self.conditions, dict):
+                if name not in self.conditions:
+                    raise InvalidArgument(f"{argument}: the engine {self.name!r} does not offer {name!r}; it offers "
+                                          f"{', '.join(self.conditions) or 'none'}")
+                out[name] = self.conditions[name]
+                continue
+            try:
+                out[name] = self.conditions(name)
+            except InvalidArgument:
+                raise
+            except Exception as exc:
+                raise InvalidArgument(f"{argument}: making the engine under {name!r} raised "
+                                      f"{type(exc).__name__}: {exc}") from exc
+        return out
 
 
 def spec_kind(spec: str) -> str:
@@ -140,6 +190,11 @@ def generation_engine_names() -> list:
             extra.append(f"eos_token_id={TOY_EOS_TOKEN_ID}")
         rows.append({"spec": f"toy:{name}", "expected": "finding",
                      "needs": slip.needs + (f" (audited with {'; '.join(extra)})" if extra else "")})
+    from spectr_audit.generation.library.serving import SERVING_SLIPS
+
+    for name, serving in SERVING_SLIPS.items():
+        rows.append({"spec": f"toy:{name}", "expected": "finding",
+                     "needs": f"{serving.needs} (audited under the conditions {', '.join(_slip_conditions(serving))})"})
     rows.append({"spec": "toy-requests", "expected": "pass",
                  "needs": "the correct speculative loop over whole requests (one request per row); without requests, "
                           "every feature on: penalties, logit bias, bad words, min_tokens, stop tokens, max_tokens, a "
@@ -172,13 +227,18 @@ def _toy_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_siz
                 eos_token_id: Optional[int]) -> GenerationEngine:
     from spectr_audit.contract.sampling import SamplingParams
     from spectr_audit.generation.library import SLIPS, ToyPair, correct_engine, slip_engine
+    from spectr_audit.generation.library.serving import SERVING_SLIPS, ServingSpecEngine
 
-    slip = None
+    slip = serving = None
     if slip_name is not None:
-        if slip_name not in SLIPS:
-            raise InvalidArgument(f"{argument}: {spec!r}: no toy slip {slip_name!r}{_suggest(slip_name, SLIPS)}; "
-                                  f"the slips: {', '.join(SLIPS)}")
-        slip = SLIPS[slip_name]
+        if slip_name in SERVING_SLIPS:
+            serving = SERVING_SLIPS[slip_name]
+        elif slip_name not in SLIPS:
+            names = list(SLIPS) + list(SERVING_SLIPS)
+            raise InvalidArgument(f"{argument}: {spec!r}: no toy slip {slip_name!r}{_suggest(slip_name, names)}; "
+                                  f"the slips: {', '.join(names)}")
+        else:
+            slip = SLIPS[slip_name]
     vocab = TOY_VOCAB_SIZE if vocab_size is None else check_int_at_least("vocab_size", vocab_size, 2)
     seed, noise = _pair_seed_and_noise(toy_seed, draft_noise)
     fields = dict(slip.params) if slip is not None else {}
@@ -188,14 +248,49 @@ def _toy_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_siz
     eos = eos_token_id if eos_token_id is not None else (TOY_EOS_TOKEN_ID if slip is not None and slip.eos else None)
     _check_eos(eos, vocab)
     pair = ToyPair(vocab, seed=seed, draft_noise=noise, params=params, eos_token_id=eos)
-    engine = correct_engine(pair) if slip is None else slip_engine(slip_name, pair)
+    if serving is not None:  # the slip's loop, correct outside its condition
+        engine = serving.engine_class(pair)
+    else:
+        engine = correct_engine(pair) if slip is None else slip_engine(slip_name, pair)
+    if serving is not None:
+        description = (f"toy serving slip {slip_name}: {serving.needs} (conditions "
+                       f"{', '.join(_slip_conditions(serving))})")
+    else:
+        description = "the correct toy speculative loop" if slip is None else f"toy slip {slip_name}: {slip.needs}"
     return GenerationEngine(
         name=spec, generate=engine, score=pair.scorer(), vocab_size=vocab, reference=pair.reference(),
         draft_score=pair.draft_scorer(), prompts=toy_prompts(vocab), eos_token_id=eos,
         max_new_tokens=None if slip is None else slip.max_new_tokens,
-        expected="pass" if slip is None else "finding",
-        description="the correct toy speculative loop" if slip is None else f"toy slip {slip_name}: {slip.needs}",
-        reference_by_default=False, accepts_requests=False)
+        expected="pass" if slip is None and serving is None else "finding",
+        description=description, reference_by_default=False, accepts_requests=False,
+        conditions=_ToyConditions(pair, None if serving is None else slip_name),
+        default_conditions=() if serving is None else _slip_conditions(serving))
+
+
+def _slip_conditions(serving: Any) -> tuple:
+    """The conditions a serving slip is audited under unless told otherwise: its own; a depth slip's, the depths
+    swept from 1 to 5 (each a stratum: the depths it does not show at stand beside those it does)."""
+    if serving.condition == "draft-depth":
+        return tuple(f"draft-depth={d}" for d in range(1, 6))
+    return (serving.condition,)
+
+
+class _ToyConditions:
+    """The toy's serving conditions: ``make(name)`` is the serving loop over the pair configured for the condition
+    (:func:`~spectr_audit.generation.library.serving.serving_engine`), with the serving slip where one is given;
+    each call makes a loop of its own (a prefix cache of its own)."""
+
+    names = TOY_CONDITIONS
+
+    def __init__(self, pair: Any, slip: Optional[str]):
+        self.pair, self.slip = pair, slip
+
+    def __call__(self, name: str) -> Any:
+        from spectr_audit.generation.conditions import parse_condition
+        from spectr_audit.generation.library.serving import serving_engine
+
+        condition = parse_condition(name)
+        return serving_engine(self.pair, name if condition.kind == "draft-depth" else condition.kind, slip=self.slip)
 
 
 def _pair_seed_and_noise(toy_seed: Optional[int], draft_noise: Any) -> tuple:
@@ -323,10 +418,16 @@ def _factory_engine(spec: str, argument: str, vocab_size: Optional[int], eos_tok
         check_int_at_least("eos_token_id", eos, 0)
     prompts = _factory_field(made, "prompts")
     name = _factory_field(made, "name")
+    conditions = _factory_field(made, "conditions")
+    if conditions is not None and not (isinstance(conditions, dict) or callable(conditions)):
+        raise InvalidArgument(f"{argument}: the factory {spec!r} returned conditions of type "
+                              f"{type(conditions).__name__}; expected a dict of condition names to generators, or a "
+                              f"callable make(name) returning the generator under that condition")
     return GenerationEngine(
         name=str(name) if name else spec, generate=_factory_field(made, "generate"), score=_factory_field(made, "score"),
         vocab_size=vocab, reference=_factory_field(made, "reference"), draft_score=_factory_field(made, "draft_score"),
-        prompts=None if prompts is None else list(prompts), eos_token_id=eos, description=f"factory {spec}")
+        prompts=None if prompts is None else list(prompts), eos_token_id=eos, description=f"factory {spec}",
+        conditions=conditions)
 
 
 def load_generation_engine(spec: str, *, vocab_size: Optional[int] = None, toy_seed: Optional[int] = None,
@@ -501,11 +602,13 @@ def _prune(kwargs: dict) -> dict:
 
 
 def audit_engine(engine: GenerationEngine, prompts: Optional[Sequence[Sequence[int]]] = None, *,
-                 reference: Optional[bool] = None, requests: Any = None, **kwargs: Any) -> Any:
+                 reference: Optional[bool] = None, requests: Any = None, conditions: Optional[Sequence[str]] = None,
+                 **kwargs: Any) -> Any:
     """Run :func:`~spectr_audit.generation.audit_generation` on a resolved engine: its own prompts unless given;
     its reference generator when ``reference`` is True (None: the engine's :attr:`~GenerationEngine.reference_by_default`);
-    ``requests`` or the engine's own (:attr:`~GenerationEngine.requests`); options that are None keep the audit's
-    defaults.
+    ``requests`` or the engine's own (:attr:`~GenerationEngine.requests`); ``conditions``: serving condition names
+    (``all``: every one the engine offers; None: the engine's defaults), made by the engine
+    (:meth:`GenerationEngine.conditions_for`); options that are None keep the audit's defaults.
 
     Raises
     ------
@@ -525,6 +628,9 @@ def audit_engine(engine: GenerationEngine, prompts: Optional[Sequence[Sequence[i
     if prompts is None:
         raise InvalidArgument(f"prompts: the engine {engine.name!r} gives none; give prompts (--prompts FILE)")
     options = _prune(kwargs)
+    made = engine.conditions_for(conditions)
+    if made:
+        options["conditions"] = made
     requests = requests if requests is not None else engine.requests
     if requests is not None:
         options["requests"] = list(requests)

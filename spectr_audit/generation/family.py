@@ -8,8 +8,8 @@ reads the ``holm_size`` of :meth:`FamilyPlan.largest` as
 times the largest Holm family the analysis can build, known before any job runs.  The Holm members, in the order the analysis builds
 them:
 
-* ``pit ORDER / STRATUM`` for each PIT order and each tested stratum (all tokens, each arm, each
-  position bucket, each prompt when there are several);
+* ``pit ORDER / STRATUM`` for each PIT order and each tested stratum (all tokens, each arm, each serving
+  condition, each position bucket, each prompt when there are several);
 * ``surprisal / STRATUM`` for each tested stratum but the prompts;
 * the agreement tests of repeated requests (``independence / within a batch``, ``... / across calls``);
 * ``e-process``;
@@ -70,19 +70,20 @@ class FamilyPlan:
     def largest(cls, orderings: Sequence[str], arms: Sequence[str], position_buckets: Sequence[int],
                 num_prompts: int, has_reference: bool, request_kinds: Sequence[str] = (), *,
                 capacity: Optional[Mapping[str, int]] = None, min_stratum_tokens: int = 0,
-                agreement: Sequence[str] = AGREEMENT_TESTS) -> "FamilyPlan":
+                agreement: Sequence[str] = AGREEMENT_TESTS, conditions: Sequence[str] = ()) -> "FamilyPlan":
         """The largest family the analysis can build: every stratum filled, every agreement test, the
         e-process, and with a reference the two-sample tests of all tokens and of every arm.
 
         With ``capacity`` (stratum name -> the most tokens the planned jobs can put in it), a stratum
         other than ``all`` whose capacity is under ``min_stratum_tokens`` is left out, as the analysis
         leaves out a stratum with too few tokens; ``agreement`` names the agreement tests the design
-        can pair."""
+        can pair; ``conditions`` names the serving conditions (a stratum each, after the arms)."""
         def fillable(name: str) -> bool:
             return name == "all" or capacity is None or capacity.get(name, 0) >= min_stratum_tokens
 
         arm_strata = tuple(f"arm {arm}" for arm in ARMS if arm in arms)
-        strata = (("all",) + arm_strata + tuple(_bucket_names(tuple(position_buckets)))
+        strata = (("all",) + arm_strata + tuple(f"condition {name}" for name in conditions)
+                  + tuple(_bucket_names(tuple(position_buckets)))
                   + (tuple(f"prompt {p}" for p in range(num_prompts)) if num_prompts > 1 else ())
                   + tuple(f"request {kind}" for kind in request_kinds))
         strata = tuple(name for name in strata if fillable(name))

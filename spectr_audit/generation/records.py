@@ -31,6 +31,9 @@ _CONTINUATION_NAMES = (("lengths", "cont_len"), ("after_eos", "cont_after_eos"),
                        ("first_collision", "cont_chance"))
 #: The emitted tokens, concatenated: the engine's and the reference's stored names.
 _EMITTED = {"": "cont_tokens", "ref_": "ref_cont_tokens"}
+#: The engine's serving counters are stored as ``stat_NAME`` (one integer each), under the mark that it reported some.
+_STAT_PREFIX = "stat_"
+_STATS_REPORTED = "stats_reported"
 #: Stored names of the divergences (field, stored name).
 _DIVERGENCE_NAMES = (("row", "div_row"), ("position", "div_pos"), ("margin", "div_margin"),
                      ("engine_token", "div_engine"), ("reference_token", "div_reference"))
@@ -133,7 +136,8 @@ class Divergences:
 class JobRecord:
     """One finished job: the engine's scored continuations and, with a reference, the reference's and the
     divergences; ``accepted`` and ``target_calls`` per continuation as the engine reports them (-1: not
-    reported); ``seconds``: generation, reference and scoring."""
+    reported); ``seconds``: generation, reference and scoring; ``stats``: the engine's serving counters of the
+    call (a follow-up job's: of its second call; None: none reported)."""
 
     engine: SourceRecord
     accepted: np.ndarray
@@ -141,10 +145,14 @@ class JobRecord:
     seconds: np.ndarray
     reference: Optional[SourceRecord] = None
     divergences: Optional[Divergences] = None
+    stats: Optional[dict] = None
 
     def to_stored(self) -> dict:
         """The stored form: stored name -> array."""
         out = {"cont_accepted": self.accepted, "cont_calls": self.target_calls, "seconds": self.seconds}
+        if self.stats is not None:
+            out[_STATS_REPORTED] = np.ones(1, dtype=np.int64)
+            out.update({_STAT_PREFIX + name: np.array([value], dtype=np.int64) for name, value in self.stats.items()})
         out.update(_source_arrays(self.engine, ""))
         if self.reference is not None:
             out.update(_source_arrays(self.reference, _REFERENCE))
@@ -158,8 +166,10 @@ class JobRecord:
         divergences = (Divergences(*(arrays[stored] for _, stored in _DIVERGENCE_NAMES))
                        if _DIVERGENCE_NAMES[0][1] in arrays else None)
         reference = (_source_from(arrays, _REFERENCE) if _REFERENCE + _CONTINUATION_NAMES[0][1] in arrays else None)
+        stats = ({name[len(_STAT_PREFIX):]: int(values[0]) for name, values in arrays.items()
+                  if name.startswith(_STAT_PREFIX)} if _STATS_REPORTED in arrays else None)
         return cls(_source_from(arrays, ""), arrays["cont_accepted"], arrays["cont_calls"], arrays["seconds"],
-                   reference, divergences)
+                   reference, divergences, stats)
 
 
 def _source_arrays(source: SourceRecord, prefix: str) -> dict:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from spectr_audit.contract.requests import Request
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.generation.conditions import check_conditions
 from spectr_audit.generation.contract import Generator, ScoredLogits, Scorer, as_generator, as_scorer, check_prompts
 from spectr_audit.generation.designs import plan_jobs
 from spectr_audit.generation.options import _check_options, _Options
@@ -53,6 +54,15 @@ class GenerationRequest:
     #: (the scorer's, read once before any engine call): :meth:`~spectr_audit.contract.requests.Request.stop_position`.
     detokenize: Optional[Callable] = None
     stop_order: str = "vllm"
+    #: The serving conditions (:class:`~spectr_audit.generation.conditions.Condition`, each with its wrapped
+    #: generator), in the order their jobs run within a round.
+    conditions: tuple = ()
+
+    def generator_for(self, job) -> Generator:
+        """The engine that runs ``job``: its condition's, or the generator."""
+        if job.is_condition:
+            return next(c.generator for c in self.conditions if c.name == job.arm)
+        return self.generator
 
     def stop_position(self, row: Sequence[int], request) -> int:
         """Where ``row`` ends under ``request``: its first stop token or completed stop string (-1: none)."""
@@ -113,7 +123,7 @@ class GenerationRequest:
               reference: Any = None, draft_score: Any = None, greedy: Optional[bool] = None,
               per_row_max_new_tokens: Optional[bool] = None, name: Optional[str] = None,
               requests: Any = None, logprob_tolerance: float = 0.1, detokenize: Optional[Callable] = None,
-              **options: Any) -> "GenerationRequest":
+              conditions: Any = None, **options: Any) -> "GenerationRequest":
         """Check and wrap everything; ``options`` are :func:`~spectr_audit.generation.audit_generation`'s
         (``max_new_tokens`` ... ``eos_token_id``), all of them given."""
         checked = _check_options(vocab_size=vocab_size, has_draft_scorer=draft_score is not None, **options)
@@ -130,9 +140,17 @@ class GenerationRequest:
                         as_scorer(draft_score, checked.vocab_size, component="draft scorer", argument="draft_score"))
         reference_gen = (None if reference is None else
                          as_generator(reference, component="reference", argument="reference"))
+        def under(obj, condition):  # the engine under a condition keeps the generator's declarations by default
+            return as_generator(obj, name=f"{generator.name} [{condition}]", component=f"generator [{condition}]",
+                                argument=f"conditions[{condition!r}]",
+                                per_row_max_new_tokens=_declared(obj, "per_row_max_new_tokens", generator),
+                                accepts_requests=_declared(obj, "accepts_requests", generator),
+                                seeded=_declared(obj, "seeded", generator))
+
+        checked_conditions = check_conditions(conditions, under)
         jobs = plan_jobs(prompts, arms=checked.arms, batch_size=checked.batch_size, rounds=checked.rounds,
                          max_new_tokens=checked.max_new_tokens, seed=checked.seed,
-                         per_row_max_new_tokens=generator.per_row_max_new_tokens)
+                         per_row_max_new_tokens=generator.per_row_max_new_tokens, conditions=checked_conditions)
         if detokenize is None and requests is not None:  # the engine's own, where it carries one
             detokenize = getattr(generate, "detokenize", None)
         checked_requests = _check_requests(requests, checked.vocab_size, generator, reference_gen, detokenize,
@@ -142,7 +160,7 @@ class GenerationRequest:
             raise InvalidArgument(f"logprob_tolerance: expected a finite number > 0, got {logprob_tolerance!r}")
         order = _probe_scorer(scorer, prompts, checked_requests) if checked_requests else None
         return cls(checked, prompts, generator, scorer, reference_gen, draft_scorer, tuple(jobs), greedy,
-                   checked_requests, float(logprob_tolerance), detokenize, order or "vllm")
+                   checked_requests, float(logprob_tolerance), detokenize, order or "vllm", checked_conditions)
 
     @property
     def has_reference(self) -> bool:
@@ -175,7 +193,15 @@ class GenerationRequest:
         if self.requests:
             config["requests"] = [r.describe() for r in self.requests]
             config["logprob_tolerance"] = self.logprob_tolerance
+        if self.conditions:
+            config["conditions"] = [c.name for c in self.conditions]
         return config
+
+
+def _declared(obj: Any, flag: str, generator: Generator) -> bool:
+    """``obj``'s own declaration of ``flag``, else the generator's (the same engine under another setting)."""
+    own = getattr(obj, flag, None)
+    return bool(own) if own is not None else getattr(generator, flag)
 
 
 def _check_requests(requests: Any, vocab_size: int, generator: Generator, reference: Optional[Generator],

@@ -185,6 +185,13 @@ class GenerationAuditResult:
         by arm), the rounds run (``extension_rounds``), whether the planned power was reached (``reached``), and
         the estimate made after the first rounds (``estimated_seconds``).  ``stop_reason`` says what ended the
         audit: ``power``, a budget (``max_tokens``, ``max_seconds``), or a stopping rule.
+    conditions : tuple of dict
+        One per serving condition (``docs/generation.md``, "Serving conditions"): ``name``, ``kind``, ``value``,
+        ``jobs``, ``tokens`` (of its stratum), ``stats`` (the engine's counters over its counted calls, None when it
+        reported none), ``reached`` (True, False, or None: not shown), ``how`` (in words), ``pvalue_adjusted``
+        (the smallest of its stratum's tests, Holm-adjusted), ``tests`` and ``status`` (``FINDING``,
+        ``NOT REACHED``, ``NOT SHOWN``, ``TOO FEW TOKENS``, ``PASS``).  A condition not reached keeps the verdict
+        from PASS.  Empty without conditions (and then absent from :meth:`to_dict`).
     seconds : dict of str -> float
         Wall time of generation, reference generation, scoring and the tests.
     num_bins : int
@@ -244,6 +251,7 @@ class GenerationAuditResult:
     request_findings: tuple = ()
     determinism: Optional[dict] = None
     power_plan: Optional[dict] = None
+    conditions: tuple = ()
 
     @property
     def passed(self) -> bool:
@@ -279,6 +287,8 @@ class GenerationAuditResult:
                 continue  # an audit without requests says nothing of them
             if field.name == "power_plan" and value is None:
                 continue  # an audit of planned rounds has no plan of its power to report
+            if field.name == "conditions" and not value:
+                continue  # an audit without serving conditions says nothing of them
             if field.name == "subtests":
                 value = [t.to_dict() for t in value]
             out[field.name] = _plain(value)

@@ -223,6 +223,8 @@ class _Schedule:
         tokens, seconds, generation, rounds_seen = {}, {}, {}, {}
         for index, rec in self.records.items():
             job = arm_of[index]
+            if job.is_condition:  # a condition runs on its own design, in the first rounds only
+                continue
             tokens[job.arm] = tokens.get(job.arm, 0) + int(rec.engine.tokens.token.size)
             seconds[job.arm] = seconds.get(job.arm, 0.0) + float(sum(rec.seconds))
             generation[job.arm] = generation.get(job.arm, 0.0) + float(rec.seconds[0])

@@ -15,7 +15,7 @@ from spectr_audit._deadline import call_limit
 from spectr_audit.contract.history import HISTORY_ENGINES, LLAMA_CPP_SAMPLING, process_request
 from spectr_audit.contract.sampling import SamplingParams, process_logits
 from spectr_audit.errors import InvalidArgument
-from spectr_audit.generation.contract import GenerationContractError
+from spectr_audit.generation.contract import GenerationContractError, GenerationOutput
 from spectr_audit.generation.designs import Job
 from spectr_audit.generation.options import _Options
 from spectr_audit.generation.pit import token_stats
@@ -239,7 +239,8 @@ def _determinism(job: Job, request: GenerationRequest, prompts: list, limit, req
                  output) -> Optional[list]:
     """Where the generator honours seeds: the job's rows rerun in reverse order (another batch composition), and
     per row 0 (the seeded row's tokens are the same), 1 (they differ) or -1 (the row carries no seed)."""
-    if requests is None or not request.generator.seeded or not any(r.seed is not None for r in requests):
+    if (requests is None or job.is_condition or not request.generator.seeded
+            or not any(r.seed is not None for r in requests)):
         return None
     order = list(range(len(prompts)))[::-1]
     limits = [limit[i] for i in order] if isinstance(limit, list) else limit
@@ -249,9 +250,34 @@ def _determinism(job: Job, request: GenerationRequest, prompts: list, limit, req
     return [-1 if r.seed is None else int(rerun[i] != output.continuations[i]) for i, r in enumerate(requests)]
 
 
+def _follow_up(job: Job, generator, prompts: list, limit, requests: Optional[list], vocab_size: int) -> tuple:
+    """A follow-up job's two calls: the first half of the rows, then each of them followed by what it emitted
+    (``docs/generation.md``, "Serving conditions"); the prompts of every row, the outputs joined, and the second
+    call's serving counters (the calls after a cache hit)."""
+    half = len(prompts) // 2
+
+    def part(values, first):
+        if isinstance(values, list):
+            return values[:half] if first else values[half:]
+        return values
+
+    first = generator(prompts[:half], part(limit, True), job.seed, vocab_size=vocab_size, case=job.case + " (first pass)",
+                      requests=part(requests, True))
+    after = [list(p) + list(c) for p, c in zip(prompts[:half], first.continuations)]
+    second = generator(after, part(limit, False), (job.seed * 2 + 1) % (1 << 62), vocab_size=vocab_size,
+                       case=job.case + " (follow-up)", requests=part(requests, False))
+    joined = {}
+    for field in ("continuations", "accepted", "target_calls", "logprobs", "top_logprobs", "finish_reasons",
+                  "completion_tokens"):
+        a, b = getattr(first, field), getattr(second, field)
+        joined[field] = None if a is None or b is None else list(a) + list(b)
+    return prompts[:half] + after, GenerationOutput(**joined, logprobs_mode=second.logprobs_mode, stats=second.stats)
+
+
 def _run_job(job: Job, request: GenerationRequest) -> JobRecord:
     """Run one job: the generator (and the reference) on its prompts, the scorers on what they emitted; its record."""
-    options, generator, scorer, reference = request.options, request.generator, request.scorer, request.reference
+    options, scorer, reference = request.options, request.scorer, request.reference
+    generator = request.generator_for(job)
     draft_scorer = request.draft_scorer
     limit = list(job.limits) if isinstance(job.max_new_tokens, tuple) else job.max_new_tokens
     prompts = [list(p) for p in job.prompts]
@@ -260,7 +286,11 @@ def _run_job(job: Job, request: GenerationRequest) -> JobRecord:
     start = time.perf_counter()
     with call_limit(options.timeout, f"generator did not return within {options.timeout} s on {job.case}",
                     GenerationContractError):
-        output = generator(prompts, limit, job.seed, vocab_size=options.vocab_size, case=job.case, requests=requests)
+        if job.follow_up:
+            prompts, output = _follow_up(job, generator, prompts, limit, requests, options.vocab_size)
+        else:
+            output = generator(prompts, limit, job.seed, vocab_size=options.vocab_size, case=job.case,
+                               requests=requests)
         determinism = _determinism(job, request, prompts, limit, requests, output)
     timings["generation"] = time.perf_counter() - start
     accepted = np.array(output.accepted if output.accepted is not None else [-1] * len(prompts), dtype=np.int64)
@@ -284,4 +314,4 @@ def _run_job(job: Job, request: GenerationRequest) -> JobRecord:
         divergences = _divergences(output.continuations, ref.continuations, logits)
         timings["scoring"] += time.perf_counter() - start
     seconds = np.array([timings.get(k, 0.0) for k in ("generation", "reference", "scoring")])
-    return JobRecord(engine, accepted, calls, seconds, scored_reference, divergences)
+    return JobRecord(engine, accepted, calls, seconds, scored_reference, divergences, stats=output.stats)

@@ -16,7 +16,7 @@ from spectr_audit import __version__
 from spectr_audit._files import write_text_atomic
 from spectr_audit.results import EXIT_ERROR, EXIT_INCONCLUSIVE, power_plan_text
 
-__all__ = ["detail_lines", "failure_text", "result_json", "status_of", "verdict_line", "write_reports"]
+__all__ = ["condition_line", "detail_lines", "failure_text", "result_json", "status_of", "verdict_line", "write_reports"]
 
 
 def _p(value: Any) -> str:
@@ -122,8 +122,12 @@ def verdict_line(result: Any, exit_code: Optional[int] = None) -> str:
     line = (f"{verdict}: {result.generator} against {result.scorer}: test {result.test!r}, p = {_p(result.pvalue)} "
             f"(alpha {result.alpha:g}); {_count(result.num_tokens, 'token')} in {_count(result.num_jobs, 'job')}")
     if result.verdict == "INCONCLUSIVE":
-        line += (f"; min detectable TV {_num(result.min_detectable_tv)} above the planned "
-                 f"{_num(result.requested_tv)}")
+        unreached = _unreached(result)
+        if not result.min_detectable_tv <= result.requested_tv * (1 + 1e-9) or not unreached:
+            line += (f"; min detectable TV {_num(result.min_detectable_tv)} above the planned "
+                     f"{_num(result.requested_tv)}")
+        if unreached:
+            line += "; conditions not shown reached: " + ", ".join(c["name"] for c in unreached)
     elif result.verdict == "PASS":
         line += f"; min detectable TV {_num(result.min_detectable_tv)}"
     line += _stopped(result)
@@ -132,6 +136,24 @@ def verdict_line(result: Any, exit_code: Optional[int] = None) -> str:
         line += (f"; determinism (not part of the verdict): {determinism['differing']} of {determinism['checked']} "
                  f"seeded rows gave other tokens in another batch")
     return line if exit_code is None else f"{line}: exit {exit_code}"
+
+
+def _unreached(result: Any) -> list:
+    """The serving conditions the engine did not show reached (each keeps the verdict from PASS)."""
+    return [c for c in getattr(result, "conditions", ()) or () if c.get("reached") is not True]
+
+
+def condition_line(condition: dict) -> str:
+    """One serving condition in words: its status, tokens and jobs, what it reached, its stratum's p-value.
+
+    >>> condition_line({"name": "preemption", "status": "NOT REACHED", "tokens": 384, "jobs": 2,
+    ...                 "how": "no preemption happened (the engine reported 0 preemptions)", "pvalue_adjusted": 1.0})
+    'condition preemption: NOT REACHED: 384 tokens in 2 jobs; no preemption happened (the engine reported 0 preemptions); p = 1 (Holm-adjusted)'
+    """
+    p = condition.get("pvalue_adjusted")
+    tested = f"p = {_p(p)} (Holm-adjusted)" if p is not None else "its stratum untested (too few tokens)"
+    return (f"condition {condition['name']}: {condition['status']}: {_count(condition['tokens'], 'token')} in "
+            f"{_count(condition['jobs'], 'job')}; {condition['how']}; {tested}")
 
 
 def _fails(result: Any, fail_on_inconclusive: bool) -> bool:
@@ -149,6 +171,8 @@ def detail_lines(result: Any, limit: int = 5) -> list:
     plan = getattr(result, "power_plan", None)
     if plan is not None and result.num_jobs:
         lines.append(f"rounds until the power: {power_plan_text(plan)}")
+    for condition in getattr(result, "conditions", ()) or ():
+        lines.append(condition_line(condition))
     rejected = sorted((t for t in result.subtests if t.pvalue_adjusted is not None and t.pvalue_adjusted <= result.alpha),
                       key=lambda t: t.pvalue_adjusted)
     for test in rejected[:limit]:
@@ -175,9 +199,12 @@ def detail_lines(result: Any, limit: int = 5) -> list:
                      f"tracebacks: {TRACEBACKS_AT}")
     for failure in list(result.failures)[:limit]:
         lines.append(f"failed job: {failure}")
-    if result.verdict == "INCONCLUSIVE":
+    if result.verdict == "INCONCLUSIVE" and not result.min_detectable_tv <= result.requested_tv * (1 + 1e-9):
         lines.append("nothing rejected, but too few tokens for the planned power: raise max_new_tokens, rounds or "
                      "the prompts, or plan a larger min_detectable_tv")
+    if result.verdict == "INCONCLUSIVE" and _unreached(result):
+        lines.append("nothing rejected, but a serving condition was not shown reached: its tokens did not test the "
+                     "state it names (the engine's counters, GenerationOutput.stats, must show it)")
     if getattr(result, "incomplete", False):
         lines.append("INCOMPLETE: the audit was interrupted; the result covers the jobs that finished")
     return lines

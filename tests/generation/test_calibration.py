@@ -28,6 +28,7 @@ from scipy import stats
 
 from spectr_audit import defaults
 from spectr_audit.generation import audit_generation
+from spectr_audit.generation.engine_specs import TOY_CONDITIONS, _ToyConditions
 from spectr_audit.generation.library import ToyPair, correct_engine
 from spectr_audit.generation.pit import token_stats
 from spectr_audit.generation.statistical_tests import (
@@ -202,6 +203,8 @@ def _audit(index: int, alpha: float, mode: str):
         extra["draft_score"] = pair.draft_scorer()
     if mode == "auto":  # rounds until the planned power: a stop on the count of tokens
         extra.update(rounds="auto", min_detectable_tv=0.15)
+    if mode == "conditions":  # every serving condition of the toy, each its own engine and stratum
+        extra["conditions"] = {name: _ToyConditions(pair, None)(name) for name in TOY_CONDITIONS}
     return audit_generation(correct_engine(pair), pair.scorer(), prompts, vocab_size=vocab,
                             max_new_tokens=int(rng.integers(16, 33)), batch_size=2, seed=index, alpha=alpha,
                             eos_token_id=eos, progress=False, **extra)
@@ -228,8 +231,12 @@ def test_the_correct_loop_is_rarely_a_finding(alpha):
     _check_false_alarms(40, alpha, "plain")
 
 
+def test_the_correct_loop_under_every_serving_condition_is_rarely_a_finding():
+    _check_false_alarms(40, 0.05, "conditions")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["plain", "reference", "draft", "auto"])
+@pytest.mark.parametrize("mode", ["plain", "reference", "draft", "auto", "conditions"])
 @pytest.mark.parametrize("alpha", [0.05, defaults.ALPHA])
 def test_the_correct_loop_is_rarely_a_finding_over_many_audits(alpha, mode):
     _check_false_alarms(240, alpha, mode, rows=6)
