@@ -231,18 +231,19 @@ def test_run_points_a_generation_suite_at_the_generation_command(capsys, tmp_pat
 def test_list_shows_the_toy_engine_and_its_slips(capsys):
     from spectr_audit.generation.library import SLIPS
     from spectr_audit.generation.library.request_slips import REQUEST_SLIPS
+    from spectr_audit.generation.library.serving import SERVING_SLIPS
 
     code, out, _ = run_cli(capsys, "list")
     assert code == 0
     section = out.split("generation engines", 1)[1].split("suites:", 1)[0]
     specs = [line.split()[0] for line in section.splitlines()[1:] if line.strip()]
-    assert specs == (["toy"] + [f"toy:{name}" for name in SLIPS] + ["toy-requests"]
-                     + [f"toy-requests:{name}" for name in REQUEST_SLIPS])
+    assert specs == (["toy"] + [f"toy:{name}" for name in SLIPS] + [f"toy:{name}" for name in SERVING_SLIPS]
+                     + ["toy-requests"] + [f"toy-requests:{name}" for name in REQUEST_SLIPS])
     assert "generation     (generation audits: spectr-audit generation --suite generation)" in out
     code, out, _ = run_cli(capsys, "list", "--json")
     engines = {e["spec"]: e["expected"] for e in json.loads(out)["generation_engines"]}
     assert engines["toy"] == engines["toy-requests"] == "pass"
-    assert {engines[f"toy:{name}"] for name in SLIPS} == {"finding"}
+    assert {engines[f"toy:{name}"] for name in [*SLIPS, *SERVING_SLIPS]} == {"finding"}
     # a per-request seed ignored changes no row's law: only the determinism line shows it, not the verdict
     assert engines["toy-requests:seed-ignored"] == "pass"
     assert {engines[f"toy-requests:{name}"] for name in REQUEST_SLIPS if name != "seed-ignored"} == {"finding"}

@@ -85,6 +85,22 @@ def _write_repro(path: Path, result, spec, prompts, max_new_tokens: int, quiet_u
     print(f"reproduction: {written} (python {written}; exit 1 when the finding reproduces)")
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """A handler writing to ``sys.stderr`` as it is when a record is emitted (a command run again in the same
+    process, under another ``sys.stderr``, writes where that run's errors go, not to a stream since closed)."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def _say_plans(args) -> None:
     """The plan of an audit that runs until its power (``--rounds auto``) on stderr, as the audit says it (unless
     ``--progress none``)."""
@@ -93,7 +109,7 @@ def _say_plans(args) -> None:
     log = logging.getLogger("spectr_audit.generation")
     if any(getattr(h, "_spectr_cli", False) for h in log.handlers):
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _CurrentStderr()
     handler.setFormatter(logging.Formatter("spectr-audit generation: %(message)s"))
     handler._spectr_cli = True
     log.addHandler(handler)

@@ -33,7 +33,7 @@ import contextlib
 import hashlib
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from spectr_audit.contract.sampling import SamplingParams
 from spectr_audit.engine_adapters.checkpoints import write_eagle_head, write_llama, write_smollm2
@@ -43,6 +43,7 @@ from spectr_audit.engine_adapters.openai_server import CompletionsGenerator, ser
 from spectr_audit.engine_adapters.prompts import SHIPPED_VOCAB_SIZE, shipped_prompt_ids
 from spectr_audit.engine_adapters.vllm_offline import VLLMGenerator, start_llm, vllm_version
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.generation.conditions import parse_condition
 from spectr_audit.engine_adapters.smollm import SmolLMEngine, SmolLMReference, SmolLMScorer
 from spectr_audit.lm.smollm import cache_dir, load_smollm, locate_gguf
 from spectr_audit.registry import load_verifier
@@ -182,7 +183,46 @@ def transformers_engine(method: str = "assisted", *, temperature: float = 1.0, t
     reference = None if method == "plain" else TransformersGenerator(model, params)
     generator.repro_spec = repro_spec("transformers", method, params, checkpoint,
                                        draft if method == "assisted" else None, None, generator.name)
-    return _engine_dict(generator, score, reference, f"{generator.name} on the {checkpoint} target", prompts)
+    made = _engine_dict(generator, score, reference, f"{generator.name} on the {checkpoint} target", prompts)
+    made["conditions"] = _TransformersConditions(model, params, method,
+                                                 _ENGINES[("hf-model", str(draft_path))] if method == "assisted"
+                                                 else None)
+    return made
+
+
+class _TransformersConditions:
+    """The serving conditions transformers' ``generate`` can be put in (``make(name)``): a draft depth (assisted:
+    ``num_assistant_tokens`` with the assistant's confidence stop off, so every step drafts that many; prompt
+    lookup: ``prompt_lookup_num_tokens``), chunked prefill (``prefill_chunk_size`` 16, below the condition's
+    64-token prompts) and long contexts (the engine as it is; the design makes the condition).  ``generate`` runs
+    one request per call with no cache kept across calls and no scheduler, so prefix caching, preemption and
+    concurrency are not offered."""
+
+    def __init__(self, model: Any, params: Any, method: str, assistant: Any):
+        self.model, self.params, self.method, self.assistant = model, params, method, assistant
+        depths = tuple(f"draft-depth={d}" for d in range(1, 6)) if method != "plain" else ()
+        self.names = ("chunked-prefill",) + depths + ("long-context",)
+
+    def _engine(self, depth: int = NUM_SPECULATIVE_TOKENS, **extra) -> TransformersGenerator:
+        if self.method == "assisted":
+            extra.setdefault("assistant_confidence_threshold", None)
+            return TransformersGenerator(self.model, self.params, assistant_model=self.assistant,
+                                         num_assistant_tokens=depth, **extra)
+        if self.method == "prompt-lookup":
+            return TransformersGenerator(self.model, self.params, prompt_lookup_num_tokens=depth, **extra)
+        return TransformersGenerator(self.model, self.params, **extra)
+
+    def __call__(self, name: str) -> TransformersGenerator:
+        condition = parse_condition(name)
+        if condition.kind == "draft-depth" and self.method != "plain":
+            return self._engine(condition.value, **({"assistant_confidence_threshold": 0.0}
+                                                    if self.method == "assisted" else {}))
+        if condition.kind == "chunked-prefill":
+            return self._engine(prefill_chunk_size=16)
+        if condition.kind == "long-context":
+            return self._engine()
+        raise InvalidArgument(f"conditions: transformers generate ({self.method}) does not offer {name!r}; it offers "
+                              f"{', '.join(self.names)}")
 
 
 def _vllm_config(method: str, draft_path: Optional[Path]) -> Optional[dict]:

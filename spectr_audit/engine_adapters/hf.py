@@ -101,15 +101,28 @@ class TransformersGenerator:
     prompt_lookup_num_tokens : int, optional
         Prompt-lookup decoding.
     num_assistant_tokens : int, optional
+        The draft depth of assisted decoding (a constant schedule).
     tokenizer : optional
         The model's tokenizer: requests with stop strings (``stop_strings``), and the audit's ``detokenize``.
+    prefill_chunk_size : int, optional
+        ``generate``'s ``prefill_chunk_size``: the prompt prefilled this many tokens per forward pass where
+        transformers chunks it.
+    assistant_confidence_threshold : float, optional
+        The assistant stops drafting within a step once its most likely token's probability falls below this
+        (transformers' ``ConfidenceCriteria``; None: transformers' default, 0.4 in 5.x; 0: off, so every step drafts
+        ``num_assistant_tokens``).
+
+    Every call reports, as ``GenerationOutput.stats``, what the target's forward passes show (read by a forward
+    hook, not from the settings): ``chunked_prompts``, the rows whose prompt the first pass did not cover whole, and
+    ``draft_depth``, the most tokens one verification pass checked beyond the committed ones.
     """
 
     per_row_max_new_tokens = True
 
     def __init__(self, model: Any, params: Optional[SamplingParams] = None, *, assistant_model: Any = None,
                  prompt_lookup_num_tokens: Optional[int] = None, num_assistant_tokens: Optional[int] = None,
-                 tokenizer: Any = None):
+                 tokenizer: Any = None, prefill_chunk_size: Optional[int] = None,
+                 assistant_confidence_threshold: Optional[float] = None):
         self.model, self.params = model, params or SamplingParams()
         self.tokenizer = tokenizer
         if tokenizer is not None:  # the audit's detokenize (stop strings): the tokenizer's own decode
@@ -117,6 +130,8 @@ class TransformersGenerator:
         self.assistant_model = assistant_model
         self.prompt_lookup_num_tokens = prompt_lookup_num_tokens
         self.num_assistant_tokens = num_assistant_tokens
+        self.prefill_chunk_size = prefill_chunk_size
+        self.assistant_confidence_threshold = assistant_confidence_threshold
         how = ("assisted" if assistant_model is not None else
                "prompt lookup" if prompt_lookup_num_tokens else "plain")
         self.name = f"transformers generate ({how}, {self.params.describe() or 'neutral'})"
@@ -136,8 +151,12 @@ class TransformersGenerator:
             if self.num_assistant_tokens:
                 self.assistant_model.generation_config.num_assistant_tokens = self.num_assistant_tokens
                 self.assistant_model.generation_config.num_assistant_tokens_schedule = "constant"
+            # set on every call: generators of other depths may share the assistant model
+            self.assistant_model.generation_config.assistant_confidence_threshold = self.assistant_confidence_threshold
         if self.prompt_lookup_num_tokens:
             kwargs["prompt_lookup_num_tokens"] = int(self.prompt_lookup_num_tokens)
+        if self.prefill_chunk_size:
+            kwargs["prefill_chunk_size"] = int(self.prefill_chunk_size)
         return kwargs
 
     #: ``generate`` takes ``requests=`` (whole requests, one per row) and honours each request's seed.
@@ -149,18 +168,20 @@ class TransformersGenerator:
         limits = list(max_new_tokens) if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * len(prompts)
         if requests is not None:
             return self._generate_requests(prompts, limits, seed, requests)
-        out = []
+        out, counters = [], _Counters()
         for row, (prompt, limit) in enumerate(zip(prompts, limits)):
             torch.manual_seed((int(seed) * 1_000_003 + row) % (1 << 62))
             ids = torch.tensor([list(prompt)], dtype=torch.int64)
-            result = self.model.generate(ids, attention_mask=torch.ones_like(ids), **self._kwargs(limit))
+            with _ForwardTrace(self.model) as trace:
+                result = self.model.generate(ids, attention_mask=torch.ones_like(ids), **self._kwargs(limit))
+            counters.add(trace.lengths, len(prompt))
             out.append(result[0, ids.shape[1]:].tolist()[:limit])
-        return out
+        return GenerationOutput(out, stats=counters.stats())
 
     def _generate_requests(self, prompts, limits, seed, requests) -> GenerationOutput:
         """Each row under its own request: the raw logprobs of its tokens (``output_logits``), the top-n where
         asked, its finish reason and usage; a row with a seed is drawn from that seed alone."""
-        rows, logprobs, tops, finishes = [], [], [], []
+        rows, logprobs, tops, finishes, counters = [], [], [], [], _Counters()
         eos = self.model.generation_config.eos_token_id
         eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
         for row, (prompt, limit, request) in enumerate(zip(prompts, limits, requests)):
@@ -170,8 +191,10 @@ class TransformersGenerator:
             kwargs.update(transformers_generate_kwargs(request, limit, eos, self.tokenizer))
             torch.manual_seed(request.seed if request.seed is not None else (int(seed) * 1_000_003 + row) % (1 << 62))
             ids = torch.tensor([list(prompt)], dtype=torch.int64)
-            result = self.model.generate(ids, attention_mask=torch.ones_like(ids), return_dict_in_generate=True,
-                                         output_logits=True, **kwargs)
+            with _ForwardTrace(self.model) as trace:
+                result = self.model.generate(ids, attention_mask=torch.ones_like(ids), return_dict_in_generate=True,
+                                             output_logits=True, **kwargs)
+            counters.add(trace.lengths, len(prompt))
             tokens = result.sequences[0, ids.shape[1]:].tolist()[:kwargs["max_new_tokens"]]
             raw = [torch.log_softmax(step[0].double(), -1) for step in result.logits][:len(tokens)]
             rows.append(tokens)
@@ -185,4 +208,47 @@ class TransformersGenerator:
             ended = request.stop_position(tokens, eos, getattr(self, "detokenize", None), "transformers")
             finishes.append("stop" if tokens and ended == len(tokens) - 1 else "length")
         return GenerationOutput(rows, logprobs=logprobs, top_logprobs=tops, finish_reasons=finishes,
-                                completion_tokens=[len(r) for r in rows])
+                                completion_tokens=[len(r) for r in rows], stats=counters.stats())
+
+
+class _ForwardTrace:
+    """The input lengths of a model's forward passes while the context is open (a forward pre-hook)."""
+
+    def __init__(self, model: Any):
+        self.model, self.lengths = model, []
+
+    def __enter__(self) -> "_ForwardTrace":
+        def hook(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if isinstance(ids, torch.Tensor):
+                self.lengths.append(int(ids.shape[-1]))
+
+        self.handle = self.model.register_forward_pre_hook(hook, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()
+
+
+class _Counters:
+    """The serving counters of one call from the target's forward passes, row by row: a row's prompt is chunked
+    when the first pass took less than the whole prompt; a pass's draft depth is the tokens it took beyond the
+    prompt (the first pass to cross the prompt's end) or beyond the one committed token it re-reads (a later
+    pass)."""
+
+    def __init__(self):
+        self.chunked, self.depth = 0, 0
+
+    def add(self, lengths: Sequence[int], prompt_length: int) -> None:
+        processed = 0
+        for k, n in enumerate(lengths):
+            if processed < prompt_length:
+                if k == 0 and n < prompt_length:
+                    self.chunked += 1
+                processed += n
+                self.depth = max(self.depth, processed - prompt_length)
+            else:
+                self.depth = max(self.depth, n - 1)
+
+    def stats(self) -> dict:
+        return {"chunked_prompts": self.chunked, "draft_depth": self.depth}

@@ -28,6 +28,7 @@ from typing import Sequence, Union
 
 from spectr_audit._arguments import check_int_at_least
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.generation.conditions import tiled
 from spectr_audit.statistical.sharding import chunk_seed
 
 __all__ = ["ARMS", "Job", "plan_jobs"]
@@ -170,8 +171,6 @@ def plan_jobs(prompts: Sequence[Sequence[int]], *, arms: Sequence[str] = ARMS, b
 def _condition_jobs(condition, prompts: list, round_: int, batch_size: int, max_new_tokens: int,
                     per_row: bool, add, ragged, limits) -> None:
     """The jobs of one serving condition in one round (``docs/generation.md``, "Serving conditions")."""
-    from spectr_audit.generation.conditions import tiled
-
     name, kind = condition.name, condition.kind
     if kind == "prefix-cache":
         for ids in _groups(len(prompts), batch_size, round_):

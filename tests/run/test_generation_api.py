@@ -13,6 +13,7 @@ import spectr_audit
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.library import SLIPS, ToyPair, correct_engine, slip_engine
 from spectr_audit.generation.library.request_slips import REQUEST_SLIPS
+from spectr_audit.generation.library.serving import SERVING_SLIPS
 from spectr_audit.generation import checks as gen
 from spectr_audit.run.generation_suite import run_generation_suite
 from spectr_audit.run.suite import load_suite, parse_suite
@@ -129,8 +130,10 @@ def test_toy_specs_resolve_to_the_toy_loop_and_its_slips():
     sampled = gen.load_generation_engine("toy:params-draft-only", top_k=3)
     assert sampled.generate.pair.params.describe() == {"temperature": 0.6, "top_k": 3}
     names = [row["spec"] for row in gen.generation_engine_names()]
-    assert names == (["toy"] + [f"toy:{name}" for name in SLIPS] + ["toy-requests"]
-                     + [f"toy-requests:{name}" for name in REQUEST_SLIPS])
+    assert names == (["toy"] + [f"toy:{name}" for name in SLIPS] + [f"toy:{name}" for name in SERVING_SLIPS]
+                     + ["toy-requests"] + [f"toy-requests:{name}" for name in REQUEST_SLIPS])
+    serving = gen.load_generation_engine("toy:preempt-drops-last-step")
+    assert serving.expected == "finding" and serving.default_conditions == ("preemption",)
 
 
 @pytest.mark.parametrize("spec, kwargs, message", [
