@@ -236,11 +236,55 @@ def _vllm_config(method: str, draft_path: Optional[Path]) -> Optional[dict]:
     return {"model": str(draft_path), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
 
 
-def _llm(target: Path, config: Optional[dict]):
-    key = ("vllm", str(target), json.dumps(config, sort_keys=True))
+def _llm(target: Path, config: Optional[dict], **engine_args):
+    """The ``LLM`` on ``target`` with ``config`` and ``engine_args``, started once per process; its metrics kept
+    (the generator's serving counters)."""
+    engine_args = {"max_model_len": 1024, "disable_log_stats": False, **engine_args}
+    key = ("vllm", str(target), json.dumps(config, sort_keys=True), json.dumps(engine_args, sort_keys=True))
     if key not in _ENGINES:
-        _ENGINES[key] = start_llm(target, config, max_model_len=1024)
+        _ENGINES[key] = start_llm(target, config, **engine_args)
     return _ENGINES[key]
+
+
+#: vLLM's engine arguments under each serving condition (the CPU backend's attention takes blocks of a multiple
+#: of 32 tokens; a condition's engine budgets 6 % of memory (the process itself included) for its KV cache unless it sets its size).
+VLLM_CONDITION_ARGS = {
+    # blocks of 32: a follow-up hits the blocks its first call wrote once prompt and continuation pass 32 tokens
+    "prefix-cache": {"enable_prefix_caching": True, "block_size": 32, "memory_fraction": 0.06},
+    # a step schedules at most 32 tokens: the condition's 64-token prompts are prefilled in chunks
+    "chunked-prefill": {"enable_chunked_prefill": True, "max_num_batched_tokens": 32, "max_num_seqs": 16,
+                        "memory_fraction": 0.06},
+    # 6 blocks of 32 tokens for 8 and more rows that each outgrow one block: running rows are preempted
+    "preemption": {"max_model_len": 128, "block_size": 32, "num_gpu_blocks_override": 6,
+                   "enable_prefix_caching": False, "memory_fraction": 0.06},
+    "long-context": {"memory_fraction": 0.06},
+}
+
+
+class _VLLMConditions:
+    """The serving conditions of vLLM's ``LLM`` (``make(name)``): each an ``LLM`` of its own started with
+    :data:`VLLM_CONDITION_ARGS` (prefix caching, a 32-token step budget, a 6-block KV cache, long contexts up to the
+    checkpoint's 1024 positions), or with ``num_speculative_tokens`` = N (``draft-depth=N``).  ``LLM.generate``
+    admits every request of a call at once, so concurrency (requests arriving while others decode) is the served
+    engine's, not offered here."""
+
+    def __init__(self, target: Path, draft_path: Optional[Path], params: Any, method: str):
+        self.target, self.draft_path, self.params, self.method = target, draft_path, params, method
+        depths = tuple(f"draft-depth={d}" for d in range(1, 6)) if method != "none" else ()
+        self.names = ("prefix-cache", "chunked-prefill", "preemption") + depths + ("long-context",)
+
+    def __call__(self, name: str) -> VLLMGenerator:
+        condition = parse_condition(name)
+        config = _vllm_config(self.method, self.draft_path)
+        if condition.kind == "draft-depth" and self.method != "none":
+            config = dict(config, num_speculative_tokens=condition.value)
+            return VLLMGenerator(_llm(self.target, config, memory_fraction=0.06), self.params,
+                                 f"{self.method}, {condition.value} tokens")
+        if condition.kind in VLLM_CONDITION_ARGS:
+            return VLLMGenerator(_llm(self.target, config, **VLLM_CONDITION_ARGS[condition.kind]), self.params,
+                                 f"{self.method}, {condition.kind}")
+        raise InvalidArgument(f"conditions: vLLM LLM.generate ({self.method}) does not offer {name!r}; it offers "
+                              f"{', '.join(self.names)}")
 
 
 def vllm_engine(method: str = "draft", *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -260,7 +304,9 @@ def vllm_engine(method: str = "draft", *, temperature: float = 1.0, top_k: int =
     reference = None if method == "none" else VLLMGenerator(_llm(target, None), params, "none")
     generator.repro_spec = repro_spec("vllm", method, params, checkpoint,
                                        draft if method in ("draft", "eagle") else None, config, generator.name)
-    return _engine_dict(generator, score, reference, f"{generator.name} on the {checkpoint} target", prompts)
+    made = _engine_dict(generator, score, reference, f"{generator.name} on the {checkpoint} target", prompts)
+    made["conditions"] = _VLLMConditions(target, draft_path, params, method)
+    return made
 
 
 def _server(target: Path, config: Optional[dict]) -> str:

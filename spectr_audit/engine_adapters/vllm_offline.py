@@ -13,6 +13,7 @@ guard: its worker processes re-import it.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Sequence
 
 from spectr_audit.contract.sampling import SamplingParams
@@ -21,6 +22,10 @@ from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.contract import GenerationContractError, GenerationOutput
 
 __all__ = ["VLLMGenerator", "start_llm", "vllm_version"]
+
+#: vLLM's metrics the generator reads its serving counters from (``LLM.get_metrics``).
+_VLLM_COUNTERS = {"vllm:num_preemptions": "preemptions", "vllm:spec_decode_num_drafts": "drafts",
+                  "vllm:spec_decode_num_draft_tokens": "draft_tokens"}
 
 
 def vllm_version() -> str:
@@ -65,6 +70,15 @@ class VLLMGenerator:
         The model's tokenizer, where the ``LLM`` was started with it (``skip_tokenizer_init=False``): requests with
         stop strings or a regular-expression constraint (vLLM's structured outputs), and the audit's
         ``detokenize``.
+
+    Where the ``LLM`` keeps its metrics (``disable_log_stats=False``), every call reports its serving counters
+    (``GenerationOutput.stats``): ``cached_tokens``, the prompt tokens the requests read from the prefix cache
+    (each request's ``num_cached_tokens``); ``preemptions``, the rise of ``vllm:num_preemptions``; ``draft_depth``,
+    the draft tokens per draft over the call (``vllm:spec_decode_num_draft_tokens`` over
+    ``vllm:spec_decode_num_drafts``, rounded up: vLLM counts no per-step maximum, so this is the mean, which is
+    the depth when every step drafts alike); and ``chunked_prompts``, the prompts whose uncached part exceeds the
+    scheduler's ``max_num_batched_tokens`` with chunked prefill on (no step may schedule more, so those were
+    prefilled in chunks).
     """
 
     per_row_max_new_tokens = True
@@ -98,8 +112,42 @@ class VLLMGenerator:
         if requests is not None:
             return self._generate_requests(inputs, limits, seed, requests)
         params = [self._params(limit, self._row_seed(seed, row)) for row, limit in enumerate(limits)]
+        before = self._snapshot()
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outputs]
+        return GenerationOutput([list(o.outputs[0].token_ids) for o in outputs],
+                                stats=self._stats(before, prompts, outputs))
+
+    def _snapshot(self) -> Optional[dict]:
+        """vLLM's counters now (None where the ``LLM`` keeps no metrics)."""
+        try:
+            metrics = self.llm.get_metrics()
+        except Exception:  # noqa: BLE001 - an LLM without metrics reports no counters
+            return None
+        out: dict = {}
+        for metric in metrics or ():
+            key = _VLLM_COUNTERS.get(getattr(metric, "name", None))
+            value = getattr(metric, "value", None)
+            if key is not None and isinstance(value, (int, float)):
+                out[key] = out.get(key, 0) + value  # summed over the label sets (engines)
+        return out or None
+
+    def _stats(self, before: Optional[dict], prompts, outputs) -> Optional[dict]:
+        """The call's serving counters (the class's docstring), None without metrics."""
+        after = self._snapshot()
+        if before is None or after is None:
+            return None
+        rise = {key: after.get(key, 0) - before.get(key, 0) for key in after}
+        cached = [int(getattr(o, "num_cached_tokens", 0) or 0) for o in outputs]
+        stats = {"cached_tokens": sum(cached), "preemptions": int(rise.get("preemptions", 0))}
+        if "drafts" in after:
+            drafts = rise.get("drafts", 0)
+            stats["draft_depth"] = int(math.ceil(rise.get("draft_tokens", 0) / drafts)) if drafts > 0 else 0
+        scheduler = getattr(getattr(getattr(self.llm, "llm_engine", None), "vllm_config", None), "scheduler_config",
+                            None)
+        if scheduler is not None and getattr(scheduler, "enable_chunked_prefill", False):
+            budget = int(scheduler.max_num_batched_tokens)
+            stats["chunked_prompts"] = sum(len(p) - c > budget for p, c in zip(prompts, cached))
+        return stats
 
     def request_params(self, request, limit: int, seed: int):
         """The ``vllm.SamplingParams`` of one row under ``request``: its own fields
@@ -123,7 +171,9 @@ class VLLMGenerator:
             raise InvalidArgument(f"requests: expected one request per prompt ({len(inputs)}), got {len(requests)}")
         params = [self.request_params(request, limit, self._row_seed(seed, row))
                   for row, (request, limit) in enumerate(zip(requests, limits))]
+        before = self._snapshot()
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        stats = self._stats(before, [i["prompt_token_ids"] for i in inputs], outputs)
         rows, logprobs, tops, finishes = [], [], [], []
         for row, (output, request) in enumerate(zip(outputs, requests)):
             completion = output.outputs[0]
@@ -146,4 +196,4 @@ class VLLMGenerator:
             tops.append([vllm_top_n(position, token, request.logprobs) for position, token in zip(positions, tokens)]
                         if request.logprobs else None)
         return GenerationOutput(rows, logprobs=logprobs, top_logprobs=tops, finish_reasons=finishes,
-                                completion_tokens=[len(r) for r in rows], logprobs_mode="raw-masked")
+                                completion_tokens=[len(r) for r in rows], logprobs_mode="raw-masked", stats=stats)
