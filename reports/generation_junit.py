@@ -139,6 +139,10 @@ def render_generation_junit(result: Any) -> str:
                 f"{_pvalue(condition.get('pvalue_adjusted'))}; {how}")[:500])
             failure.text = ", ".join(condition.get("tests") or ())
             counts["failures"] += 1
+        elif status == "ERROR":
+            ET.SubElement(element, "error", type="EngineError", message=f"ERROR: {how}"[:500]).text = (
+                "every call of the engine under this condition failed; the failed calls are in the report")
+            counts["errors"] += 1
         elif status in ("NOT REACHED", "NOT SHOWN", "TOO FEW TOKENS"):
             ET.SubElement(element, "skipped", message=f"{status}: {how}"[:500]).text = (
                 "the condition's state was not shown reached: its tokens did not test it" if status != "TOO FEW TOKENS"

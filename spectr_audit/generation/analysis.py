@@ -510,7 +510,7 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
         if found and pvalue > 0.0:
             pvalue, test = 0.0, name
     held, mdtv, z = _power(tokens, one, options, confidence)
-    conditions = _conditions(request, jobs, stored, tokens, family)
+    conditions = _conditions(request, jobs, stored, tokens, family, failures)
     verdict = _verdict(stored, pvalue, options, greedy, has_reference, violations, mdtv,
                        any(c["reached"] is not True for c in conditions))
     if len(failures) > options.allow_failed_calls and verdict != "FINDING":
@@ -535,11 +535,13 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
         conditions=tuple(conditions))
 
 
-def _conditions(request: GenerationRequest, jobs: dict, stored: list, tokens: _Tokens, family: list) -> list:
+def _conditions(request: GenerationRequest, jobs: dict, stored: list, tokens: _Tokens, family: list,
+                failures: list = ()) -> list:
     """One row per serving condition: its jobs and counted tokens, the engine's counters over its counted calls
     (summed; ``draft_depth``: the largest), whether it was reached and how, its stratum's tests (the smallest
-    Holm-adjusted p-value) and its status: FINDING (its stratum rejected), NOT REACHED, NOT SHOWN (no counter
-    reported), TOO FEW TOKENS (its stratum untested) or PASS (tested, reached, nothing rejected)."""
+    Holm-adjusted p-value) and its status: FINDING (its stratum rejected), ERROR (every call failed), NOT REACHED,
+    NOT SHOWN (no counter reported), TOO FEW TOKENS (its stratum untested) or PASS (tested, reached, nothing
+    rejected)."""
     rows = []
     alpha = request.options.alpha
     for c, condition in enumerate(request.conditions, start=len(ARMS)):
@@ -557,12 +559,17 @@ def _conditions(request: GenerationRequest, jobs: dict, stored: list, tokens: _T
                 starts = np.asarray([len(p) for p in jobs[index].prompts])[rec.engine.tokens.row.astype(np.int64)]
                 long_tokens += int(((starts + rec.engine.tokens.position) >= condition.value).sum())
         reached, how = condition_reached(condition, stats, long_tokens)
+        failed = [message for _, arm, message in failures if arm == condition.name]
+        if failed and not mine:
+            how = f"every call failed ({len(failed)}); the first: {failed[0].strip().splitlines()[-1]}"
         stratum = f"condition {condition.name}"
         tests = [t for t in family if t.name.endswith(" / " + stratum)]
         p = min((t.pvalue_adjusted for t in tests if t.pvalue_adjusted is not None), default=None)
         counted = int(((tokens.arm == c) & tokens.counted).sum())
         if p is not None and p <= alpha:
             status = "FINDING"
+        elif failed and not mine:
+            status = "ERROR"
         elif reached is False:
             status = "NOT REACHED"
         elif reached is None:
@@ -573,7 +580,7 @@ def _conditions(request: GenerationRequest, jobs: dict, stored: list, tokens: _T
             status = "PASS"
         rows.append({"name": condition.name, "kind": condition.kind, "value": condition.value, "jobs": len(mine),
                      "tokens": counted, "stats": stats, "reached": reached, "how": how, "pvalue_adjusted": p,
-                     "tests": [t.name for t in tests], "status": status})
+                     "tests": [t.name for t in tests], "status": status, "failed_calls": len(failed)})
     return rows
 
 def _mask(tokens: _Tokens, options: _Options, prompts: list, name: str) -> np.ndarray:

@@ -189,8 +189,8 @@ class GenerationAuditResult:
         One per serving condition (``docs/generation.md``, "Serving conditions"): ``name``, ``kind``, ``value``,
         ``jobs``, ``tokens`` (of its stratum), ``stats`` (the engine's counters over its counted calls, None when it
         reported none), ``reached`` (True, False, or None: not shown), ``how`` (in words), ``pvalue_adjusted``
-        (the smallest of its stratum's tests, Holm-adjusted), ``tests`` and ``status`` (``FINDING``,
-        ``NOT REACHED``, ``NOT SHOWN``, ``TOO FEW TOKENS``, ``PASS``).  A condition not reached keeps the verdict
+        (the smallest of its stratum's tests, Holm-adjusted), ``tests``, ``status`` (``FINDING``, ``ERROR``: every
+        call failed, ``NOT REACHED``, ``NOT SHOWN``, ``TOO FEW TOKENS``, ``PASS``) and ``failed_calls``.  A condition not reached keeps the verdict
         from PASS.  Empty without conditions (and then absent from :meth:`to_dict`).
     seconds : dict of str -> float
         Wall time of generation, reference generation, scoring and the tests.

@@ -305,3 +305,24 @@ def test_a_suite_case_takes_conditions():
         parse_generation_cases([{"name": "c", "engine": "toy", "conditions": ["prefetch"]}], "suite.toml")
     slip = parse_generation_cases([{"name": "s", "engine": "toy:stale-prefix-block"}], "suite.toml")[0]
     assert slip.expected == "finding"
+
+
+class Dying:
+    """An engine under a condition that fails on every call (an engine core that dies)."""
+
+    per_row_max_new_tokens = True
+
+    def __call__(self, prompts, max_new_tokens, seed):
+        raise RuntimeError("EngineDeadError: the engine core died")
+
+
+def test_a_condition_whose_every_call_fails_says_so():
+    result = _audit({"chunked-prefill": Dying(), "preemption": Recording({"preemptions": 1})},
+                    max_new_tokens=32, min_detectable_tv=0.9)
+    row = {c["name"]: c for c in result.conditions}["chunked-prefill"]
+    assert row["status"] == "ERROR" and row["failed_calls"] == len([f for f in result.failures if "chunked" in f])
+    assert row["how"].startswith(f"every call failed ({row['failed_calls']}); the first:") and "engine core died" in row["how"]
+    assert result.verdict == "ERROR"  # no failed call allowed
+    allowed = _audit({"chunked-prefill": Dying(), "preemption": Recording({"preemptions": 1})},
+                     max_new_tokens=32, min_detectable_tv=0.9, allow_failed_calls=10)
+    assert allowed.verdict == "INCONCLUSIVE" and "chunked-prefill" in verdict_line(allowed)
