@@ -227,7 +227,7 @@ def _toy_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_siz
                 eos_token_id: Optional[int]) -> GenerationEngine:
     from spectr_audit.contract.sampling import SamplingParams
     from spectr_audit.generation.library import SLIPS, ToyPair, correct_engine, slip_engine
-    from spectr_audit.generation.library.serving import SERVING_SLIPS, ServingSpecEngine
+    from spectr_audit.generation.library.serving import SERVING_SLIPS
 
     slip = serving = None
     if slip_name is not None:
