@@ -25,17 +25,6 @@ PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [10, 11, 12], [20, 21, 20, 21], [100, 200, 
 transformers = pytest.importorskip("transformers", reason="the transformers extra (pip install -e '.[transformers]')")
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    from spectr_audit.engine_adapters.checkpoints import write_llama
-    from spectr_audit.engine_adapters.hf import load_causal_lm
-
-    folder = tmp_path_factory.mktemp("llama")
-    target = write_llama(folder / "target", seed=0)
-    draft = write_llama(folder / "draft", seed=1, base=target, noise=0.3)
-    return load_causal_lm(target), load_causal_lm(draft)
-
-
 def _audit(generator, scorer, reference=None, **kwargs):
     from spectr_audit.generation import audit_generation
 

@@ -33,25 +33,14 @@ def test_the_counters_read_the_passes(lengths, prompt, chunked, depth):
     assert counters.stats() == {"chunked_prompts": int(chunked), "draft_depth": depth}
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    from spectr_audit.engine_adapters.checkpoints import write_llama
-    from spectr_audit.engine_adapters.hf import load_causal_lm
-
-    folder = tmp_path_factory.mktemp("llama")
-    target = write_llama(folder / "target", seed=0)
-    draft = write_llama(folder / "draft", seed=1, base=target, noise=0.3)
-    return load_causal_lm(target), load_causal_lm(draft)
-
-
 PROMPTS = [[5, 6, 7, 8] * 16, [9, 10, 11]]
 
 
-def test_what_each_setting_reaches_on_a_random_llama(models):
+def test_what_each_setting_reaches_on_a_random_llama(checkpoints):
     from spectr_audit.contract.sampling import SamplingParams
     from spectr_audit.engine_adapters.hf import TransformersGenerator
 
-    target, draft = models
+    target, draft = checkpoints
     params = SamplingParams(temperature=0.7)
     plain = TransformersGenerator(target, params, prefill_chunk_size=16).generate(PROMPTS, 8, 0)
     assert plain.stats == {"chunked_prompts": 1, "draft_depth": 0}  # the 64-token prompt in four chunks

@@ -38,8 +38,6 @@ import collections
 import dataclasses
 from typing import Optional, Sequence
 
-import torch
-
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.contract import GenerationOutput
 from spectr_audit.generation.library.toy import SpecEngine, ToyPair, ToyState, _Row
@@ -145,43 +143,6 @@ class ServingSpecEngine(SpecEngine):
         return len(self._blocks)
 
     # --- the steps -----------------------------------------------------------------------------
-
-    def acceptance_law(self, laws: list, i: int) -> torch.Tensor:
-        """The target law the ``i``-th drafted token's acceptance test reads: the one at its position."""
-        return laws[i]
-
-    def step(self, row, batch: list) -> list:
-        """One speculative step of one row: the tokens it emits (the acceptance test reads
-        :meth:`acceptance_law`)."""
-        drafts, draft_laws, target_laws, states = [], [], [], []
-        state = row.draft
-        for _ in range(self.draft_len):
-            law = self.draft_law(state)
-            token = self.sample_draft(law, row.generator)
-            drafts.append(token)
-            draft_laws.append(law)
-            state = self.pair.draft.step(state, token)
-        state = row.target
-        for token in drafts:
-            states.append(state)
-            target_laws.append(self.target_law(state))
-            state = self.pair.target.step(state, token)
-        target_laws.append(self.target_law(state))
-        row.calls += 1
-        row.drafts = drafts
-        emitted = []
-        for i, token in enumerate(drafts):
-            q, p = float(self.acceptance_law(target_laws, i)[token]), float(draft_laws[i][token])
-            coin = float(torch.rand((), generator=row.generator, dtype=torch.float64))
-            if self.accepts(q, p, coin):
-                emitted.append(token)
-                row.accepted += 1
-                continue
-            law = self.residual(target_laws[i], draft_laws[i], states[i])
-            emitted.append(int(torch.multinomial(law, 1, generator=row.generator)))
-            return emitted
-        emitted.append(int(torch.multinomial(self.bonus_law(target_laws), 1, generator=row.generator)))
-        return emitted
 
     def cache_block(self, row, sequence: tuple, target: ToyState, draft: ToyState) -> None:
         """Register the states after ``sequence`` (a block-aligned prefix of the row's tokens) in the prefix

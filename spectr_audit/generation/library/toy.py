@@ -275,6 +275,10 @@ class SpecEngine:
         uniform ``coin``: speculative sampling's ``coin < min(1, q / p)``."""
         return p > 0 and coin < min(1.0, q / p)
 
+    def acceptance_law(self, laws: list, i: int) -> torch.Tensor:
+        """The target law the ``i``-th drafted token's acceptance test reads: the one at its position."""
+        return laws[i]
+
     def bonus_law(self, laws: list) -> torch.Tensor:
         """The bonus token's law after a fully accepted block: the target's law after the last draft token."""
         return laws[-1]
@@ -326,7 +330,7 @@ class SpecEngine:
         row.drafts = drafts
         emitted = []
         for i, token in enumerate(drafts):
-            q, p = float(target_laws[i][token]), float(draft_laws[i][token])
+            q, p = float(self.acceptance_law(target_laws, i)[token]), float(draft_laws[i][token])
             coin = float(torch.rand((), generator=row.generator, dtype=torch.float64))
             if self.accepts(q, p, coin):
                 emitted.append(token)
