@@ -318,10 +318,21 @@ def power_plan_text(plan: dict) -> str:
     ...                  "first_rounds": 2, "extension_arm": "ragged", "extension_rounds": 11,
     ...                  "tokens_per_second": {"single": 80.0, "ragged": 144.0}, "reached": True})
     '7547 tokens for TV 0.05 at power 0.99 (family of up to 60): 2 rounds of every arm, then 11 of ragged (the fastest arm, 144 tokens/s of generation); reached'
+
+    With a reference, how far it ran (sized by its own test, ``reference_tv``):
+
+    >>> power_plan_text({"requested_tv": 0.05, "power": 0.99, "tokens_needed": 7463, "family_size": 48,
+    ...                  "first_rounds": 2, "extension_arm": "equal", "extension_rounds": 26,
+    ...                  "tokens_per_second": {"equal": 9000.0}, "reached": True, "reference_tv": 0.1,
+    ...                  "reference_tokens_needed": 1866, "reference_rounds": 0})
+    '7463 tokens for TV 0.05 at power 0.99 (family of up to 48): 2 rounds of every arm, then 26 of equal (the fastest arm, 9000 tokens/s of generation), the reference on 0 of them (1866 reference tokens for its own test at TV 0.1); reached'
     """
     arm = plan.get("extension_arm")
     then = (f", then {plan['extension_rounds']} of {arm} (the fastest arm, "
             f"{plan['tokens_per_second'].get(arm, 0):.0f} tokens/s of generation)" if arm else "")
+    if arm and "reference_rounds" in plan:
+        then += (f", the reference on {plan['reference_rounds']} of them ({plan['reference_tokens_needed']} reference "
+                 f"tokens for its own test at TV {plan['reference_tv']:g})")
     return (f"{plan['tokens_needed']} tokens for TV {plan['requested_tv']:g} at power "
             f"{plan['power']:g} (family of up to {plan['family_size']}): {plan['first_rounds']} rounds of every arm"
             f"{then}; {'reached' if plan.get('reached') else 'not reached'}")

@@ -39,7 +39,7 @@ def _given(args, flags: Sequence[str]) -> list:
 _TOY_FLAGS = ("--toy-seed", "--draft-noise", "--temperature", "--top-k", "--top-p")
 _SAMPLING_FLAGS = ("--temperature", "--top-k", "--top-p")
 _ENGINE_FLAGS = ("--prompts", "--max-new-tokens", "--batch-size", "--rounds", "--arms", "--conditions",
-                 "--min-detectable-tv",
+                 "--min-detectable-tv", "--reference-tv",
                  "--reference", "--eos-token-id", "--vocab-size", "--requests", "--logprob-tolerance") + _TOY_FLAGS
 
 
@@ -164,6 +164,7 @@ def command(args) -> int:
     rounds = args.rounds if args.rounds is not None or args.min_detectable_tv is None else "auto"
     options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, rounds=rounds, arms=args.arms,
                    seed=args.seed, alpha=args.alpha, min_detectable_tv=args.min_detectable_tv,
+                   reference_tv=args.reference_tv,
                    max_tokens=args.max_tokens, max_seconds=args.max_seconds, timeout=args.timeout,
                    allow_failed_calls=args.allow_failed_calls, store=None if store is None else str(store), resume=args.resume,
                    progress=_progress_flag(args.progress), logprob_tolerance=args.logprob_tolerance)

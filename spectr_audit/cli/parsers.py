@@ -332,6 +332,10 @@ def _add_generation_parser(sub) -> None:
                        help="the TV the PASS verdict needs the power to detect (default "
                        f"{defaults.GENERATION_MIN_DETECTABLE_TV:g}); below that power nothing rejected is INCONCLUSIVE; "
                        "given without --rounds, the audit runs rounds until that power (--rounds auto)")
+    audit.add_argument("--reference-tv", type=_probability, default=None, metavar="TV",
+                       help="with --rounds auto and the engine's reference: the TV the reference's own test is sized "
+                            "for (default twice --min-detectable-tv): the reference runs on the first rounds, then only "
+                            "until it has the tokens that test needs")
     audit.add_argument("--max-tokens", type=_positive_int, default=None, metavar="N",
                        help="stop after this many engine tokens (the result says how far it got)")
     audit.add_argument("--max-seconds", type=_positive_seconds, default=None, metavar="S",

@@ -56,6 +56,8 @@ class _Tokens:
     arm_names: tuple = ARMS
     #: Whether the token counts in its condition's stratum (False: a follow-up job's first pass; True elsewhere).
     counted: Optional[np.ndarray] = None
+    #: Whether the token's job has the reference's records too (the two-sample tests compare those jobs only).
+    paired: Optional[np.ndarray] = None
 
     @property
     def size(self) -> int:
@@ -68,10 +70,12 @@ def _collect(jobs: dict, stored: list, options: _Options, reference: bool,
     (``(kind names, {job index: kind index per row})``) each token's request kind; ``arm_names``: the arms and
     the serving conditions' names."""
     columns = {k: [] for k in ("arm", "job", "row", "prompt", "position", "token", "mass", "surprisal", "entropy",
-                               "var", "margin", "accept", "kind", "counted")}
+                               "var", "margin", "accept", "kind", "counted", "paired")}
     pits = {o: [] for o in options.orderings}
     for index, _, rec in stored:
         job = jobs[index]
+        if reference and rec.reference is None:
+            continue  # a further round of rounds="auto" run without the reference
         tokens = (rec.reference if reference else rec.engine).tokens
         rows = tokens.row.astype(np.int64)
         if rows.size == 0:
@@ -79,6 +83,7 @@ def _collect(jobs: dict, stored: list, options: _Options, reference: bool,
         columns["arm"].append(np.full(rows.size, arm_names.index(job.arm)))
         # a follow-up job's first pass comes before any cache hit: all tokens, not its condition's stratum
         columns["counted"].append(rows >= len(job.prompts) // 2 if job.follow_up else np.ones(rows.size, dtype=bool))
+        columns["paired"].append(np.full(rows.size, rec.reference is not None))
         columns["job"].append(np.full(rows.size, index))
         columns["row"].append(rows)
         columns["prompt"].append(np.asarray(job.prompt_ids)[rows])
@@ -103,7 +108,7 @@ def _collect(jobs: dict, stored: list, options: _Options, reference: bool,
                       for name in (*integers, "mass", "surprisal", "entropy", "var", "margin")},
                    accept=accept, kind=cat(columns["kind"], np.int64) if row_kinds is not None else None,
                    kind_names=tuple(row_kinds[0]) if row_kinds is not None else (), arm_names=tuple(arm_names),
-                   counted=cat(columns["counted"], bool))
+                   counted=cat(columns["counted"], bool), paired=cat(columns["paired"], bool))
 
 
 def _strata(tokens: _Tokens, options: _Options, prompts: list) -> list:
@@ -130,7 +135,7 @@ def _strata(tokens: _Tokens, options: _Options, prompts: list) -> list:
 def _two_sample_strata(tokens: _Tokens, reference: _Tokens, options: _Options) -> tuple:
     """The strata of the two-sample tests: all tokens, and each arm where both sources hold enough tokens."""
     return ("all",) + tuple(f"arm {arm}" for a, arm in enumerate(ARMS)
-                            if arm in options.arms and (tokens.arm == a).sum() >= MIN_STRATUM_TOKENS
+                            if arm in options.arms and ((tokens.arm == a) & tokens.paired).sum() >= MIN_STRATUM_TOKENS
                             and (reference.arm == a).sum() >= MIN_STRATUM_TOKENS)
 
 
@@ -297,16 +302,19 @@ def _against_reference(tokens: _Tokens, reference: _Tokens, options: _Options, p
     floor = tuple(held_out_tv(torch.from_numpy(reference.pit[o]), torch.from_numpy(reference.job % 2), o,
                               confidence) for o in options.orderings)
     two = []
+    # like against like: the engine's tokens of the calls the reference ran on too
+    paired = torch.from_numpy(tokens.paired)
     for order in plan.orderings:
         engine_pit, ref_pit = torch.from_numpy(tokens.pit[order]), torch.from_numpy(reference.pit[order])
         for name in plan.two_sample:
             if name == "all":
-                two.append(two_sample_test(engine_pit, ref_pit, f"two-sample {order} / all"))
+                two.append(two_sample_test(engine_pit[paired], ref_pit, f"two-sample {order} / all"))
                 continue
             a = ARMS.index(name.split(" ", 1)[1])
-            e, r = torch.from_numpy(tokens.arm == a), torch.from_numpy(reference.arm == a)
+            e, r = torch.from_numpy(tokens.arm == a) & paired, torch.from_numpy(reference.arm == a)
             two.append(two_sample_test(engine_pit[e], ref_pit[r], f"two-sample {order} / {name}"))
-    return reference_rejected, floor, two
+    own = next((t for t in ref_tests if t.name == f"reference pit {options.power_ordering} / all"), None)
+    return reference_rejected, floor, two, own
 
 
 def _numerics_tolerance(reference: Optional[_Tokens], options: _Options) -> float:
@@ -476,10 +484,12 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
     one = _one_sample(tokens, options, prompts, level)
     family = one + agreement_tests + eprocess
     deciding = {t.name for t in family}
-    decided_by, reference_rejected, floor = "one-sample", None, ()
+    decided_by, reference_rejected, floor, reference_sample = "one-sample", None, (), None
     if with_reference:
-        reference_rejected, floor, two = _against_reference(tokens, reference, options, prompts, level, confidence,
-                                                            plan)
+        reference_rejected, floor, two, own = _against_reference(tokens, reference, options, prompts, level,
+                                                                 confidence, plan)
+        # with rounds="auto" the reference may skip the further rounds: say what its sample is
+        reference_sample = _reference_sample(reference, tokens, stored, own) if options.until_power else None
         family += two
         deciding |= {t.name for t in two}
         if not greedy and reference_rejected:
@@ -532,7 +542,18 @@ def _analyse(request: GenerationRequest, outcome: RunOutcome) -> GenerationAudit
         allowed_failed_calls=options.allow_failed_calls,
         requests=tuple(dict(r.describe(), kind=r.kind) for r in request.requests),
         request_findings=tuple(findings[:50]), determinism=determinism, power_plan=outcome.power_plan,
-        conditions=tuple(conditions))
+        conditions=tuple(conditions), reference_sample=reference_sample)
+
+
+def _reference_sample(reference: _Tokens, tokens: _Tokens, stored: list, own) -> dict:
+    """What the reference's sample is: the calls it ran on, its tokens and the engine's on those calls, and the
+    smallest TV between the scorer's law and the reference's that its own all-tokens test detects (``own``, at the
+    family's share of alpha): below it a scorer that departs from the engine's true law goes unseen by the
+    reference's tests, and the one-sample verdict assumes the scorer."""
+    mdtv = own.min_detectable_tv if own is not None and own.min_detectable_tv is not None else math.inf
+    return {"jobs": int(sum(rec.reference is not None for _, _, rec in stored)), "of_jobs": len(stored),
+            "tokens": reference.size, "engine_tokens_paired": int(tokens.paired.sum()),
+            "min_detectable_tv": float(mdtv)}
 
 
 def _conditions(request: GenerationRequest, jobs: dict, stored: list, tokens: _Tokens, family: list,

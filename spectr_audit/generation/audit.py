@@ -85,6 +85,7 @@ def audit_generation(
     logprob_tolerance: float = 0.1,
     detokenize: Optional[Callable] = None,
     conditions: Optional[Mapping[str, Any]] = None,
+    reference_tv: Optional[float] = None,
 ) -> GenerationAuditResult:
     """Audit a generation engine's emitted tokens against the target model's law, every token.
 
@@ -178,6 +179,13 @@ def audit_generation(
         every planned round, its tokens a stratum of their own; the result's ``conditions`` say what each reached,
         and a condition not shown reached keeps the verdict from PASS (docs/generation.md, "Serving conditions").
 
+    reference_tv : float, optional
+        With ``rounds="auto"`` and a reference: the TV the reference's own all-tokens test is sized for (default
+        twice ``min_detectable_tv``, at most 0.5).  The reference runs on every call of the first rounds, and on
+        the further rounds only until it holds the tokens that test needs at its share of ``alpha``; the
+        two-sample tests compare the engine's tokens of the calls the reference ran on, and the result's
+        ``reference_sample`` says what its sample can exclude (docs/generation.md, "The reference where it pays").
+
     Returns
     -------
     GenerationAuditResult
@@ -206,7 +214,7 @@ def audit_generation(
         batch_size=batch_size, rounds=rounds, arms=arms, seed=seed, alpha=alpha, power=power,
         min_detectable_tv=min_detectable_tv, orderings=orderings, position_buckets=position_buckets,
         zero_mass_tol=zero_mass_tol, logit_tol=logit_tol, max_tokens=max_tokens, max_seconds=max_seconds,
-        timeout=timeout, eos_token_id=eos_token_id, allow_failed_calls=allow_failed_calls)
+        timeout=timeout, eos_token_id=eos_token_id, allow_failed_calls=allow_failed_calls, reference_tv=reference_tv)
     _check_flags(resume=resume, progress=progress)
     _check_run_arguments(store, distributed)
     return run_request(request, store=store, resume=resume, distributed=distributed, progress=progress)

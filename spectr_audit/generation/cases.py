@@ -28,7 +28,7 @@ __all__ = ["AUDIT_KEYS", "CASE_KEYS", "EXPECTED", "GenerationCase", "TOY_KEYS", 
 #: The audit's options a case may set.
 AUDIT_KEYS = ("max_new_tokens", "batch_size", "rounds", "arms", "seed", "alpha", "power", "min_detectable_tv",
               "max_tokens", "max_seconds", "timeout", "greedy", "logit_tol", "allow_failed_calls", "logprob_tolerance",
-              "conditions")
+              "conditions", "reference_tv")
 TOY_KEYS = ("vocab_size", "toy_seed", "draft_noise", "temperature", "top_k", "top_p", "eos_token_id")
 CASE_KEYS = ("name", "description", "engine", "expected", "options", "prompts", "reference",
              "requires", "requests") + TOY_KEYS + AUDIT_KEYS
@@ -116,7 +116,7 @@ def _check_case_value(key: str, value: Any, where: str) -> Any:
         return _integer(value, where, key, 0)
     if key == "vocab_size":
         return _integer(value, where, key, 2)
-    if key in ("alpha", "power", "min_detectable_tv"):
+    if key in ("alpha", "power", "min_detectable_tv", "reference_tv"):
         return _number(value, where, key, 0, 1, True, True)
     if key in ("max_seconds", "timeout"):
         return _number(value, where, key, 0, math.inf, True, True)

@@ -38,6 +38,7 @@ Suite format (a suite may hold ``[[case]]`` verifier cases, ``[[generation]]`` c
     reference = true                      # audit with the engine's reference generator (default: a
                                           # factory's when it gives one; not the toy's)
     requires = ["vllm"]                   # modules the engine needs: without one the case is skipped
+    reference_tv = 0.04                   # rounds = "auto" with a reference: the TV its own test is sized for
     conditions = ["preemption", "draft-depth=5"]   # serving conditions run as arms of their own (the engine
                                           # makes the engine under each; "all": every one it offers)
     requests = [                          # whole requests, given to the rows in turn (keys: Request's

@@ -70,6 +70,9 @@ class Job:
     max_new_tokens: Union[int, tuple]
     seed: int
     follow_up: bool = False
+    #: Whether the reference runs on the job too (the further rounds of ``rounds="auto"`` drop it once the
+    #: reference holds the tokens its own test needs).
+    reference: bool = True
 
     @property
     def is_condition(self) -> bool:
@@ -101,7 +104,7 @@ def _groups(count: int, size: int, offset: int) -> list:
 def plan_jobs(prompts: Sequence[Sequence[int]], *, arms: Sequence[str] = ARMS, batch_size: int = 4,
               rounds: int = 1, max_new_tokens: int = 32, seed: int = 0,
               per_row_max_new_tokens: bool = False, first_round: int = 0, first_index: int = 0,
-              conditions: Sequence = ()) -> list[Job]:
+              conditions: Sequence = (), reference: bool = True) -> list[Job]:
     """Every job of the audit, arm by arm within each round (then each of ``conditions``, the
     :class:`~spectr_audit.generation.conditions.Condition` objects, on its design), rounds in order.
 
@@ -131,7 +134,7 @@ def plan_jobs(prompts: Sequence[Sequence[int]], *, arms: Sequence[str] = ARMS, b
     def add(arm, round_, ids, rows, limit, follow_up=False):
         index = first_index + len(jobs)
         jobs.append(Job(index, arm, round_, tuple(ids), tuple(rows), limit, chunk_seed(seed, _JOB_STREAM, index),
-                        follow_up))
+                        follow_up, reference))
 
     def ragged(round_):
         # longest and shortest together: sort by length, then interleave the two ends

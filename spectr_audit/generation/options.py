@@ -18,6 +18,9 @@ POSITION_BUCKETS = (16, 64, 256)
 #: With ``rounds="auto"``: the rounds of every arm run first (two, so that the independence test across calls
 #: has its pairs), before further rounds of the fastest arm run until the planned power is reached.
 AUTO_FIRST_ROUNDS = 2
+#: With ``rounds="auto"``, the reference's own test is sized for this multiple of ``min_detectable_tv`` unless
+#: ``reference_tv`` is given: a quarter of the engine's tokens (the tokens a test needs go as 1 / TV^2).
+REFERENCE_TV_FACTOR = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +48,9 @@ class _Options:
     #: ``rounds="auto"``: after the first ``rounds`` of every arm, rounds of the fastest arm until the
     #: all-tokens test reaches ``min_detectable_tv`` at ``power`` (or a budget stops the audit)
     until_power: bool = False
+    #: With ``rounds="auto"`` and a reference: the TV the reference's own all-tokens test is sized for (its further
+    #: rounds stop once it has the tokens that needs); None: planned rounds, the reference on every call
+    reference_tv: Optional[float] = None
 
     @property
     def power_ordering(self) -> str:
@@ -59,6 +65,8 @@ class _Options:
         fields.pop("allow_failed_calls")  # how the result is judged, not which jobs run
         if fields.pop("until_power"):
             fields["rounds"] = "auto"  # the rounds run depend on what the first ones measured
+        if fields["reference_tv"] is None:
+            fields.pop("reference_tv")  # a store written before the option resumes unchanged
         return {**{k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}, "prompts": prompts,
                 "reference": reference, "draft_scorer": draft, "per_row_max_new_tokens": per_row_max_new_tokens}
 
@@ -71,7 +79,7 @@ def _bucket_names(buckets: tuple) -> list:
 
 def _check_options(*, vocab_size, max_new_tokens, batch_size, rounds, arms, seed, alpha, power, min_detectable_tv,
                    orderings, position_buckets, zero_mass_tol, logit_tol, max_tokens, max_seconds, timeout,
-                   eos_token_id, allow_failed_calls=0, has_draft_scorer: bool) -> _Options:
+                   eos_token_id, allow_failed_calls=0, has_draft_scorer: bool, reference_tv=None) -> _Options:
     """The options of :func:`~spectr_audit.generation.audit_generation`, checked (keyword arguments only): each bad
     one an ``InvalidArgument`` naming it."""
     vocab_size = integer("vocab_size", vocab_size, 2)
@@ -87,6 +95,13 @@ def _check_options(*, vocab_size, max_new_tokens, batch_size, rounds, arms, seed
         raise InvalidArgument(f"seed: expected an integer, got {seed!r}")
     alpha, power = check_prob("alpha", alpha), check_prob("power", power)
     min_detectable_tv = check_number("min_detectable_tv", min_detectable_tv, 0, 1, low_open=True)
+    if reference_tv is not None:
+        if not until_power:
+            raise InvalidArgument("reference_tv: sizes the reference of an audit that runs until its power; only with "
+                                  "rounds='auto' (planned rounds run the reference on every call)")
+        reference_tv = check_number("reference_tv", reference_tv, 0, 1, low_open=True)
+    elif until_power:
+        reference_tv = min(0.5, REFERENCE_TV_FACTOR * min_detectable_tv)
     if orderings is None:
         orderings = ("probability", "ratio", "token-id") if has_draft_scorer else ("probability", "token-id")
     if isinstance(orderings, str):
@@ -127,7 +142,8 @@ def _check_options(*, vocab_size, max_new_tokens, batch_size, rounds, arms, seed
                     orderings=orderings, position_buckets=buckets, zero_mass_tol=zero_mass_tol, logit_tol=logit_tol,
                     max_tokens=max_tokens, max_seconds=None if max_seconds is None else float(max_seconds),
                     timeout=None if timeout is None else float(timeout), eos_token_id=eos_token_id,
-                    allow_failed_calls=allow_failed_calls, until_power=until_power)
+                    allow_failed_calls=allow_failed_calls, until_power=until_power,
+                    reference_tv=None if reference_tv is None else float(reference_tv))
 
 
 def _check_flags(**flags) -> None:

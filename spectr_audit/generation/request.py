@@ -174,16 +174,16 @@ class GenerationRequest:
     def jobs_by_index(self) -> dict:
         return {job.index: job for job in self.jobs}
 
-    def extended(self, rounds: int, arm: str) -> "GenerationRequest":
-        """The same request with ``rounds`` more rounds of ``arm`` planned after its jobs (``rounds="auto"``): the
-        new jobs continue the rounds and the job numbering, so each gets a seed of its own and a resumed audit
-        plans the very same ones."""
+    def extended(self, rounds: int, arm: str, reference: bool = True) -> "GenerationRequest":
+        """The same request with ``rounds`` more rounds of ``arm`` planned after its jobs (``rounds="auto"``), the
+        reference on them or not: the new jobs continue the rounds and the job numbering, so each gets a seed of
+        its own and a resumed audit plans the very same ones."""
         last = self.jobs[-1]
         options = self.options
         more = plan_jobs(self.prompts, arms=(arm,), batch_size=options.batch_size, rounds=rounds,
                          max_new_tokens=options.max_new_tokens, seed=options.seed,
                          per_row_max_new_tokens=self.generator.per_row_max_new_tokens, first_round=last.round + 1,
-                         first_index=last.index + 1)
+                         first_index=last.index + 1, reference=reference)
         return dataclasses.replace(self, jobs=self.jobs + tuple(more))
 
     def config(self) -> dict:

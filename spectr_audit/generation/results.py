@@ -192,6 +192,12 @@ class GenerationAuditResult:
         (the smallest of its stratum's tests, Holm-adjusted), ``tests``, ``status`` (``FINDING``, ``ERROR``: every
         call failed, ``NOT REACHED``, ``NOT SHOWN``, ``TOO FEW TOKENS``, ``PASS``) and ``failed_calls``.  A condition not reached keeps the verdict
         from PASS.  Empty without conditions (and then absent from :meth:`to_dict`).
+    reference_sample : dict, optional
+        With ``rounds="auto"`` and a reference (which runs on the first rounds and then only until its own test has
+        its tokens, ``reference_tv``): the calls it ran on (``jobs`` of ``of_jobs``), its ``tokens``, the engine's
+        tokens on those calls (``engine_tokens_paired``: what the two-sample tests compare), and the smallest TV
+        between the scorer's law and the reference's that its own all-tokens test detects
+        (``min_detectable_tv``): a scorer departing by less goes unseen by the reference's tests.
     seconds : dict of str -> float
         Wall time of generation, reference generation, scoring and the tests.
     num_bins : int
@@ -252,6 +258,7 @@ class GenerationAuditResult:
     determinism: Optional[dict] = None
     power_plan: Optional[dict] = None
     conditions: tuple = ()
+    reference_sample: Optional[dict] = None
 
     @property
     def passed(self) -> bool:
@@ -289,6 +296,8 @@ class GenerationAuditResult:
                 continue  # an audit of planned rounds has no plan of its power to report
             if field.name == "conditions" and not value:
                 continue  # an audit without serving conditions says nothing of them
+            if field.name == "reference_sample" and value is None:
+                continue  # a planned audit runs its reference on every call
             if field.name == "subtests":
                 value = [t.to_dict() for t in value]
             out[field.name] = _plain(value)

@@ -25,7 +25,8 @@ from spectr_audit.generation.records import JobRecord
 from spectr_audit.generation.request import GenerationRequest
 from spectr_audit.generation.scoring import _run_job
 from spectr_audit.generation.store import SampleStore
-from spectr_audit.generation.statistical_tests import PITEProcess
+from spectr_audit.generation.statistical_tests import NUM_BINS, PITEProcess
+from spectr_audit.statistical.power import required_samples
 from spectr_audit.statistical.sharding import WorkerFailed
 
 #: Where the schedule says its plan (``rounds="auto"``).
@@ -108,6 +109,13 @@ def _progress(enabled: Optional[bool], total: int):
     return progress
 
 
+def _reference_tokens(request: GenerationRequest, size: int) -> int:
+    """The reference tokens its own all-tokens PIT test needs to detect ``reference_tv`` with ``power`` at
+    ``alpha / size`` (the family's share)."""
+    options = request.options
+    return required_samples(options.reference_tv, NUM_BINS, options.alpha / size, options.power)
+
+
 def _stop_level(request: GenerationRequest) -> Optional[float]:
     """The e-process's p-value at which the audit may stop early, or None where it must not stop on it."""
     # The e-process may stop the audit once it alone would reject in the largest family the analysis
@@ -154,6 +162,10 @@ class _Schedule:
                                "tokens_needed": needed, "family_size": size, "first_rounds": options.rounds,
                                "extension_arm": None, "extension_rounds": 0, "tokens_per_second": {},
                                "estimated_seconds": None, "reached": False}
+            if request.has_reference:  # the reference sized by its own test (docs/generation.md)
+                self.power_plan.update(reference_tv=options.reference_tv,
+                                       reference_tokens_needed=_reference_tokens(request, size),
+                                       reference_rounds=0)
             budget = "; ".join(f"{name} {value:g}" for name, value in (("max_tokens", options.max_tokens),
                                                                         ("max_seconds", options.max_seconds))
                                if value is not None) or "no budget"
@@ -208,7 +220,8 @@ class _Schedule:
         return reached
 
     def _more_rounds(self) -> Optional[tuple]:
-        """With ``rounds="auto"`` once every planned job is consumed: ``(rounds, arm)`` to plan next, or None when
+        """With ``rounds="auto"`` once every planned job is consumed: ``(rounds, arm, with the reference)`` to plan
+        next, or None when
         the planned power is reached, the audit is greedy (its power is not in tokens) or no arm emitted a token.
 
         The further rounds run the arm that emitted the most engine tokens per second of generation so far (every
@@ -236,6 +249,22 @@ class _Schedule:
         arm = max(rates, key=lambda a: (rates[a], a == "ragged"))
         per_round = tokens[arm] / len(rounds_seen[arm])
         rounds = max(1, math.ceil((needed - self.emitted) / per_round))
+        with_reference = False
+        if "reference_tokens_needed" in plan:
+            # the reference runs on the further rounds only while its own test is short of its tokens: the
+            # rounds planned now stop where it has them (the next plan runs without it)
+            plan["reference_tokens_needed"] = _reference_tokens(self.request, size)
+            have = sum(int(rec.reference.tokens.token.size) for rec in self.records.values()
+                       if rec.reference is not None)
+            short = plan["reference_tokens_needed"] - have
+            if short > 0:
+                ref_per_round = sum(int(rec.reference.tokens.token.size) for index, rec in self.records.items()
+                                    if rec.reference is not None and arm_of[index].arm == arm)
+                ref_per_round /= max(1, len({arm_of[i].round for i, r in self.records.items()
+                                             if r.reference is not None and arm_of[i].arm == arm}))
+                rounds = min(rounds, max(1, math.ceil(short / max(ref_per_round, 1.0))))
+                with_reference = True
+                plan["reference_rounds"] += rounds
         if plan["extension_arm"] is None:  # the estimate made after the first rounds, in the result
             plan["estimated_seconds"] = round(rounds * seconds[arm] / len(rounds_seen[arm]), 3)
             self.say(f"after {plan['first_rounds']} rounds: {self.emitted} tokens; TV {plan['requested_tv']:g} needs "
@@ -243,7 +272,7 @@ class _Schedule:
                      f"{rates[arm]:.0f} tokens/s of generation), about {plan['estimated_seconds']:.0f} s")
         plan["extension_arm"] = arm
         plan["extension_rounds"] += rounds
-        return rounds, arm
+        return rounds, arm, with_reference
 
     def attempt(self, job: Optional[Job]) -> tuple:
         """Run one job here: ``("ok", records)``, ``("fail", message)``, ``("interrupt",)``, ``("error", text)``."""

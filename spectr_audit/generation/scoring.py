@@ -300,7 +300,7 @@ def _run_job(job: Job, request: GenerationRequest) -> JobRecord:
                                    requests, output, limit, determinism, request.stop_position)
     timings["scoring"] = time.perf_counter() - start
     scored_reference, divergences = None, None
-    if reference is not None:
+    if reference is not None and job.reference:
         start = time.perf_counter()
         with call_limit(options.timeout, f"reference did not return within {options.timeout} s on {job.case}",
                         GenerationContractError):

@@ -16,7 +16,7 @@ from spectr_audit import __version__
 from spectr_audit._files import write_text_atomic
 from spectr_audit.results import EXIT_ERROR, EXIT_INCONCLUSIVE, power_plan_text
 
-__all__ = ["condition_line", "detail_lines", "failure_text", "result_json", "status_of", "verdict_line", "write_reports"]
+__all__ = ["condition_line", "detail_lines", "reference_sample_line", "failure_text", "result_json", "status_of", "verdict_line", "write_reports"]
 
 
 def _p(value: Any) -> str:
@@ -143,6 +143,19 @@ def _unreached(result: Any) -> list:
     return [c for c in getattr(result, "conditions", ()) or () if c.get("reached") is not True]
 
 
+def reference_sample_line(sample: dict) -> str:
+    """What the reference's sample of an audit that runs until its power can exclude.
+
+    >>> reference_sample_line({"jobs": 60, "of_jobs": 91, "tokens": 5000, "engine_tokens_paired": 5088,
+    ...                        "min_detectable_tv": 0.0712})
+    "reference: 5000 tokens on 60 of 91 calls; its own tests detect the scorer's law departing from the reference's by TV >= 0.0712 (less goes unseen); the two-sample tests compare the engine's 5088 tokens of those calls"
+    """
+    return (f"reference: {sample['tokens']} tokens on {sample['jobs']} of {sample['of_jobs']} calls; its own tests "
+            f"detect the scorer's law departing from the reference's by TV >= {_num(sample['min_detectable_tv'])} "
+            f"(less goes unseen); the two-sample tests compare the engine's {sample['engine_tokens_paired']} tokens "
+            f"of those calls")
+
+
 def condition_line(condition: dict) -> str:
     """One serving condition in words: its status, tokens and jobs, what it reached, its stratum's p-value.
 
@@ -171,6 +184,9 @@ def detail_lines(result: Any, limit: int = 5) -> list:
     plan = getattr(result, "power_plan", None)
     if plan is not None and result.num_jobs:
         lines.append(f"rounds until the power: {power_plan_text(plan)}")
+    sample = getattr(result, "reference_sample", None)
+    if sample is not None and result.num_jobs:
+        lines.append(reference_sample_line(sample))
     for condition in getattr(result, "conditions", ()) or ():
         lines.append(condition_line(condition))
     rejected = sorted((t for t in result.subtests if t.pvalue_adjusted is not None and t.pvalue_adjusted <= result.alpha),

@@ -201,8 +201,10 @@ def _audit(index: int, alpha: float, mode: str):
         extra["reference"] = pair.reference()
     if mode == "draft":
         extra["draft_score"] = pair.draft_scorer()
-    if mode == "auto":  # rounds until the planned power: a stop on the count of tokens
+    if mode in ("auto", "auto-reference"):  # rounds until the planned power: a stop on the count of tokens
         extra.update(rounds="auto", min_detectable_tv=0.15)
+    if mode == "auto-reference":  # the reference on the first rounds, then only until its own test has its tokens
+        extra["reference"] = pair.reference()
     if mode == "conditions":  # every serving condition of the toy, each its own engine and stratum
         extra["conditions"] = {name: _ToyConditions(pair, None)(name) for name in TOY_CONDITIONS}
     return audit_generation(correct_engine(pair), pair.scorer(), prompts, vocab_size=vocab,
@@ -215,7 +217,7 @@ def _false_alarms(num: int, alpha: float, mode: str, start: int = 0) -> tuple:
     assert all(r.num_tokens > 0 and not r.failures for r in results)
     if mode == "draft":
         assert all("ratio" in {t.name.split()[1] for t in r.subtests if t.name.startswith("pit ")} for r in results)
-    if mode == "reference":
+    if mode in ("reference", "auto-reference"):
         assert all(any(t.name.startswith("two-sample") for t in r.subtests) for r in results)
     findings = [r for r in results if r.verdict == "FINDING"]
     return len(findings), [(r.test, r.pvalue) for r in findings]
@@ -236,7 +238,7 @@ def test_the_correct_loop_under_every_serving_condition_is_rarely_a_finding():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["plain", "reference", "draft", "auto", "conditions"])
+@pytest.mark.parametrize("mode", ["plain", "reference", "draft", "auto", "auto-reference", "conditions"])
 @pytest.mark.parametrize("alpha", [0.05, defaults.ALPHA])
 def test_the_correct_loop_is_rarely_a_finding_over_many_audits(alpha, mode):
     _check_false_alarms(240, alpha, mode, rows=6)

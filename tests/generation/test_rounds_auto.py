@@ -16,7 +16,7 @@ from spectr_audit.generation import audit_generation
 from spectr_audit.generation.engine_specs import toy_prompts
 from spectr_audit.generation.library import ToyPair, correct_engine, slip_engine
 from spectr_audit.generation.statistical_tests import NUM_BINS
-from spectr_audit.generation.verdict import verdict_line
+from spectr_audit.generation.verdict import detail_lines, verdict_line
 from spectr_audit.statistical.power import required_samples
 
 VOCAB = 32
@@ -126,3 +126,62 @@ def test_the_summary_and_the_report_say_how_the_power_was_reached(tmp_path):
     assert f"| rounds until the power | {plan['tokens_needed']} tokens" in (tmp_path / "report.md").read_text()
     planned = audit_generation(correct_engine(PAIR), PAIR.scorer(), PROMPTS, vocab_size=VOCAB, progress=False)
     assert not any(line.startswith("rounds until the power") for line in detail_lines(planned))
+
+
+class Counting:
+    """The toy reference, counting its calls."""
+
+    per_row_max_new_tokens = True
+
+    def __init__(self):
+        self.reference, self.calls = PAIR.reference(), 0
+
+    def __call__(self, prompts, max_new_tokens, seed):
+        self.calls += 1
+        return self.reference(prompts, max_new_tokens, seed)
+
+
+def test_the_reference_runs_only_until_its_own_test_has_its_tokens():
+    reference = Counting()
+    result = _audit(min_detectable_tv=0.05, reference=reference)
+    plan, sample = result.power_plan, result.reference_sample
+    # the reference sized for twice the TV: about a quarter of the engine's tokens
+    assert plan["reference_tv"] == 0.1
+    assert plan["reference_tokens_needed"] == required_samples(0.1, NUM_BINS, result.alpha / plan["family_size"],
+                                                               result.power)
+    assert sample["tokens"] >= plan["reference_tokens_needed"] and sample["jobs"] < sample["of_jobs"]
+    assert reference.calls == sample["jobs"] and sample["of_jobs"] == result.num_jobs
+    # the two-sample tests compare the engine's tokens of those calls only
+    two = next(t for t in result.subtests if t.name == "two-sample probability / all")
+    assert two.num_samples == sample["tokens"] + sample["engine_tokens_paired"]
+    assert sample["engine_tokens_paired"] < result.num_tokens
+    assert result.verdict == "PASS" and "the reference on 0 of them" in verdict_line(result) + "\n".join(
+        detail_lines(result))
+    assert any(line.startswith(f"reference: {sample['tokens']} tokens on {sample['jobs']} of") for line in
+               detail_lines(result))
+    # asked for the same TV as the engine's, it runs on every call
+    every = _audit(min_detectable_tv=0.05, reference=PAIR.reference(), reference_tv=0.05)
+    assert every.reference_sample["jobs"] == every.num_jobs and every.power_plan["reference_rounds"] > 0
+
+
+def test_reference_tv_is_for_an_audit_that_runs_until_its_power():
+    with pytest.raises(InvalidArgument, match="^reference_tv: sizes the reference"):
+        audit_generation(correct_engine(PAIR), PAIR.scorer(), PROMPTS, vocab_size=VOCAB, reference=PAIR.reference(),
+                         reference_tv=0.1, progress=False)
+    with pytest.raises(InvalidArgument, match="^reference_tv: expected"):
+        _audit(reference=PAIR.reference(), reference_tv=0.0)
+    planned = audit_generation(correct_engine(PAIR), PAIR.scorer(), PROMPTS, vocab_size=VOCAB,
+                               reference=PAIR.reference(), progress=False)
+    assert planned.reference_sample is None and "reference_sample" not in planned.to_dict()
+
+
+def test_a_resumed_audit_skips_the_reference_on_the_same_calls(tmp_path):
+    store = str(tmp_path / "store.sqlite")
+    first = _audit(min_detectable_tv=0.07, reference=PAIR.reference(), store=store)
+    resumed = audit_generation(lambda *a: 1 / 0, PAIR.scorer(), PROMPTS, vocab_size=VOCAB, rounds="auto",
+                               min_detectable_tv=0.07, progress=False, store=store, resume=True,
+                               reference=lambda *a: 1 / 0, name=first.generator, per_row_max_new_tokens=True)
+    one, two = first.to_dict(), resumed.to_dict()
+    for summary in (one, two):
+        summary.pop("seconds")
+    assert one == two and one["reference_sample"]["jobs"] < one["num_jobs"]
