@@ -23,9 +23,29 @@ from spectr_audit.generation.contract import GenerationContractError, Generation
 
 __all__ = ["VLLMGenerator", "start_llm", "vllm_version"]
 
-#: vLLM's metrics the generator reads its serving counters from (``LLM.get_metrics``).
-_VLLM_COUNTERS = {"vllm:num_preemptions": "preemptions", "vllm:spec_decode_num_drafts": "drafts",
-                  "vllm:spec_decode_num_draft_tokens": "draft_tokens"}
+#: vLLM's counters the generator reads its serving counters from: (the Prometheus stat logger's attribute path,
+#: the name here); each attribute a dict of per-engine children (``vllm/v1/metrics/utils.py``,
+#: ``create_metric_per_engine``).
+_VLLM_COUNTERS = ((("counter_num_preempted_reqs",), "preemptions"),
+                  (("spec_decoding_prom", "counter_spec_decode_num_drafts"), "drafts"),
+                  (("spec_decoding_prom", "counter_spec_decode_num_draft_tokens"), "draft_tokens"))
+
+
+def _own_counters(logger: Any) -> Optional[dict]:
+    """The counters of one of an ``LLM``'s stat loggers (None unless it is the Prometheus one): each counter summed
+    over the engines' children."""
+    out = {}
+    for path, name in _VLLM_COUNTERS:
+        value: Any = logger
+        for attr in path:
+            value = getattr(value, attr, None)
+        if not isinstance(value, dict):
+            continue
+        try:
+            out[name] = sum(float(child._value.get()) for child in value.values())
+        except AttributeError:  # not prometheus_client's counters: nothing read
+            return None
+    return out if "preemptions" in out else None
 
 
 def vllm_version() -> str:
@@ -73,8 +93,8 @@ class VLLMGenerator:
 
     Where the ``LLM`` keeps its metrics (``disable_log_stats=False``), every call reports its serving counters
     (``GenerationOutput.stats``): ``cached_tokens``, the prompt tokens the requests read from the prefix cache
-    (each request's ``num_cached_tokens``); ``preemptions``, the rise of ``vllm:num_preemptions``; ``draft_depth``,
-    the draft tokens per draft over the call (``vllm:spec_decode_num_draft_tokens`` over
+    (each request's ``num_cached_tokens``); ``preemptions``, the rise of its ``vllm:num_preemptions``;
+    ``draft_depth``, the draft tokens per draft over the call (its ``vllm:spec_decode_num_draft_tokens`` over
     ``vllm:spec_decode_num_drafts``, rounded up: vLLM counts no per-step maximum, so this is the mean, which is
     the depth when every step drafts alike); and ``chunked_prompts``, the prompts whose uncached part exceeds the
     scheduler's ``max_num_batched_tokens`` with chunked prefill on (no step may schedule more, so those were
@@ -118,18 +138,16 @@ class VLLMGenerator:
                                 stats=self._stats(before, prompts, outputs))
 
     def _snapshot(self) -> Optional[dict]:
-        """vLLM's counters now (None where the ``LLM`` keeps no metrics)."""
-        try:
-            metrics = self.llm.get_metrics()
-        except Exception:  # noqa: BLE001 - an LLM without metrics reports no counters
-            return None
-        out: dict = {}
-        for metric in metrics or ():
-            key = _VLLM_COUNTERS.get(getattr(metric, "name", None))
-            value = getattr(metric, "value", None)
-            if key is not None and isinstance(value, (int, float)):
-                out[key] = out.get(key, 0) + value  # summed over the label sets (engines)
-        return out or None
+        """This ``LLM``'s own counters now (None where it keeps no metrics): read from its Prometheus stat logger's
+        counters, not from the process's registry, which holds the last-started ``LLM``'s only (each new logger
+        unregisters the previous ones, ``vllm/v1/metrics/loggers.py:490``), so several engines in one process
+        each read their own."""
+        manager = getattr(getattr(self.llm, "llm_engine", None), "logger_manager", None)
+        for logger in getattr(manager, "stat_loggers", None) or ():
+            counters = _own_counters(logger)
+            if counters is not None:
+                return counters
+        return None
 
     def _stats(self, before: Optional[dict], prompts, outputs) -> Optional[dict]:
         """The call's serving counters (the class's docstring), None without metrics."""

@@ -163,7 +163,7 @@ def condition_reached(condition: Condition, stats: Optional[Mapping[str, int]], 
     if condition.kind == "draft-depth":
         if value == condition.value:
             return True, f"drafted {value} tokens per step"
-        return False, f"the engine drafted at most {value} tokens per step, not {condition.value}"
+        return False, f"the engine reported a draft depth of {value}, not {condition.value}"
     if value > 0:
         return True, {"prefix-cache": f"{value} prompt tokens read from the prefix cache",
                       "chunked-prefill": f"{value} prompts prefilled in chunks",

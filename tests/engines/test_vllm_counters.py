@@ -1,5 +1,6 @@
-"""vLLM's serving counters as the offline adapter reads them: the rise of the engine's metrics over one call, each
-request's cached tokens, and the prompts a step budget forces into chunks (an ``LLM`` stand-in, no vLLM needed)."""
+"""vLLM's serving counters as the offline adapter reads them: the rise of the engine's own Prometheus counters over
+one call, each request's cached tokens, and the prompts a step budget forces into chunks (an ``LLM`` stand-in, no
+vLLM needed)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,31 @@ from types import SimpleNamespace
 from spectr_audit.engine_adapters.vllm_offline import VLLMGenerator
 
 
+class _Child:
+    def __init__(self, value):
+        self._value = SimpleNamespace(get=lambda: value)
+
+
 class FakeLLM:
-    """``get_metrics`` returns the counters in turn; the scheduler config as given (None: no metrics kept)."""
+    """Its Prometheus stat logger's counters in turn (two engines' children each: the adapter sums them), the
+    scheduler config as given; ``None`` snapshots: an ``LLM`` that keeps no metrics."""
 
     def __init__(self, snapshots, budget=None):
         self.snapshots = list(snapshots)
         config = None if budget is None else SimpleNamespace(enable_chunked_prefill=True,
                                                               max_num_batched_tokens=budget)
-        self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=config))
+        self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=config), logger_manager=self)
 
-    def get_metrics(self):
+    @property
+    def stat_loggers(self):
         values = self.snapshots.pop(0)
         if values is None:
-            raise RuntimeError("metrics are disabled")
-        # two engines' label sets of each counter: the adapter sums them
-        return [SimpleNamespace(name=name, value=value / 2) for name, value in values.items() for _ in range(2)] + [
-            SimpleNamespace(name="vllm:prompt_tokens", value=999)]
+            return [SimpleNamespace()]  # a logging-only stat logger
+        halves = {k: {0: _Child(v / 2), 1: _Child(v / 2)} for k, v in values.items()}
+        spec = SimpleNamespace(**{k: halves[k] for k in halves if k.startswith("counter_spec")})
+        prom = SimpleNamespace(counter_num_preempted_reqs=halves["counter_num_preempted_reqs"],
+                               spec_decoding_prom=spec if vars(spec) else None)
+        return [SimpleNamespace(), prom]
 
 
 def _outputs(cached):
@@ -31,8 +41,10 @@ def _outputs(cached):
 
 
 def test_the_counters_are_the_rise_over_the_call():
-    before = {"vllm:num_preemptions": 2, "vllm:spec_decode_num_drafts": 10, "vllm:spec_decode_num_draft_tokens": 30}
-    after = {"vllm:num_preemptions": 5, "vllm:spec_decode_num_drafts": 14, "vllm:spec_decode_num_draft_tokens": 41}
+    before = {"counter_num_preempted_reqs": 2, "counter_spec_decode_num_drafts": 10,
+              "counter_spec_decode_num_draft_tokens": 30}
+    after = {"counter_num_preempted_reqs": 5, "counter_spec_decode_num_drafts": 14,
+             "counter_spec_decode_num_draft_tokens": 41}
     generator = VLLMGenerator(FakeLLM([before, after], budget=32))
     stats = generator._stats(generator._snapshot(), [[1] * 40, [1] * 70, [1] * 10], _outputs([0, 32, 0]))
     # 11 draft tokens over 4 drafts: 2.75, rounded up; a prompt is chunked when its uncached part passes 32
@@ -40,7 +52,7 @@ def test_the_counters_are_the_rise_over_the_call():
 
 
 def test_no_speculation_no_draft_depth_and_no_budget_no_chunked_count():
-    generator = VLLMGenerator(FakeLLM([{"vllm:num_preemptions": 0}, {"vllm:num_preemptions": 0}]))
+    generator = VLLMGenerator(FakeLLM([{"counter_num_preempted_reqs": 0}, {"counter_num_preempted_reqs": 0}]))
     stats = generator._stats(generator._snapshot(), [[1, 2]], _outputs([None]))
     assert stats == {"cached_tokens": 0, "preemptions": 0}
 
