@@ -70,8 +70,8 @@ def test_every_case_of_the_suite_names_a_factory_that_exists():
 def test_cases_are_selected_by_pattern_in_suite_order():
     cases = load_suite("engines-e2e").generation
     chosen = select_cases(cases, ["vllm-ngram-*", "transformers-assisted-greedy"])
-    assert [c.name for c in chosen] == ["transformers-assisted-greedy", "vllm-ngram-greedy", "vllm-ngram-requests-greedy",
-                                        "vllm-ngram-T0.7"]
+    assert [c.name for c in chosen] == ["transformers-assisted-greedy", "vllm-ngram-serving-conditions",
+                                        "vllm-ngram-greedy", "vllm-ngram-requests-greedy", "vllm-ngram-T0.7"]
     with pytest.raises(InvalidArgument, match="matches no case"):
         select_cases(cases, ["sglang-*"])
 
