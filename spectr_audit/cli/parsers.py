@@ -334,7 +334,7 @@ def _add_generation_parser(sub) -> None:
                        "given without --rounds, the audit runs rounds until that power (--rounds auto)")
     audit.add_argument("--reference-tv", type=_probability, default=None, metavar="TV",
                        help="with --rounds auto and the engine's reference: the TV the reference's own test is sized "
-                            "for (default twice --min-detectable-tv): the reference runs on the first rounds, then only "
+                            "for (default twice --min-detectable-tv): the reference runs on the first round of every arm, then only "
                             "until it has the tokens that test needs")
     audit.add_argument("--max-tokens", type=_positive_int, default=None, metavar="N",
                        help="stop after this many engine tokens (the result says how far it got)")

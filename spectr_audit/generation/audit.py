@@ -181,7 +181,7 @@ def audit_generation(
 
     reference_tv : float, optional
         With ``rounds="auto"`` and a reference: the TV the reference's own all-tokens test is sized for (default
-        twice ``min_detectable_tv``, at most 0.5).  The reference runs on every call of the first rounds, and on
+        twice ``min_detectable_tv``, at most 0.5).  The reference runs on the first round of every arm (and condition), and on
         the further rounds only until it holds the tokens that test needs at its share of ``alpha``; the
         two-sample tests compare the engine's tokens of the calls the reference ran on, and the result's
         ``reference_sample`` says what its sample can exclude (docs/generation.md, "The reference where it pays").

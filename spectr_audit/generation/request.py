@@ -151,6 +151,10 @@ class GenerationRequest:
         jobs = plan_jobs(prompts, arms=checked.arms, batch_size=checked.batch_size, rounds=checked.rounds,
                          max_new_tokens=checked.max_new_tokens, seed=checked.seed,
                          per_row_max_new_tokens=generator.per_row_max_new_tokens, conditions=checked_conditions)
+        if checked.until_power and reference is not None:
+            # sized by its own test: the reference runs on the first round of every arm (every design and
+            # condition once, for the two-sample tests by arm), then only while its test is short of its tokens
+            jobs = [dataclasses.replace(job, reference=False) if job.round > 0 else job for job in jobs]
         if detokenize is None and requests is not None:  # the engine's own, where it carries one
             detokenize = getattr(generate, "detokenize", None)
         checked_requests = _check_requests(requests, checked.vocab_size, generator, reference_gen, detokenize,

@@ -193,7 +193,7 @@ class GenerationAuditResult:
         call failed, ``NOT REACHED``, ``NOT SHOWN``, ``TOO FEW TOKENS``, ``PASS``) and ``failed_calls``.  A condition not reached keeps the verdict
         from PASS.  Empty without conditions (and then absent from :meth:`to_dict`).
     reference_sample : dict, optional
-        With ``rounds="auto"`` and a reference (which runs on the first rounds and then only until its own test has
+        With ``rounds="auto"`` and a reference (which runs on the first round of every arm, then only until its own test has
         its tokens, ``reference_tv``): the calls it ran on (``jobs`` of ``of_jobs``), its ``tokens``, the engine's
         tokens on those calls (``engine_tokens_paired``: what the two-sample tests compare), and the smallest TV
         between the scorer's law and the reference's that its own all-tokens test detects

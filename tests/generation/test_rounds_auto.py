@@ -155,13 +155,17 @@ def test_the_reference_runs_only_until_its_own_test_has_its_tokens():
     two = next(t for t in result.subtests if t.name == "two-sample probability / all")
     assert two.num_samples == sample["tokens"] + sample["engine_tokens_paired"]
     assert sample["engine_tokens_paired"] < result.num_tokens
-    assert result.verdict == "PASS" and "the reference on 0 of them" in verdict_line(result) + "\n".join(
+    # the first round of every arm, then the further rounds only while its test was short of its tokens
+    assert result.verdict == "PASS" and f"the reference on {plan['reference_rounds']} of them" in "\n".join(
         detail_lines(result))
+    first = len(PROMPTS) + 2 * (len(PROMPTS) // 4 + 1) + len(PROMPTS)  # round 0: single, equal, ragged, repeated
+    per_round = {"single": len(PROMPTS), "repeated": len(PROMPTS)}.get(plan["extension_arm"], len(PROMPTS) // 4 + 1)
+    assert first <= sample["jobs"] <= first + plan["reference_rounds"] * per_round
     assert any(line.startswith(f"reference: {sample['tokens']} tokens on {sample['jobs']} of") for line in
                detail_lines(result))
-    # asked for the same TV as the engine's, it runs on every call
+    # asked for the same TV as the engine's, it runs on every further round (and the first round of every arm)
     every = _audit(min_detectable_tv=0.05, reference=PAIR.reference(), reference_tv=0.05)
-    assert every.reference_sample["jobs"] == every.num_jobs and every.power_plan["reference_rounds"] > 0
+    assert every.power_plan["reference_rounds"] == every.power_plan["extension_rounds"] > 0
 
 
 def test_reference_tv_is_for_an_audit_that_runs_until_its_power():
