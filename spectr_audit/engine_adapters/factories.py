@@ -205,7 +205,6 @@ class _TransformersConditions:
 
     def _engine(self, depth: int = NUM_SPECULATIVE_TOKENS, **extra) -> TransformersGenerator:
         if self.method == "assisted":
-            extra.setdefault("assistant_confidence_threshold", None)
             return TransformersGenerator(self.model, self.params, assistant_model=self.assistant,
                                          num_assistant_tokens=depth, **extra)
         if self.method == "prompt-lookup":

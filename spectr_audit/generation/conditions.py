@@ -118,7 +118,7 @@ def check_conditions(conditions: Any, make) -> tuple:
     if not isinstance(conditions, Mapping):
         raise InvalidArgument(f"conditions: expected a mapping of condition names to generators (e.g. "
                               f"{{'preemption': generate_small_kv}}), got {type(conditions).__name__}")
-    out, kinds = [], set()
+    out = []
     for name, generate in conditions.items():
         condition = parse_condition(name)
         if condition.name in {c.name for c in out}:
@@ -126,7 +126,6 @@ def check_conditions(conditions: Any, make) -> tuple:
         if generate is None or not (callable(generate) or hasattr(generate, "generate")):
             raise InvalidArgument(f"conditions[{name!r}]: expected the engine under the condition (a generator: "
                                   f"generate(prompts, max_new_tokens, seed)), got {type(generate).__name__}")
-        kinds.add(condition.kind)
         out.append(dataclasses.replace(condition, generator=make(generate, condition.name)))
     order = {kind: k for k, kind in enumerate(CONDITION_KINDS)}
     return tuple(sorted(out, key=lambda c: (order[c.kind], c.value or 0)))

@@ -249,7 +249,7 @@ def _toy_engine(slip_name: Optional[str], spec: str, *, argument: str, vocab_siz
     _check_eos(eos, vocab)
     pair = ToyPair(vocab, seed=seed, draft_noise=noise, params=params, eos_token_id=eos)
     if serving is not None:  # the slip's loop, correct outside its condition
-        engine = serving.engine_class(pair)
+        engine = serving.engine(pair)
     else:
         engine = correct_engine(pair) if slip is None else slip_engine(slip_name, pair)
     if serving is not None:
@@ -286,11 +286,9 @@ class _ToyConditions:
         self.pair, self.slip = pair, slip
 
     def __call__(self, name: str) -> Any:
-        from spectr_audit.generation.conditions import parse_condition
         from spectr_audit.generation.library.serving import serving_engine
 
-        condition = parse_condition(name)
-        return serving_engine(self.pair, name if condition.kind == "draft-depth" else condition.kind, slip=self.slip)
+        return serving_engine(self.pair, name, slip=self.slip)
 
 
 def _pair_seed_and_noise(toy_seed: Optional[int], draft_noise: Any) -> tuple:

@@ -234,8 +234,14 @@ class _Schedule:
             return None
         arm_of = {job.index: job for job in self.jobs}
         tokens, seconds, generation, rounds_seen = {}, {}, {}, {}
+        reference_total, reference_tokens, reference_rounds = 0, {}, {}  # the reference's: all, and by arm
         for index, rec in self.records.items():
             job = arm_of[index]
+            if rec.reference is not None:
+                made = int(rec.reference.tokens.token.size)
+                reference_total += made
+                reference_tokens[job.arm] = reference_tokens.get(job.arm, 0) + made
+                reference_rounds.setdefault(job.arm, set()).add(job.round)
             if job.is_condition:  # a condition runs on its own design, in the first rounds only
                 continue
             tokens[job.arm] = tokens.get(job.arm, 0) + int(rec.engine.tokens.token.size)
@@ -254,14 +260,9 @@ class _Schedule:
             # the reference runs on the further rounds only while its own test is short of its tokens: the
             # rounds planned now stop where it has them (the next plan runs without it)
             plan["reference_tokens_needed"] = _reference_tokens(self.request, size)
-            have = sum(int(rec.reference.tokens.token.size) for rec in self.records.values()
-                       if rec.reference is not None)
-            short = plan["reference_tokens_needed"] - have
+            short = plan["reference_tokens_needed"] - reference_total
             if short > 0:
-                ref_per_round = sum(int(rec.reference.tokens.token.size) for index, rec in self.records.items()
-                                    if rec.reference is not None and arm_of[index].arm == arm)
-                ref_per_round /= max(1, len({arm_of[i].round for i, r in self.records.items()
-                                             if r.reference is not None and arm_of[i].arm == arm}))
+                ref_per_round = reference_tokens.get(arm, 0) / max(1, len(reference_rounds.get(arm, ())))
                 rounds = min(rounds, max(1, math.ceil(short / max(ref_per_round, 1.0))))
                 with_reference = True
                 plan["reference_rounds"] += rounds

@@ -190,10 +190,9 @@ def test_the_slips_are_registered_with_their_conditions():
     assert set(SERVING_SLIPS) == {"stale-prefix-block", "preempt-drops-last-step", "deep-draft-offset",
                                   "long-context-offset"}
     for name, slip in SERVING_SLIPS.items():
-        assert isinstance(slip, ServingSlip) and issubclass(slip.engine_class, ServingSpecEngine)
-        assert slip.engine is slip.engine_class and slip.engine_class.__doc__
+        assert isinstance(slip, ServingSlip) and issubclass(slip.engine, ServingSpecEngine) and slip.engine.__doc__
         assert slip.condition in ("prefix-cache", "preemption", "draft-depth", "long-context")
-        assert slip.engine_class.name == name
+        assert slip.engine.name == name
 
 
 def test_stale_prefix_block():
@@ -201,7 +200,7 @@ def test_stale_prefix_block():
     found = False
     for seed in range(3):
         engine = serving_engine(pair, "prefix-cache", slip="stale-prefix-block")
-        assert isinstance(engine, SERVING_SLIPS["stale-prefix-block"].engine_class) and engine.prefix_cache
+        assert isinstance(engine, SERVING_SLIPS["stale-prefix-block"].engine) and engine.prefix_cache
         first = same_as_plain(engine, prompts, 16, seed)  # a fresh cache: nothing read, nothing differs
         follow_ups = [p + c + [1] for p, c in zip(prompts, first.continuations)]
         found = found or differs(engine, follow_ups, 16, seed + 10)
@@ -212,7 +211,7 @@ def test_preempt_drops_last_step():
     pair, prompts = toy_pair(12), random_prompts(4, 10, seed=3)
     assert any(differs(serving_engine(pair, "preemption", slip="preempt-drops-last-step"), prompts, 24, seed)
                for seed in range(3))
-    engine = SERVING_SLIPS["preempt-drops-last-step"].engine_class(pair)  # no budget: no preemption
+    engine = SERVING_SLIPS["preempt-drops-last-step"].engine(pair)  # no budget: no preemption
     for seed in range(3):
         same_as_plain(engine, prompts, 24, seed)
 

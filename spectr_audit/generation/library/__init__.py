@@ -13,7 +13,6 @@ from __future__ import annotations
 from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.library.serving import (
     PREEMPTION_KV_BUDGET,
-    SERVING_CONDITIONS,
     SERVING_SLIPS,
     SERVING_STATS,
     ServingSlip,
@@ -23,7 +22,7 @@ from spectr_audit.generation.library.serving import (
 from spectr_audit.generation.library.slips import SLIP_PROMPTS, SLIPS, Slip, audit_slip
 from spectr_audit.generation.library.toy import SpecEngine, ToyLM, ToyPair, ToyState
 
-__all__ = ["PREEMPTION_KV_BUDGET", "SERVING_CONDITIONS", "SERVING_SLIPS", "SERVING_STATS", "SLIPS", "SLIP_PROMPTS",
+__all__ = ["PREEMPTION_KV_BUDGET", "SERVING_SLIPS", "SERVING_STATS", "SLIPS", "SLIP_PROMPTS",
            "ServingSlip", "ServingSpecEngine", "Slip", "SpecEngine", "ToyLM", "ToyPair", "ToyState", "audit_slip",
            "correct_engine", "serving_engine", "slip_engine"]
 

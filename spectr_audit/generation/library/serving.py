@@ -38,12 +38,13 @@ import collections
 import dataclasses
 from typing import Optional, Sequence
 
+from spectr_audit._arguments import check_positive_int
 from spectr_audit.errors import InvalidArgument
+from spectr_audit.generation.conditions import STAT_NAMES, parse_condition
 from spectr_audit.generation.contract import GenerationOutput
 from spectr_audit.generation.library.toy import SpecEngine, ToyPair, ToyState, _Row
 
 __all__ = [
-    "SERVING_CONDITIONS",
     "SERVING_SLIPS",
     "SERVING_STATS",
     "PREEMPTION_KV_BUDGET",
@@ -52,22 +53,14 @@ __all__ = [
     "serving_engine",
 ]
 
-#: The counters every call reports in ``GenerationOutput.stats``.
-SERVING_STATS = ("cached_tokens", "chunked_prompts", "preemptions", "joined_running", "draft_depth")
+#: The counters every call reports in ``GenerationOutput.stats``: every one the conditions read.
+SERVING_STATS = tuple(STAT_NAMES)
 
 #: The KV budget (tokens) of the ``"preemption"`` condition.  Four rows of 10-token prompts hold 52 tokens at
 #: their first step (10 + 3 draft slots each) and pass 60 within a step or two, so a batch of four such rows
 #: asking 24 new tokens each is preempted 2 to 5 times (seeds 0-9, ``ToyPair(12)``, random prompts; a budget
 #: of 70 gives 2 or 3, of 100 one or two); a row alone is never preempted.
 PREEMPTION_KV_BUDGET = 60
-
-
-def _positive(name: str, value, allow_none: bool = True) -> Optional[int]:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgument(f"{name}: expected a positive integer{' or None' if allow_none else ''}, got {value!r}")
-    return int(value)
 
 
 @dataclasses.dataclass
@@ -127,10 +120,10 @@ class ServingSpecEngine(SpecEngine):
         if not isinstance(prefix_cache, bool):
             raise InvalidArgument(f"prefix_cache: expected a bool, got {prefix_cache!r}")
         self.prefix_cache = prefix_cache
-        self.block_size = _positive("block_size", block_size, allow_none=False)
-        self.chunk_tokens = _positive("chunk_tokens", chunk_tokens)
-        self.kv_budget = _positive("kv_budget", kv_budget)
-        self.arrival_gap = _positive("arrival_gap", arrival_gap)
+        self.block_size = check_positive_int("block_size", block_size, allow_none=False)
+        self.chunk_tokens = check_positive_int("chunk_tokens", chunk_tokens)
+        self.kv_budget = check_positive_int("kv_budget", kv_budget)
+        self.arrival_gap = check_positive_int("arrival_gap", arrival_gap)
         self._blocks: collections.OrderedDict = collections.OrderedDict()
 
     def clear_prefix_cache(self) -> None:
@@ -287,6 +280,8 @@ class StalePrefixBlock(ServingSpecEngine):
     """
 
     name = "stale-prefix-block"
+    #: The row whose slots took over the block being registered (None: no rejection in this step).
+    _reused_by = None
 
     def commit(self, row, emitted, drafts, batch):
         rejected = bool(emitted) and len(emitted) <= self.draft_len and emitted[-1] != row.drafts[len(emitted) - 1]
@@ -298,9 +293,8 @@ class StalePrefixBlock(ServingSpecEngine):
             self._reused_by = None
 
     def cache_block(self, row, sequence, target, draft):
-        other = getattr(self, "_reused_by", None)
-        if other is not None:
-            target, draft = other.target, other.draft
+        if self._reused_by is not None:
+            target, draft = self._reused_by.target, self._reused_by.draft
         super().cache_block(row, sequence, target, draft)
 
 
@@ -356,27 +350,18 @@ class ServingSlip:
 
     Attributes
     ----------
-    engine_class : type
+    engine : type
         The :class:`ServingSpecEngine` subclass.
     condition : str
-        The condition of :func:`serving_engine` it shows under (one of :data:`SERVING_CONDITIONS`).
+        The kind of condition it shows under (:data:`~spectr_audit.generation.conditions.CONDITION_KINDS`).
     needs : str
         What it takes to be seen, in words.
     """
 
-    engine_class: type
+    engine: type
     condition: str
     needs: str
 
-    @property
-    def engine(self) -> type:
-        """The engine class (the name :class:`~spectr_audit.generation.library.slips.Slip` uses)."""
-        return self.engine_class
-
-
-#: The conditions :func:`serving_engine` configures (``"draft-depth=N"`` for any depth N >= 1).
-SERVING_CONDITIONS = ("prefix-cache", "chunked-prefill", "preemption", "concurrency", "draft-depth=N",
-                      "long-context")
 
 #: Every planted serving slip, by name.
 SERVING_SLIPS = {
@@ -391,24 +376,11 @@ SERVING_SLIPS = {
 }
 
 
-def _condition_settings(condition: str, draft_len: int) -> dict:
-    if not isinstance(condition, str):
-        raise InvalidArgument(f"condition: expected one of {list(SERVING_CONDITIONS)}, got {condition!r}")
-    if condition.startswith("draft-depth="):
-        text = condition[len("draft-depth="):]
-        if not text.isdigit() or int(text) < 1:
-            raise InvalidArgument(f"condition: expected 'draft-depth=N' with N a positive integer, got {condition!r}")
-        return {"draft_len": int(text)}
-    settings = {
-        "prefix-cache": {"prefix_cache": True, "block_size": 4},
-        "chunked-prefill": {"chunk_tokens": 8},
-        "preemption": {"kv_budget": PREEMPTION_KV_BUDGET},
-        "concurrency": {"arrival_gap": 2},
-        "long-context": {},
-    }
-    if condition not in settings:
-        raise InvalidArgument(f"condition: expected one of {list(SERVING_CONDITIONS)}, got {condition!r}")
-    return {"draft_len": draft_len, **settings[condition]}
+#: The toy's setting under each kind of condition (a depth sets ``draft_len``; long contexts need none: the
+#: audit's prompts make the condition).
+_SETTINGS = {"prefix-cache": {"prefix_cache": True, "block_size": 4}, "chunked-prefill": {"chunk_tokens": 8},
+             "preemption": {"kv_budget": PREEMPTION_KV_BUDGET}, "concurrency": {"arrival_gap": 2},
+             "draft-depth": {}, "long-context": {}}
 
 
 def serving_engine(pair: ToyPair, condition: str, *, slip: Optional[str] = None,
@@ -419,7 +391,8 @@ def serving_engine(pair: ToyPair, condition: str, *, slip: Optional[str] = None,
     ----------
     pair : ToyPair
     condition : str
-        ``"prefix-cache"`` (prefix caching, blocks of 4), ``"chunked-prefill"`` (chunks of 8 tokens),
+        A condition name (:func:`~spectr_audit.generation.conditions.parse_condition`): ``"prefix-cache"``
+        (prefix caching, blocks of 4), ``"chunked-prefill"`` (chunks of 8 tokens, whatever the prompts' length),
         ``"preemption"`` (a KV budget of :data:`PREEMPTION_KV_BUDGET` tokens), ``"concurrency"`` (a row arrives
         every 2 loop iterations), ``"draft-depth=N"`` (a draft depth of N) or ``"long-context"`` (no feature:
         the prompts make the condition).
@@ -428,11 +401,12 @@ def serving_engine(pair: ToyPair, condition: str, *, slip: Optional[str] = None,
     draft_len : int
         The draft depth (the ``"draft-depth=N"`` condition sets its own).
     """
-    settings = _condition_settings(condition, draft_len)
+    parsed = parse_condition(condition, "condition")
+    settings = dict(_SETTINGS[parsed.kind], draft_len=parsed.value if parsed.kind == "draft-depth" else draft_len)
     if slip is None:
-        engine_class = ServingSpecEngine
+        engine = ServingSpecEngine
     elif slip in SERVING_SLIPS:
-        engine_class = SERVING_SLIPS[slip].engine_class
+        engine = SERVING_SLIPS[slip].engine
     else:
         raise InvalidArgument(f"slip: expected None or one of {sorted(SERVING_SLIPS)}, got {slip!r}")
-    return engine_class(pair, **settings)
+    return engine(pair, **settings)
