@@ -420,13 +420,15 @@ def _check_logits(logits: torch.Tensor, name: str) -> None:
         raise InvalidArgument(f"{name}: vocab_size must be >= 1")
     if logits.numel() == 0:
         return
-    bad = torch.isnan(logits) | (logits == math.inf)
-    if bool(bad.any()):
+    # one reduction: a row's maximum is NaN where it holds a NaN, +inf where it holds +inf, -inf where it is empty
+    largest = logits.amax(-1)
+    if bool((torch.isnan(largest) | (largest == math.inf)).any()):
+        bad = torch.isnan(logits) | (logits == math.inf)
         index = tuple(bad.nonzero()[0].tolist())
         raise InvalidArgument(
             f"{name}: logits must be finite or -inf; found {logits[index].item()} at index {index}"
         )
-    empty = (logits == -math.inf).all(-1)
+    empty = largest == -math.inf
     if bool(empty.any()):
         index = tuple(empty.nonzero()[0].tolist())
         raise InvalidArgument(f"{name}: the row at index {index} is -inf everywhere (no token can be sampled)")

@@ -369,7 +369,8 @@ class Scorer:
                 if not row.numel():
                     laws.append(row.double())
                     continue
-                if bool(torch.isnan(row).any()) or bool((row == torch.inf).any()):
+                largest = row.amax()  # NaN where the row holds a NaN, +inf where it holds +inf
+                if bool(torch.isnan(largest)) or bool(largest == torch.inf):
                     raise GenerationContractError(f"{self.component} on {case}, row {i}: logits must be finite or "
                                                   f"-inf (found NaN or +inf)")
                 try:
@@ -384,12 +385,13 @@ class Scorer:
         for i, law in enumerate(laws):
             if law.numel() == 0:
                 continue
-            if not bool(torch.isfinite(law).all()) or bool((law < 0).any()):
+            # processed logits are non-negative by construction, and NaN or inf shows in their sums
+            if logits is None and (not bool(torch.isfinite(law).all()) or bool((law < 0).any())):
                 raise GenerationContractError(f"{self.component} on {case}, row {i}: laws must be finite and "
                                               f"non-negative")
             sums = law.sum(-1)
             worst = float((sums - 1).abs().max())
-            if worst > 1e-4:
+            if not worst <= 1e-4:  # NaN too
                 raise GenerationContractError(f"{self.component} on {case}, row {i}: a law sums to "
                                               f"{float(sums[(sums - 1).abs().argmax()]):.6g}, not 1")
         return ScorerOutput([law.cpu() for law in laws], None if logits is None else [x.cpu() for x in logits],

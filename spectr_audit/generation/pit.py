@@ -41,8 +41,11 @@ __all__ = ["ORDERINGS", "TokenStats", "token_stats"]
 #: The vocabulary orders of the PIT.
 ORDERINGS = ("probability", "ratio", "token-id")
 
-#: Rows processed at once (the masks are [rows, vocab_size]).
+#: Rows processed at once (the masks are [rows, vocab_size]) at most, and the elements of one block: every pass
+#: over a block stays in the CPU's cache (fresh tensors of a whole large-vocabulary batch cost far more than the
+#: arithmetic on them).
 _ROWS = 512
+_BLOCK = 1 << 18
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +67,13 @@ class TokenStats:
     surprisal: torch.Tensor
     entropy: torch.Tensor
     surprisal_var: torch.Tensor
+
+    @classmethod
+    def concatenate(cls, parts: Sequence["TokenStats"]) -> "TokenStats":
+        """The statistics of several token sequences, one after the other."""
+        return cls({o: torch.cat([p.pit[o] for p in parts]) for o in parts[0].pit},
+                   *(torch.cat([getattr(p, f) for p in parts]) for f in ("mass", "surprisal", "entropy",
+                                                                          "surprisal_var")))
 
 
 def _before(keys: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -109,8 +119,9 @@ def token_stats(
     mass = laws.gather(1, tokens.unsqueeze(1)).squeeze(1)
     entropy = torch.empty(num, dtype=torch.float64)
     variance = torch.empty(num, dtype=torch.float64)
-    for start in range(0, num, _ROWS):
-        rows = slice(start, start + _ROWS)
+    step = max(1, min(_ROWS, _BLOCK // max(1, laws.shape[1])))
+    for start in range(0, num, step):
+        rows = slice(start, start + step)
         q, y, u = laws[rows], tokens[rows], uniforms[rows].double()
         own = mass[rows]
         for order in orderings:
@@ -125,14 +136,14 @@ def token_stats(
                 ratio = torch.where(p > 0, q / torch.where(p > 0, p, torch.ones_like(p)),
                                     torch.where(q > 0, torch.inf, 0.0))
                 before = _before(ratio, y)
-            pit[order][rows] = (q * before).sum(1) + u * own
-        positive = q > 0
-        log_q = torch.where(positive, torch.where(positive, q, torch.ones_like(q)).log(), torch.zeros_like(q))
+            pit[order][rows] = torch.where(before, q, 0.0).sum(1) + u * own
+        # log q where q > 0, and 0 where q = 0 (every term it enters there is q times it, 0)
+        log_q = torch.where(q > 0, q, 1.0).log_()
         h = -(q * log_q).sum(1)
         entropy[rows] = h
         # two passes: E[(-log q - H)^2], not E[log^2 q] - H^2 (which cancels to noise on flat laws)
-        deviation = torch.where(positive, -log_q - h.unsqueeze(1), torch.zeros_like(q))
-        variance[rows] = (q * deviation * deviation).sum(1)
+        deviation = log_q.add_(h.unsqueeze(1))
+        variance[rows] = (q * deviation).mul_(deviation).sum(1)
     surprisal = torch.where(mass > 0, -torch.where(mass > 0, mass, torch.ones_like(mass)).log(),
                             torch.full_like(mass, torch.inf))
     return TokenStats({o: v.clamp(0.0, 1.0) for o, v in pit.items()}, mass, surprisal, entropy, variance)

@@ -18,7 +18,7 @@ from spectr_audit.errors import InvalidArgument
 from spectr_audit.generation.contract import GenerationContractError, GenerationOutput
 from spectr_audit.generation.designs import Job
 from spectr_audit.generation.options import _Options
-from spectr_audit.generation.pit import token_stats
+from spectr_audit.generation.pit import TokenStats, token_stats
 from spectr_audit.generation.records import Divergences, JobRecord, RequestChecks, SourceRecord, TokenColumns
 from spectr_audit.generation.request import GenerationRequest
 from spectr_audit.statistical.sharding import chunk_generator
@@ -195,18 +195,27 @@ def _score_tokens(job: Job, prompts: list, continuations: list, scorer, draft_sc
         emitted=np.array([t for c in continuations for t in c] or [], dtype=np.int64))
     if not rows.size:
         return SourceRecord(tokens=TokenColumns.empty(options.orderings), checks=checks, **facts), logits
-    all_laws = torch.cat([law for law in laws if len(law)])
     tokens = torch.tensor([t for c in continuations for t in c], dtype=torch.int64)
     generator = chunk_generator(options.seed, _PIT_STREAM, 2 * job.index + is_reference)
     uniforms = torch.rand(tokens.shape[0], generator=generator, dtype=torch.float64)
-    draft_laws = None if draft is None else torch.cat([d for d in draft if len(d)])
-    stat = token_stats(all_laws, tokens, uniforms, draft_laws, options.orderings)
+    # each continuation's laws on their own (a whole job's [tokens, V] laws are never built: at a large vocabulary
+    # that copy cost as much as the statistics)
+    parts, starts = [], np.concatenate([[0], np.cumsum(lengths)])
+    for r in range(len(continuations)):
+        if lengths[r]:
+            span = slice(int(starts[r]), int(starts[r + 1]))
+            parts.append(token_stats(laws[r], tokens[span], uniforms[span], None if draft is None else draft[r],
+                                     options.orderings))
+    stat = TokenStats.concatenate(parts)
     zero = (stat.mass <= options.zero_mass_tol).nonzero().squeeze(1)
-    margin = (_margins(torch.cat([x for x in logits if len(x)]).double(), all_laws, tokens, zero,
-                       row_params, LLAMA_CPP_SAMPLING if order == "llama.cpp" else order, rows)
-              if logits is not None and zero.numel() else np.full(tokens.shape[0], np.nan))
+    margin = np.full(tokens.shape[0], np.nan)
+    if logits is not None and zero.numel():
+        margin = _margins(torch.cat([x for x in logits if len(x)]).double(),
+                          torch.cat([law for law in laws if len(law)]), tokens, zero, row_params,
+                          LLAMA_CPP_SAMPLING if order == "llama.cpp" else order, rows)
     # a single-draft speculative sampler accepts a drafted token here with probability 1 - TV(p, q)
-    accept = None if draft_laws is None else (1.0 - 0.5 * (draft_laws - all_laws).abs().sum(1)).numpy()
+    accept = (None if draft is None else
+              np.concatenate([(1.0 - 0.5 * (d - law).abs().sum(1)).numpy() for d, law in zip(draft, laws) if len(law)]))
     columns = TokenColumns(row=rows, position=positions, token=tokens.numpy(), mass=stat.mass.numpy(),
                            surprisal=stat.surprisal.numpy(), entropy=stat.entropy.numpy(),
                            variance=stat.surprisal_var.numpy(), margin=margin,

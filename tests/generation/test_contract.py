@@ -131,6 +131,10 @@ SCORER_CASES = {
             "row 0: laws must be finite and non-negative"),
     "logits with NaN": (lambda p, c, laws: ScoredLogits([torch.full((len(r), VOCAB), math.nan) for r in c]),
                         "row 0: logits must be finite or -inf"),
+    "logits with one NaN": (lambda p, c, laws: ScoredLogits([torch.zeros(len(r), VOCAB).index_fill(1, torch.tensor(
+        [3]), math.nan) for r in c]), "row 0: logits must be finite or -inf"),
+    "logits with one +inf": (lambda p, c, laws: ScoredLogits([torch.zeros(len(r), VOCAB).index_fill(1, torch.tensor(
+        [5]), math.inf) for r in c]), "row 0: logits must be finite or -inf"),
     "logits of the wrong shape": (lambda p, c, laws: ScoredLogits([torch.zeros(len(r), VOCAB + 1) for r in c]),
                                   "row 0: expected logits of shape [8, 8], got [8, 9]"),
     "logits its parameters cannot process": (
