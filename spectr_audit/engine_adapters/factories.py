@@ -334,7 +334,13 @@ def vllm_served_engine(method: str = "draft", *, temperature: float = 1.0, top_k
     generator.repro_spec = repro_spec("served", method, params, checkpoint, draft if method == "draft" else None,
                                        config, f"{vllm_version()} serve ({method})")
     reference = CompletionsGenerator(plain, "model", params, concurrency=concurrency, label="vllm serve, none")
-    return _engine_dict(generator, score, reference, generator.name, prompts)
+    made = _engine_dict(generator, score, reference, generator.name, prompts)
+    # the same server, read through its own metrics: 16 requests in flight, sent 50 ms apart (later ones join a
+    # batch already decoding), and the prefix cache vLLM keeps by default
+    served = CompletionsGenerator(url, "model", params, concurrency=16, arrival_gap=0.05, metrics=True,
+                                  label=f"vllm serve, {method}, arrivals 50 ms apart")
+    made["conditions"] = {"concurrency": served, "prefix-cache": served}
+    return made
 
 
 def llama_cpp_engine(method: str = "prompt-lookup", *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,

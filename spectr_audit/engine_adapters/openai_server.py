@@ -11,6 +11,10 @@ and usage.  :func:`serve_vllm` starts ``vllm serve`` (its
 OpenAI-compatible API server) on the loopback address on a local checkpoint, with or without a
 ``speculative_config``, waits until it answers ``/health``, and stops it on exit.
 
+With ``metrics=True`` the generator reads the server's own Prometheus counters (``/metrics``) around each call and
+reports them as the call's serving counters (``GenerationOutput.stats``); with ``arrival_gap`` the rows of a call
+arrive one after another, as clients' requests do, not as one batch.
+
 Only the standard library talks HTTP.  Nothing leaves the machine: the server listens on
 127.0.0.1.
 """
@@ -21,6 +25,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -48,6 +53,46 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+#: The server's Prometheus series read with ``metrics=True`` (vLLM's names, ``vllm/v1/metrics/loggers.py``
+#: lines 528, 673 and 739): two counters, each summed over its label sets and read before and after a call, and
+#: the gauge of running requests, read just before each row is sent.
+METRIC_COUNTERS = (("vllm:num_preemptions_total", "preemptions"), ("vllm:prefix_cache_hits_total", "cached_tokens"))
+METRIC_RUNNING = "vllm:num_requests_running"
+
+_SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
+
+
+def prometheus_values(text: str, names) -> dict:
+    r"""Each of ``names`` summed over its label sets in Prometheus text exposition (absent names left out).
+
+    Examples
+    --------
+    >>> lines = ['# TYPE vllm:num_preemptions counter', 'vllm:num_preemptions_total{engine="0",model_name="m"} 3.0',
+    ...          'vllm:num_preemptions_total{engine="1",model_name="m"} 2.0']
+    >>> prometheus_values("\n".join(lines), ["vllm:num_preemptions_total", "vllm:num_requests_running"])
+    {'vllm:num_preemptions_total': 5.0}
+    """
+    wanted, out = set(names), {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if match is None or match.group(1) not in wanted:
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        out[match.group(1)] = out.get(match.group(1), 0.0) + value
+    return out
+
+
+def _get(url: str, timeout: float) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.read().decode()
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServerError(f"{url}: {exc}") from exc
 
 
 def _post(url: str, body: dict, timeout: float) -> dict:
@@ -91,6 +136,16 @@ class CompletionsGenerator:
         from logits the grammar bitmask has masked in place, ``vllm/v1/worker/gpu_model_runner.py:4333-4337``),
         ``"raw"`` (an engine that does not mask them) or ``"processed"`` (a server started with
         ``--logprobs-mode processed_logprobs``).
+    arrival_gap : float
+        Seconds between the sending of one row of a call and the next (0: all at once, ``concurrency`` at a time):
+        requests arriving over time, so later ones join a batch already decoding.
+    metrics : bool
+        Read the server's Prometheus counters (``/metrics``) around each call and return them as the call's
+        serving counters (``GenerationOutput.stats``): ``preemptions`` and ``cached_tokens`` (vLLM's
+        ``vllm:num_preemptions_total`` and ``vllm:prefix_cache_hits_total``, the rise over the call, each where the
+        server exposes it) and ``joined_running``, the rows sent while the server's ``vllm:num_requests_running``
+        gauge, read just before, was above 0.  The counters are the server's, over every client: audit a server
+        nobody else is using.
 
     Notes
     -----
@@ -123,7 +178,11 @@ class CompletionsGenerator:
 
     def __init__(self, base_url: str, model: str, params: Optional[SamplingParams] = None, *, concurrency: int = 8,
                  timeout: float = 300.0, label: str = "", detokenizes: bool = False,
-                 logprobs_mode: str = "raw-masked"):
+                 logprobs_mode: str = "raw-masked", arrival_gap: float = 0.0, metrics: bool = False):
+        if isinstance(arrival_gap, bool) or not isinstance(arrival_gap, (int, float)) or not (
+                math.isfinite(arrival_gap) and arrival_gap >= 0):
+            raise InvalidArgument(f"arrival_gap: expected seconds >= 0, got {arrival_gap!r}")
+        self.arrival_gap, self.metrics = float(arrival_gap), bool(metrics)
         if logprobs_mode not in LOGPROBS_MODES:
             raise InvalidArgument(f"logprobs_mode: expected one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         self.base_url, self.model = base_url.rstrip("/"), model
@@ -148,9 +207,37 @@ class CompletionsGenerator:
         body.setdefault("seed", int(seed))
         return body
 
-    def _post_all(self, bodies: list) -> list:
+    def _metric_values(self) -> dict:
+        return prometheus_values(_get(f"{self.base_url}/metrics", self.timeout),
+                                 [name for name, _ in METRIC_COUNTERS] + [METRIC_RUNNING])
+
+    def _send(self, body: dict) -> tuple:
+        """One row: (the response, whether the server had requests running when it was sent; None unread)."""
+        running = None
+        if self.metrics:
+            running = self._metric_values().get(METRIC_RUNNING)
+        return _post(f"{self.base_url}/v1/completions", body, self.timeout), None if running is None else running > 0
+
+    def _post_all(self, bodies: list) -> tuple:
+        """Every row's response, ``concurrency`` in flight at a time, sent ``arrival_gap`` apart, and the call's
+        serving counters (None without ``metrics``)."""
+        before = self._metric_values() if self.metrics else None
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            return list(pool.map(lambda b: _post(f"{self.base_url}/v1/completions", b, self.timeout), bodies))
+            futures = []
+            for i, body in enumerate(bodies):
+                if i and self.arrival_gap:
+                    time.sleep(self.arrival_gap)  # the next client's request arrives
+                futures.append(pool.submit(self._send, body))
+            sent = [future.result() for future in futures]
+        stats = None
+        if self.metrics:
+            after = self._metric_values()
+            stats = {here: max(0, int(round(after[name] - before.get(name, 0.0)))) for name, here in METRIC_COUNTERS
+                     if name in after}
+            seen = [joined for _, joined in sent if joined is not None]
+            if seen:
+                stats["joined_running"] = sum(seen)
+        return [response for response, _ in sent], stats
 
     def generate(self, prompts, max_new_tokens, seed, requests=None):
         limits = list(max_new_tokens) if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * len(prompts)
@@ -160,13 +247,14 @@ class CompletionsGenerator:
                 raise InvalidArgument(f"requests: {len(requests)} requests for {len(prompts)} prompts")
             # every body is built (and a request the API cannot take refused) before any is sent
             bodies = [self.request_body(p, limit, s, r) for p, limit, s, r in zip(prompts, limits, seeds, requests)]
-            responses = self._post_all(bodies)
+            responses, stats = self._post_all(bodies)
             rows = [self._parse(row, response, request) for row, (response, request)
                     in enumerate(zip(responses, requests))]
             continuations, logprobs, tops, finishes, usage = (list(column) for column in zip(*rows))
             return GenerationOutput(continuations, logprobs=logprobs, top_logprobs=tops, finish_reasons=finishes,
-                                    completion_tokens=usage, logprobs_mode=self.logprobs_mode)
-        responses = self._post_all([self._body(p, limit, s) for p, limit, s in zip(prompts, limits, seeds)])
+                                    completion_tokens=usage, logprobs_mode=self.logprobs_mode,
+                                    stats=stats)
+        responses, stats = self._post_all([self._body(p, limit, s) for p, limit, s in zip(prompts, limits, seeds)])
         out = []
         for response in responses:
             choice = response["choices"][0]
@@ -174,7 +262,7 @@ class CompletionsGenerator:
             if ids is None:
                 raise ServerError("the server returned no token_ids (it needs return_token_ids support)")
             out.append([int(t) for t in ids])
-        return out
+        return out if stats is None else GenerationOutput(out, stats=stats)
 
     # -- reading a response ---------------------------------------------------------------
     def _missing(self, row: int, field: str, why: str = "") -> GenerationContractError:

@@ -41,16 +41,30 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def do_GET(self):
+        metrics = getattr(self.server, "metrics", None)
+        if self.path != "/metrics" or metrics is None:
+            self.send_response(404)
+            self.end_headers()
+            return
+        data = metrics().encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def log_message(self, *args):
         pass
 
 
 @contextlib.contextmanager
-def fake_server(answer):
-    """A threaded server on 127.0.0.1 that records every body and answers ``answer(body) -> (status, dict)``."""
+def fake_server(answer, metrics=None):
+    """A threaded server on 127.0.0.1 that records every body and answers ``answer(body) -> (status, dict)``, and
+    ``GET /metrics`` with ``metrics()`` (Prometheus text) where given."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
-    server.bodies, server.lock, server.answer = [], threading.Lock(), answer
+    server.bodies, server.lock, server.answer, server.metrics = [], threading.Lock(), answer, metrics
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -334,6 +348,104 @@ def test_the_audit_over_a_served_engine(slip):
     else:
         assert result.verdict == "FINDING", result.test
         assert {f["check"] for f in result.request_findings} == {"logprobs"}
+
+
+# --- serving counters from the server's own metrics, and requests arriving over time ----------------------------
+
+
+def _exposition(preempted: float, hits: float, running: float) -> str:
+    """Prometheus text as vLLM's API server writes it (two engines' label sets for the counters)."""
+    return "\n".join([
+        "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
+        "# TYPE vllm:num_preemptions_total counter",
+        f'vllm:num_preemptions_total{{engine="0",model_name="model"}} {preempted}',
+        'vllm:num_preemptions_total{engine="1",model_name="model"} 1.0',
+        'vllm:num_preemptions_created{engine="0",model_name="model"} 1.7646e+09',
+        f'vllm:prefix_cache_hits_total{{engine="0",model_name="model"}} {hits}',
+        "# TYPE vllm:num_requests_running gauge",
+        f'vllm:num_requests_running{{engine="0",model_name="model"}} {running}', ""])
+
+
+class _ScriptedMetrics:
+    """``/metrics`` answers: the counters at the first read and at the last, the gauge of the reads between."""
+
+    def __init__(self, gauges: list, counters_before=(2.0, 100.0), counters_after=(5.0, 164.0)):
+        self.gauges, self.before, self.after, self.reads, self.lock = list(gauges), counters_before, counters_after, 0, \
+            threading.Lock()
+
+    def __call__(self) -> str:
+        with self.lock:
+            read, self.reads = self.reads, self.reads + 1
+        if read == 0:
+            return _exposition(*self.before, running=0)
+        if read <= len(self.gauges):
+            return _exposition(*self.before, running=self.gauges[read - 1])
+        return _exposition(*self.after, running=0)
+
+
+@pytest.mark.parametrize("requests", [None, [Request(temperature=0.5)] * 4])
+def test_the_servers_counters_are_the_calls_serving_counters(requests):
+    gauges = [0, 3, 0, 1]  # the gauge each row's send read: two rows joined running requests
+    with fake_server(lambda body: (200, vllm_response([1, 2])), _ScriptedMetrics(gauges)) as (_, url):
+        out = CompletionsGenerator(url, "m", concurrency=4, metrics=True).generate([[1], [2], [3], [4]], 2, 0,
+                                                                                  requests=requests)
+    # preemptions summed over both engines' label sets (3 + 1 -> 6 + 1), cache hits in tokens
+    assert out.stats == {"preemptions": 3, "cached_tokens": 64, "joined_running": 2}
+    assert out.continuations == [[1, 2]] * 4
+
+
+def test_without_metrics_nothing_is_read():
+    with fake_server(lambda body: (200, vllm_response([1])), _ScriptedMetrics([])) as (server, url):
+        out = CompletionsGenerator(url, "m").generate([[1], [2]], 1, 0)
+        assert server.metrics.reads == 0
+    assert out == [[1], [1]]
+
+
+def test_a_server_without_metrics_is_a_server_error_naming_the_address():
+    with fake_server(lambda body: (200, vllm_response([1]))) as (_, url):
+        with pytest.raises(ServerError, match=f"{url}/metrics"):
+            CompletionsGenerator(url, "m", metrics=True).generate([[1]], 1, 0)
+
+
+def test_rows_arrive_one_after_another():
+    gap, rows = 0.05, 5
+    with fake_server(lambda body: (200, vllm_response([1]))) as (server, url):
+        start = time.perf_counter()
+        CompletionsGenerator(url, "m", concurrency=rows, arrival_gap=gap).generate([[r] for r in range(rows)], 1, 0)
+        elapsed = time.perf_counter() - start
+    # the last row is sent no sooner than (rows - 1) gaps after the first
+    assert elapsed >= (rows - 1) * gap
+    assert sorted(b["prompt"][0] for b in server.bodies) == list(range(rows))
+
+
+@pytest.mark.parametrize("gap", [-0.1, math.nan, math.inf, True, "1"])
+def test_a_bad_arrival_gap_is_refused(gap):
+    with pytest.raises(InvalidArgument, match="arrival_gap: expected seconds >= 0"):
+        CompletionsGenerator("http://127.0.0.1:1", "m", arrival_gap=gap)
+
+
+@pytest.mark.parametrize("running", [1, 0])
+def test_the_concurrency_condition_over_a_served_engine(running):
+    from spectr_audit.generation import audit_generation
+    from spectr_audit.generation.library.request_slips import RequestSpecEngine, request_pair
+
+    pair = request_pair(12, seed=0)
+    prompts = [[1 + i % 11, 2 + (3 * i) % 10] for i in range(6)]
+    # a server that always (or never) has requests running: every (no) row of the condition's calls joined some
+    metrics = lambda: _exposition(0.0, 0.0, running=running)  # noqa: E731
+    with fake_server(_served_toy(RequestSpecEngine(pair)), metrics) as (_, url):
+        served = CompletionsGenerator(url, "toy", concurrency=8, metrics=True)
+        result = audit_generation(CompletionsGenerator(url, "toy", concurrency=4), pair.logits_scorer(), prompts,
+                                  vocab_size=12, max_new_tokens=16, rounds=2, batch_size=4, eos_token_id=0,
+                                  requests=SERVED_REQUESTS, conditions={"concurrency": served}, progress=False)
+    (row,) = result.conditions
+    assert row["name"] == "concurrency" and row["stats"]["preemptions"] == 0, row
+    if running:
+        assert row["reached"] is True and row["stats"]["joined_running"] >= 8, row
+        assert row["status"] == "PASS" and result.verdict != "FINDING", result.test
+    else:  # said, not passed
+        assert row["reached"] is False and row["stats"]["joined_running"] == 0, row
+        assert row["status"] == "NOT REACHED" and result.verdict == "INCONCLUSIVE", result.test
 
 
 # --- vllm serve on the random Llama, with and without n-gram speculation (slow) -----------------------------------
