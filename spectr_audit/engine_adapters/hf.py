@@ -16,6 +16,7 @@ seed and the row, since ``generate`` draws from torch's global generator.
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any, Optional, Sequence
 
 import torch
@@ -47,23 +48,36 @@ class TransformersScorer:
         Whose processing conventions (``"vllm"``, ``"transformers"``, ...).
     dtype : torch.dtype
         Computation dtype (float64 by default: the truth, whatever the engine's numerics).
+    max_rows : int
+        Rows per forward pass at most.
+    max_logits_bytes : int
+        A pass's logits at most this many bytes (one row per pass where a single row passes it).
     """
 
     def __init__(self, model: Any, params: Optional[SamplingParams] = None, order: str = "vllm",
-                 dtype: torch.dtype = torch.float64, max_rows: int = 8):
+                 dtype: torch.dtype = torch.float64, max_rows: int = 8, max_logits_bytes: int = 16 << 20):
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
             self.model = load_causal_lm(model, dtype)
         else:  # a copy: the engine under audit keeps its own weights and dtype
             self.model = copy.deepcopy(model).to(dtype).eval()
         self.params = params or SamplingParams()
         self.order, self.dtype, self.max_rows = order, dtype, int(max_rows)
+        self.max_logits_bytes = int(max_logits_bytes)
+        # only the positions scored go through the output layer, where the model can be told so
+        self._keeps = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.name = f"transformers {type(self.model).__name__} ({str(dtype).replace('torch.', '')})"
 
     @torch.inference_mode()
     def score(self, prompts, continuations):
-        """One forward pass per ``max_rows`` rows: each row's prompt and continuation right-padded to the longest,
-        with an attention mask, so every row keeps the positions it has alone (0, 1, ... from its first token) and
-        no row attends to padding; the logits at the continuation's positions, in the scorer's dtype."""
+        """Rows of similar lengths share a forward pass: each row's prompt and continuation right-padded to the
+        longest, with an attention mask, so every row keeps the positions it has alone (0, 1, ... from its first
+        token) and no row attends to padding; the logits at the continuation's positions, in the scorer's dtype.
+
+        A pass takes at most ``max_rows`` rows, and fewer where its logits would pass ``max_logits_bytes``: at a
+        large vocabulary a pass's logits are tens of megabytes, which the allocator returns to the system when
+        freed, and faulting them in again on every pass cost more than the pass (several times more beside a
+        vLLM engine on the same machine).  Where the model takes ``logits_to_keep``, the output layer runs on
+        the positions from the earliest continuation on only."""
         out: list = [None] * len(prompts)
         vocab_size = self.model.config.vocab_size
         rows = [r for r in range(len(prompts)) if continuations[r]]
@@ -72,8 +86,10 @@ class TransformersScorer:
                 out[r] = torch.zeros(0, vocab_size, dtype=torch.float64)
         # rows of similar lengths share a pass (less padding)
         rows.sort(key=lambda r: len(prompts[r]) + len(continuations[r]))
-        for start in range(0, len(rows), max(1, self.max_rows)):
-            group = rows[start:start + max(1, self.max_rows)]
+        start = 0
+        while start < len(rows):
+            group = self._group(rows[start:start + max(1, self.max_rows)], prompts, continuations, vocab_size)
+            start += len(group)
             sequences = [list(prompts[r]) + list(continuations[r]) for r in group]
             width = max(len(seq) for seq in sequences)
             ids = torch.zeros(len(group), width, dtype=torch.int64)
@@ -81,11 +97,25 @@ class TransformersScorer:
             for i, seq in enumerate(sequences):
                 ids[i, :len(seq)] = torch.tensor(seq, dtype=torch.int64)
                 mask[i, :len(seq)] = 1
-            logits = self.model(input_ids=ids, attention_mask=mask).logits.double()
+            # the first position read: the last prompt token of the row with the shortest prompt
+            offset = min(len(prompts[r]) - 1 for r in group) if self._keeps else 0
+            extra = {"logits_to_keep": width - offset} if self._keeps else {}
+            logits = self.model(input_ids=ids, attention_mask=mask, **extra).logits.double()
             for i, r in enumerate(group):
-                first = len(prompts[r]) - 1
-                out[r] = logits[i, first:first + len(continuations[r])]
+                first = len(prompts[r]) - 1 - offset
+                out[r] = logits[i, first:first + len(continuations[r])].clone()
         return ScoredLogits(out, self.params, self.order)
+
+    def _group(self, candidates: list, prompts, continuations, vocab_size: int) -> list:
+        """The longest prefix of ``candidates`` (at least one row) whose pass keeps its logits within budget."""
+        bytes_per = vocab_size * torch.finfo(self.dtype).bits // 8
+        for size in range(len(candidates), 1, -1):
+            group = candidates[:size]
+            width = max(len(prompts[r]) + len(continuations[r]) for r in group)
+            kept = width - (min(len(prompts[r]) - 1 for r in group) if self._keeps else 0)
+            if size * kept * bytes_per <= self.max_logits_bytes:
+                return group
+        return candidates[:1]
 
 
 class TransformersGenerator:

@@ -208,9 +208,11 @@ def test_served_vllm_speculative_sampling_follows_the_target_law(served_results)
     assert served_results["T0.7"].verdict != "FINDING", served_results["T0.7"].test
 
 
-def test_the_batched_scorer_equals_one_row_at_a_time(checkpoints):
-    """The scorer's padded batches (right padding, an attention mask) against one row per pass, in float64:
-    ragged prompts and continuations, empty continuations among them."""
+@pytest.mark.parametrize("max_rows, max_logits_bytes", [(5, 16 << 20), (13, 16 << 20), (8, 3 * 30 * 512 * 8)])
+def test_the_batched_scorer_equals_one_row_at_a_time(checkpoints, max_rows, max_logits_bytes):
+    """The scorer's padded batches (right padding, an attention mask, the output layer on the scored positions
+    only, passes cut to a byte budget) against one row per pass through the whole model, in float64: ragged
+    prompts and continuations, empty continuations among them."""
     import torch
 
     from spectr_audit.engine_adapters.hf import TransformersScorer
@@ -222,8 +224,12 @@ def test_the_batched_scorer_equals_one_row_at_a_time(checkpoints):
     continuations = [torch.randint(0, 512, (n,), generator=generator).tolist()
                      for n in torch.randint(0, 25, (13,), generator=generator).tolist()]
     continuations[4] = []
-    alone = TransformersScorer(model, max_rows=1).score(prompts, continuations).logits
-    batched = TransformersScorer(model, max_rows=5).score(prompts, continuations).logits
+    oracle = TransformersScorer(model, max_rows=1)
+    oracle._keeps = False  # every position through the output layer, as a plain forward pass gives it
+    alone = oracle.score(prompts, continuations).logits
+    scorer = TransformersScorer(model, max_rows=max_rows, max_logits_bytes=max_logits_bytes)
+    assert scorer._keeps  # the random Llama takes logits_to_keep: the path under test
+    batched = scorer.score(prompts, continuations).logits
     for row, (one, many) in enumerate(zip(alone, batched)):
         assert one.shape == many.shape == (len(continuations[row]), 512)
         torch.testing.assert_close(many, one, atol=1e-12, rtol=0)
