@@ -310,26 +310,33 @@ def vllm_engine(method: str = "draft", *, temperature: float = 1.0, top_k: int =
     return made
 
 
-def _server(target: Path, config: Optional[dict]) -> str:
-    key = (str(target), json.dumps(config, sort_keys=True))
+def _server(target: Path, config: Optional[dict], extra: tuple = ()) -> str:
+    key = (str(target), json.dumps(config, sort_keys=True), extra)
     if key not in _SERVERS:
-        _SERVERS[key] = _EXIT.enter_context(serve_vllm(str(target), config, extra_args=("--max-model-len", "1024")))
+        _SERVERS[key] = _EXIT.enter_context(serve_vllm(str(target), config,
+                                                       extra_args=("--max-model-len", "1024", *extra)))
     return _SERVERS[key]
 
 
 def vllm_served_engine(method: str = "draft", *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                        checkpoint: str = "random", draft: str = "perturbed", prompts: Optional[int] = None,
-                       concurrency: int = 8) -> dict:
-    """``vllm serve`` on the loopback address (``method`` as :func:`vllm_engine`), concurrent completions requests."""
+                       concurrency: int = 8, block_size: Optional[int] = None) -> dict:
+    """``vllm serve`` on the loopback address (``method`` as :func:`vllm_engine`), concurrent completions requests;
+    ``block_size``: the KV block size of both servers (``--block-size``; vLLM's CPU default is 128, and its prefix
+    cache holds whole blocks only)."""
     methods = ("draft", "ngram")
     if method not in methods:
         raise InvalidArgument(f"method: expected one of {list(methods)}, got {method!r}")
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
+                                   or block_size < 32 or block_size % 32):
+        raise InvalidArgument(f"block_size: expected a multiple of 32 (vLLM's CPU attention), got {block_size!r}")
+    extra = () if block_size is None else ("--block-size", str(block_size))
     params = _params(temperature, top_k, top_p)
     target, draft_path = checkpoint_pair(checkpoint, draft if method == "draft" else None)
     score = _scorer(target, params, "vllm")
     config = _vllm_config(method, draft_path)
-    url = _server(target, config)
-    plain = _server(target, None)
+    url = _server(target, config, extra)
+    plain = _server(target, None, extra)
     generator = CompletionsGenerator(url, "model", params, concurrency=concurrency, label=f"vllm serve, {method}")
     generator.repro_spec = repro_spec("served", method, params, checkpoint, draft if method == "draft" else None,
                                        config, f"{vllm_version()} serve ({method})")

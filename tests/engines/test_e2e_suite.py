@@ -67,6 +67,19 @@ def test_every_case_of_the_suite_names_a_factory_that_exists():
     assert kinds == {"transformers_engine", "vllm_engine", "vllm_served_engine", "llama_cpp_engine", "own_engine"}
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(method="eagle"), "method: expected one of"),
+    (dict(block_size=48), "block_size: expected a multiple of 32"),
+    (dict(block_size=16), "block_size: expected a multiple of 32"),
+    (dict(block_size=True), "block_size: expected a multiple of 32"),
+])
+def test_the_served_factory_refuses_bad_options_before_starting_a_server(options, message):
+    from spectr_audit.engine_adapters.factories import vllm_served_engine
+
+    with pytest.raises(InvalidArgument, match=message):
+        vllm_served_engine(**options)
+
+
 def test_cases_are_selected_by_pattern_in_suite_order():
     cases = load_suite("engines-e2e").generation
     chosen = select_cases(cases, ["vllm-ngram-*", "transformers-assisted-greedy"])

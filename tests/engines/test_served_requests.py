@@ -2,7 +2,9 @@
 loopback address (the standard library's ``http.server``, threaded): the JSON bodies each request becomes, the
 reading of log-probabilities, top-n lists, finish reasons and usage as vLLM writes them, the requests the API
 cannot carry (refused naming the field, before anything is sent), the responses that leave out a field asked for,
-and the generation audit over the served toy engine.  A slow test serves the random Llama with ``vllm serve``.
+the generation audit over the served toy engine, and the serving counters read from the server's ``/metrics`` (the
+concurrency condition over the served toy) with rows sent over time.  A slow test serves the random Llama with
+``vllm serve``.
 """
 
 from __future__ import annotations
